@@ -1,0 +1,52 @@
+"""Row-wise Adagrad with a fused table update: one fp32 accumulator per row.
+
+``accum = accum * decay**k + mean(g**2 over the width)``, then ``row -= lr * (g / (sqrt(accum) + eps)
++ weight_decay * row)``. ``decay = exp(-ln2 / half_life_steps)`` (1 when ``half_life_steps <= 0``);
+``k`` is 1 per touch, or with ``lazy_decay`` the number of updates since the row was last touched, so a
+rarely seen row decays as if it had been decayed every step. Only touched rows move.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .fused import FusedEmbOptimizer, RowContext
+
+
+class RowwiseAdagradRows(NamedTuple):
+    accum: jax.Array  # [rows] f32
+    last_step: jax.Array  # [rows] int32, update count when the row was last touched
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncRowwiseAdagrad(FusedEmbOptimizer):
+    learning_rate: float = 0.1
+    eps: float = 1e-10
+    initial_accumulator_value: float = 0.0
+    half_life_steps: float = 0.0
+    lazy_decay: bool = True
+    weight_decay: float = 0.0
+
+    @property
+    def decay(self) -> float:
+        return math.exp(-math.log(2.0) / self.half_life_steps) if self.half_life_steps > 0 else 1.0
+
+    def init_rows(self, num_rows: int, width: int) -> RowwiseAdagradRows:
+        return RowwiseAdagradRows(jnp.full((num_rows,), self.initial_accumulator_value, jnp.float32),
+                                  jnp.zeros((num_rows,), jnp.int32))
+
+    def update_rows(self, rows, state: RowwiseAdagradRows, grad, rc: RowContext):
+        if self.decay == 1.0:
+            factor = 1.0
+        elif self.lazy_decay:
+            factor = jnp.power(jnp.float32(self.decay), (rc.step - state.last_step).astype(jnp.float32))
+        else:
+            factor = jnp.float32(self.decay)
+        accum = state.accum * factor + rc.width_sum(grad * grad) / rc.emb_width
+        scale = 1.0 / (jnp.sqrt(accum) + self.eps)
+        new_rows = rows - self.learning_rate * (grad * scale[:, None] + self.weight_decay * rows)
+        return new_rows, RowwiseAdagradRows(accum, jnp.broadcast_to(rc.step, state.last_step.shape))

@@ -1,0 +1,93 @@
+"""The per-table handle an embedding optimizer works through: sizes, and how the table is laid out.
+
+``AsyncEmbContext`` carries the static facts of one table (rows, width, tokens per batch, the static number
+of unique ids) and, when the table is sharded, the mesh, the table axis and the layout:
+
+- ``row``: each table shard owns a contiguous block of ``rows // shards`` rows (``P(table_axis, None)``);
+- ``column``: each shard owns ``width // shards`` columns of every row (``P(None, table_axis)``), as the
+  seed design does.
+
+``gradient_update_start`` records its results on the context so ``gradient_update_done`` can return them;
+make a fresh context (``ctx.fresh()``) for every traced step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, PartitionSpec as P
+
+ROW = "row"
+COLUMN = "column"
+
+
+def num_unique_for(tokens_per_batch: int, vocab: int) -> int:
+    """Static size of the unique-id buffer: every distinct id fits, plus one padding slot."""
+    return min(tokens_per_batch, vocab) + 1
+
+
+@dataclasses.dataclass(eq=False)
+class AsyncEmbContext:
+    vocab: int  # rows of the table as stored (padded rows included); also the out-of-range padding id
+    emb_width: int
+    tokens_per_batch: int
+    mesh: Mesh | None = None
+    table_axis: str | None = None  # mesh axis the table is sharded over; None = replicated
+    layout: str = ROW
+    results: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_unique(self) -> int:
+        return num_unique_for(self.tokens_per_batch, self.vocab)
+
+    @property
+    def table_shards(self) -> int:
+        if self.mesh is None or self.table_axis is None:
+            return 1
+        return int(self.mesh.shape[self.table_axis])
+
+    @property
+    def sharded(self) -> bool:
+        return self.table_shards > 1
+
+    @property
+    def shard_width(self) -> int:
+        return self.emb_width // self.table_shards if self.layout == COLUMN else self.emb_width
+
+    @property
+    def shard_rows(self) -> int:
+        return self.vocab // self.table_shards if self.layout == ROW else self.vocab
+
+    def fresh(self) -> "AsyncEmbContext":
+        return dataclasses.replace(self, results={})
+
+    # --- partition specs of the table, its state and the update (used by the runner and shard_map) ---
+    def table_spec(self) -> P:
+        if not self.sharded:
+            return P()
+        return P(self.table_axis, None) if self.layout == ROW else P(None, self.table_axis)
+
+    def state_leaf_spec(self, leaf: Any) -> P:
+        """Per-row state follows its table: rows split (row layout) or width split (column layout).
+
+        Per-row scalars (an accumulator, a step count) are replicated over the table axis in the column
+        layout, where every shard holds every row.
+        """
+        ndim = len(getattr(leaf, "shape", ()))
+        if not self.sharded or ndim == 0:
+            return P()
+        if self.layout == ROW:
+            return P(self.table_axis, *([None] * (ndim - 1)))
+        if ndim >= 2:
+            return P(None, self.table_axis, *([None] * (ndim - 2)))
+        return P()
+
+    def state_specs(self, state: Any) -> Any:
+        return jax.tree.map(self.state_leaf_spec, state)
+
+    def grads_spec(self) -> P:
+        """The deferred update's per-token gradients: full rows (row layout) or this shard's width slice."""
+        if self.sharded and self.layout == COLUMN:
+            return P(None, self.table_axis)
+        return P()

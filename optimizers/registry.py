@@ -1,0 +1,26 @@
+"""Optimizer names -> classes. Adding an optimizer is one file here plus one YAML in conf/optimizer/."""
+from __future__ import annotations
+
+from .async_adagrad import AsyncAdagrad
+from .async_adam import AsyncAdam
+from .async_rowwise_adagrad import AsyncRowwiseAdagrad
+from .async_sgd import AsyncSGD
+from .dense import Adagrad, Adam
+
+REGISTRY: dict[str, type] = {
+    "async_adam": AsyncAdam,
+    "async_rowwise_adagrad": AsyncRowwiseAdagrad,
+    "async_adagrad": AsyncAdagrad,
+    "async_sgd": AsyncSGD,
+    "adam": Adam,
+    "adagrad": Adagrad,
+}
+FUSED = tuple(name for name in REGISTRY if name.startswith("async_"))
+
+
+def create(name: str, **hparams):
+    try:
+        cls = REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown embedding optimizer {name!r}; known: {', '.join(REGISTRY)}") from None
+    return cls(**hparams)
