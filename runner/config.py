@@ -1,0 +1,130 @@
+"""Config schemas: one dataclass per config group and section, registered with Hydra's ConfigStore.
+
+Every YAML under ``conf/`` extends one of these (its defaults list names the ``*_schema`` node), so a wrong
+type or an unknown key fails when Hydra composes the config. The embedding-optimizer schemas are derived
+from the optimizer dataclasses themselves, so a hyperparameter is declared once, in ``optimizers/``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+import optimizers
+
+
+@dataclass
+class AsyncEmbConfig:
+    enabled: bool = True
+
+
+@dataclass
+class MeshConfig:
+    name: str = "single"
+    axes: Dict[str, int] = field(default_factory=lambda: {"data": 1})
+    table_axis: Optional[str] = None  # mesh axis the embedding tables are sharded over; None = replicated
+    table_layout: str = "row"  # row: each shard owns a block of rows; column: a slice of the width
+    pad_vocab: bool = True  # row layout: pad table rows up to a multiple of the table shards
+    cpu_devices: Optional[int] = None  # on CPU, how many virtual devices to create (before JAX starts)
+
+
+@dataclass
+class TableConfig:
+    vocab: Optional[int] = None  # rows incl. the padding row 0; None = the data's id range + 1
+    width: Optional[int] = None  # None = model.emb_width
+    dtype: str = "float32"
+    init_scale: float = 0.05
+
+
+@dataclass
+class RankingModelConfig:
+    name: str = "ranking"
+    emb_width: int = 32
+    hidden: List[int] = field(default_factory=lambda: [128, 64])
+    tables: Dict[str, TableConfig] = field(default_factory=lambda: {
+        "users": TableConfig(), "items": TableConfig(), "authors": TableConfig()})
+
+
+@dataclass
+class SyntheticDataConfig:
+    name: str = "synthetic"
+    num_users: int = 20_000
+    num_items: int = 50_000
+    num_authors: int = 5_000
+    history_len: int = 16
+    actions: List[str] = field(default_factory=lambda: ["click", "like", "share"])
+    zipf_a: float = 1.1
+    latent_dim: int = 8
+    seed: int = 0
+
+
+@dataclass
+class LoggerConfig:
+    kind: str = "wandb"  # wandb | none (metrics.jsonl is always written)
+    project: str = "recsys-runner"
+    entity: Optional[str] = None
+    mode: str = "offline"  # offline | online | disabled
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    name: Optional[str] = None
+
+
+@dataclass
+class DenseOptimizerConfig:
+    """optax AdamW with linear warmup then cosine decay, after global-norm clipping."""
+
+    learning_rate: float = 2e-3
+    warmup_steps: int = 20
+    end_learning_rate_ratio: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.999
+    weight_decay: float = 1e-4
+    clip_norm: float = 1.0
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 300
+    batch_size: int = 512
+    seed: int = 0
+    log_interval: int = 25
+    eval_interval: int = 100
+    eval_batches: int = 4
+    objective: str = "eval/auc_mean"
+
+
+@dataclass
+class Config:
+    optimizer: Any = MISSING
+    table_optimizers: Dict[str, Any] = field(default_factory=dict)
+    async_emb: AsyncEmbConfig = field(default_factory=AsyncEmbConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    model: Any = MISSING
+    data: Any = MISSING
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def optimizer_schema(cls: type) -> type:
+    """A Hydra schema for an optimizer dataclass: its fields plus ``_target_`` naming the class."""
+    hints = typing.get_type_hints(cls)
+    fields = [("_target_", str, field(default=f"optimizers.{cls.__name__}"))]
+    fields += [(f.name, hints[f.name], field(default=f.default)) for f in dataclasses.fields(cls)]
+    return dataclasses.make_dataclass(f"{cls.__name__}Config", fields)
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for name, cls in optimizers.REGISTRY.items():
+        cs.store(group="optimizer", name=f"{name}_schema", node=optimizer_schema(cls))
+    cs.store(group="async_emb", name="async_emb_schema", node=AsyncEmbConfig)
+    cs.store(group="mesh", name="mesh_schema", node=MeshConfig)
+    cs.store(group="model", name="ranking_schema", node=RankingModelConfig)
+    cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)

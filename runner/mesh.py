@@ -1,0 +1,84 @@
+"""The device mesh: axis names, PartitionSpecs and shardings, all in one place.
+
+A mesh config names its axes and their sizes (``-1`` fills the remaining devices) and which axis, if any,
+the embedding tables are sharded over. The batch is always split over every mesh axis (data parallel over
+``data`` and ``table`` alike), so each device feeds ``global_batch / num_devices`` examples.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DATA = "data"
+TABLE = "table"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshPlan:
+    """The resolved mesh: axis names and sizes (no -1 left), the table axis and its layout."""
+
+    axes: tuple[tuple[str, int], ...]
+    table_axis: str | None
+    layout: str
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.axes)
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(size for _, size in self.axes)
+
+    @property
+    def table_shards(self) -> int:
+        return dict(self.axes).get(self.table_axis, 1) if self.table_axis else 1
+
+    def describe(self) -> str:
+        return "x".join(f"{n}={s}" for n, s in self.axes)
+
+
+def resolve_axes(axes: Mapping[str, int], num_devices: int) -> tuple[tuple[str, int], ...]:
+    """Replace a single ``-1`` with whatever devices remain. Raises ValueError with the fix."""
+    axes = dict(axes)
+    fills = [n for n, s in axes.items() if s == -1]
+    if len(fills) > 1:
+        raise ValueError(f"mesh.axes {axes}: only one axis may be -1 (fill); set the others to sizes")
+    bad = {n: s for n, s in axes.items() if s != -1 and s < 1}
+    if bad:
+        raise ValueError(f"mesh.axes {bad}: axis sizes must be positive or -1 (fill with the remaining devices)")
+    fixed = math.prod(s for s in axes.values() if s != -1)
+    if fills:
+        if num_devices % fixed:
+            raise ValueError(
+                f"mesh.axes {axes}: {num_devices} devices do not divide by the fixed axes' product {fixed}; "
+                f"choose sizes whose product divides {num_devices}")
+        axes[fills[0]] = num_devices // fixed
+    return tuple(axes.items())
+
+
+def build_mesh(plan: MeshPlan, devices: list | None = None) -> Mesh:
+    devices = jax.devices() if devices is None else devices
+    shape = tuple(size for _, size in plan.axes)
+    return Mesh(np.asarray(devices[: plan.num_devices]).reshape(shape), plan.axis_names)
+
+
+def batch_spec(mesh: Mesh, ndim: int = 1) -> P:
+    """The batch's leading dim split over every mesh axis; the rest replicated."""
+    return P(tuple(mesh.axis_names), *([None] * (ndim - 1)))
+
+
+def batch_sharding(mesh: Mesh, x: Any) -> NamedSharding:
+    return NamedSharding(mesh, batch_spec(mesh, np.ndim(x)))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def named(mesh: Mesh, specs: Any) -> Any:
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
