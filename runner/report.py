@@ -1,0 +1,515 @@
+"""Summarise a run or a Hydra multirun sweep: ``report.md``, ``report.csv`` and charts.
+
+Usage::
+
+    python -m runner.report multirun/2026-11-29/12-00-00 [--out DIR] [--metric eval/auc_mean]
+
+A *trial* is a directory holding ``metrics.jsonl`` (written by
+:class:`runner.tracking.JsonlTracker`), ``.hydra/overrides.yaml`` or a ``FAILED``
+marker. ``<dir>`` may be a single run directory or any directory above trials (a
+Hydra multirun day/time directory, or the whole ``multirun/`` tree).
+
+Per trial: overrides, last step, final ``train/loss``, best and final value of the
+objective metric, and status -- ``failed`` when the trial has a ``FAILED`` file or a
+``summary.json`` with ``"status": "failed"``, otherwise ``ok``.
+
+Charts (matplotlib, Agg): ``loss.png`` (``train/loss`` vs step per trial),
+``auc.png`` (one panel per AUC metric key, e.g. ``train/auc_click``,
+``eval/auc_mean``, per trial vs step) and ``final_metric.png`` (final objective per
+configuration). Malformed lines (such as a truncated last line of a trial that was
+killed), ``null`` values and missing keys are tolerated.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+FAILED_MARKER = "FAILED"
+OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
+LOSS_KEY = "train/loss"
+DEFAULT_METRIC = "eval/auc_mean"
+
+CSV_COLUMNS = [
+    "trial",
+    "status",
+    "overrides",
+    "steps",
+    "records",
+    "final_loss",
+    "objective",
+    "best_objective",
+    "best_step",
+    "final_objective",
+]
+
+_AUC_RE = re.compile(r"(^|[_\-.])auc($|[_\-.])", re.IGNORECASE)
+_SKIP_DIRS = {"wandb", ".hydra", "__pycache__", "checkpoints", ".git"}
+
+__all__ = ["Trial", "build_report", "find_trials", "load_trial", "main", "read_metrics"]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _to_float(v: Any) -> float | None:
+    """Numbers and the strings "NaN"/"Infinity"/"-Infinity" -> float; anything else None."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Parse a ``metrics.jsonl``; returns (records, number of unparseable lines)."""
+    records: list[dict[str, Any]] = []
+    bad = 0
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return records, 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(obj, dict):
+            records.append(obj)
+        else:
+            bad += 1
+    return records, bad
+
+
+def _read_overrides(trial_dir: Path) -> list[str]:
+    path = trial_dir / OVERRIDES_FILE
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        import yaml
+
+        data = yaml.safe_load(text)
+        if isinstance(data, list):
+            return [str(x) for x in data]
+        if data is None:
+            return []
+    except Exception:  # noqa: BLE001 - fall through to a line-based parse
+        pass
+    return [ln.strip()[2:].strip() for ln in text.splitlines() if ln.strip().startswith("- ")]
+
+
+def _read_summary(trial_dir: Path) -> dict[str, Any]:
+    path = trial_dir / SUMMARY_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@dataclass
+class Trial:
+    path: Path
+    label: str
+    overrides: list[str] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)
+    failed: bool = False
+
+    @property
+    def status(self) -> str:
+        return "failed" if self.failed else "ok"
+
+    @property
+    def config_label(self) -> str:
+        return " ".join(self.overrides) if self.overrides else self.label
+
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        """(steps, values) for ``key``; records without a numeric step or value are skipped.
+        Non-finite values are kept (as float nan/inf)."""
+        xs: list[float] = []
+        ys: list[float] = []
+        for r in self.records:
+            step = _to_float(r.get("step"))
+            val = _to_float(r.get(key))
+            if step is None or val is None or not math.isfinite(step):
+                continue
+            xs.append(step)
+            ys.append(val)
+        return xs, ys
+
+    def keys(self) -> set[str]:
+        out: set[str] = set()
+        for r in self.records:
+            out.update(k for k, v in r.items() if k != "step" and _to_float(v) is not None)
+        return out
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [s for r in self.records if (s := _to_float(r.get("step"))) is not None]
+        steps = [s for s in steps if math.isfinite(s)]
+        return int(max(steps)) if steps else None
+
+    def final(self, key: str) -> float | None:
+        _, ys = self.series(key)
+        if ys:
+            return ys[-1]
+        return _to_float(self.summary.get(key))
+
+    def best(self, key: str, goal: str = "maximize") -> tuple[float | None, int | None]:
+        xs, ys = self.series(key)
+        pairs = [(y, x) for x, y in zip(xs, ys) if math.isfinite(y)]
+        if pairs:
+            pick = max if goal == "maximize" else min
+            y, x = pick(pairs, key=lambda p: p[0])
+            return y, int(x)
+        best = _to_float(self.summary.get(f"{key}/best"))
+        best_step = _to_float(self.summary.get(f"{key}/best_step"))
+        if best is None:
+            best = _to_float(self.summary.get(key))
+        return best, (int(best_step) if best_step is not None and math.isfinite(best_step) else None)
+
+
+def load_trial(trial_dir: Path, label: str | None = None) -> Trial:
+    trial_dir = Path(trial_dir)
+    records, bad = read_metrics(trial_dir / METRICS_FILE)
+    summary = _read_summary(trial_dir)
+    failed = (trial_dir / FAILED_MARKER).exists() or str(summary.get("status", "")).lower() == "failed"
+    return Trial(
+        path=trial_dir,
+        label=label if label is not None else trial_dir.name,
+        overrides=_read_overrides(trial_dir),
+        records=records,
+        bad_lines=bad,
+        summary=summary,
+        failed=failed,
+    )
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.as_posix())]
+
+
+def _is_trial_dir(d: Path) -> bool:
+    return (d / METRICS_FILE).is_file() or (d / OVERRIDES_FILE).is_file() or (d / FAILED_MARKER).exists()
+
+
+def find_trials(root: Path, exclude: Iterable[Path] = ()) -> list[Path]:
+    """Trial directories at or below ``root``, in natural order (0, 1, 2, ..., 10)."""
+    root = Path(root)
+    excluded = {Path(p).resolve() for p in exclude}
+    found: list[Path] = []
+
+    def walk(d: Path) -> None:
+        if d.resolve() in excluded and d != root:
+            return
+        if _is_trial_dir(d):
+            found.append(d)
+        try:
+            children = sorted(p for p in d.iterdir() if p.is_dir() and not p.is_symlink())
+        except OSError:
+            return
+        for c in children:
+            if c.name in _SKIP_DIRS:
+                continue
+            walk(c)
+
+    walk(root)
+    return sorted(found, key=lambda p: _natural_key(p.relative_to(root)))
+
+
+# --------------------------------------------------------------------------- charts
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _short(s: str, n: int = 60) -> str:
+    return s if len(s) <= n else s[: n - 1] + "\u2026"
+
+
+def _legend(ax, n: int) -> None:
+    if 0 < n <= 20:
+        ax.legend(fontsize="small" if n <= 8 else "x-small", loc="best")
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} logged", ha="center", va="center", transform=ax.transAxes)
+
+
+def _trial_label(t: Trial) -> str:
+    label = _short(f"{t.label}: {t.config_label}" if t.overrides else t.label)
+    return label + " (failed)" if t.failed else label
+
+
+def _color(i: int):
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if i < 10 else "tab20"]
+    return cmap(i % cmap.N)
+
+
+def _plot_lines(ax, trials: Sequence[Trial], key: str) -> int:
+    """One line per trial; a trial keeps the same colour in every panel and chart."""
+    n = 0
+    for i, t in enumerate(trials):
+        xs, ys = t.series(key)
+        if not xs:
+            continue
+        ax.plot(
+            xs, ys, "--" if t.failed else "-", color=_color(i),
+            marker="o" if len(xs) <= 30 else None, markersize=3, label=_trial_label(t),
+        )
+        n += 1
+    return n
+
+
+def _plot_loss(trials: Sequence[Trial], out: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    n = _plot_lines(ax, trials, LOSS_KEY)
+    if n == 0:
+        _no_data(ax, LOSS_KEY)
+    ax.set_xlabel("step")
+    ax.set_ylabel(LOSS_KEY)
+    ax.set_title(f"{LOSS_KEY} per trial")
+    ax.grid(True, alpha=0.3)
+    _legend(ax, n)
+    fig.tight_layout()
+    path = out / "loss.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _auc_keys(trials: Sequence[Trial]) -> list[str]:
+    keys: set[str] = set()
+    for t in trials:
+        keys.update(k for k in t.keys() if _AUC_RE.search(k.rsplit("/", 1)[-1]))
+    return sorted(keys)
+
+
+def _plot_auc(trials: Sequence[Trial], out: Path, keys: Sequence[str]) -> Path:
+    plt = _plt()
+    n_keys = max(1, len(keys))
+    ncols = min(3, n_keys)
+    nrows = math.ceil(n_keys / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4 * nrows), squeeze=False)
+    flat = list(axes.flat)
+    if not keys:
+        _no_data(flat[0], "AUC metric")
+        flat[0].set_title("AUC")
+    shown: dict[str, Any] = {}
+    for ax, key in zip(flat, keys):
+        _plot_lines(ax, trials, key)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            shown.setdefault(lab, h)
+    for ax in flat[len(keys) if keys else 1 :]:
+        ax.set_visible(False)
+    if 0 < len(shown) <= 20:
+        # One legend for the figure, with every trial that appears in any panel.
+        order = [_trial_label(t) for t in trials if _trial_label(t) in shown]
+        fig.legend([shown[lab] for lab in order], order, loc="lower center",
+                   ncol=min(3, len(order)), fontsize="small", frameon=False)
+        fig.tight_layout(rect=(0, min(0.5, (0.1 + 0.25 * math.ceil(len(order) / 3)) / (4 * nrows)), 1, 1))
+    else:
+        fig.tight_layout()
+    path = out / "auc.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plot_final(rows: Sequence[dict[str, Any]], trials: Sequence[Trial], out: Path, metric: str) -> Path:
+    plt = _plt()
+    labels = [_short(f"{t.label}: {t.config_label}" if t.overrides else t.label, 70) for t in trials]
+    values = [r["final_objective"] for r in rows]
+    height = max(3.0, 0.45 * len(trials) + 1.5)
+    fig, ax = plt.subplots(figsize=(10, height))
+    ys = list(range(len(trials)))
+    finite = [v if v is not None and math.isfinite(v) else 0.0 for v in values]
+    colors = ["tab:red" if t.failed else "tab:blue" for t in trials]
+    ax.barh(ys, finite, color=colors)
+    lo = min((v for v in values if v is not None and math.isfinite(v)), default=0.0)
+    hi = max((v for v in values if v is not None and math.isfinite(v)), default=1.0)
+    for y, v, t in zip(ys, values, trials):
+        text = "n/a" if v is None else (f"{v:.4g}" if math.isfinite(v) else str(v))
+        if t.failed:
+            text += " (failed)"
+        ax.text(v if v is not None and math.isfinite(v) and v > 0 else 0.0, y, " " + text,
+                va="center", fontsize="small")
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize="small")
+    ax.invert_yaxis()
+    if lo > 0 and hi > 0 and (hi - lo) < 0.5 * hi:
+        # Objective values such as AUCs cluster; start the axis near them so differences show.
+        span = max(hi - lo, 1e-6)
+        ax.set_xlim(max(0.0, lo - 0.5 * span), hi + 0.6 * span)
+    ax.set_xlabel(f"final {metric}")
+    ax.set_title(f"final {metric} per configuration")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    path = out / "final_metric.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _md_cell(v: Any) -> str:
+    return _fmt(v).replace("|", "\\|").replace("\n", " ") or "–"
+
+
+def _row(t: Trial, metric: str, goal: str) -> dict[str, Any]:
+    best, best_step = t.best(metric, goal)
+    return {
+        "trial": t.label,
+        "status": t.status,
+        "overrides": " ".join(t.overrides),
+        "steps": t.last_step,
+        "records": len(t.records),
+        "final_loss": t.final(LOSS_KEY),
+        "objective": metric,
+        "best_objective": best,
+        "best_step": best_step,
+        "final_objective": t.final(metric),
+    }
+
+
+def build_report(
+    root: Path,
+    out: Path | None = None,
+    metric: str = DEFAULT_METRIC,
+    goal: str = "maximize",
+) -> Path:
+    """Write ``report.md``, ``report.csv``, ``loss.png``, ``auc.png`` and
+    ``final_metric.png`` into ``out`` (default ``root``); return the ``report.md`` path."""
+    if goal not in ("maximize", "minimize"):
+        raise ValueError(f"goal must be 'maximize' or 'minimize', got {goal!r}")
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"not a directory: {root}")
+    out = Path(out) if out is not None else root
+    out.mkdir(parents=True, exist_ok=True)
+
+    dirs = find_trials(root, exclude=[out] if out != root else [])
+    trials = [load_trial(d, label=(d.relative_to(root).as_posix() if d != root else root.name)) for d in dirs]
+    rows = [_row(t, metric, goal) for t in trials]
+
+    with open(out / "report.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _fmt(r[k]) for k in CSV_COLUMNS})
+
+    _plot_loss(trials, out)
+    auc_keys = _auc_keys(trials)
+    _plot_auc(trials, out, auc_keys)
+    _plot_final(rows, trials, out, metric)
+
+    n_failed = sum(t.failed for t in trials)
+    candidates = [
+        (r["best_objective"], r)
+        for r, t in zip(rows, trials)
+        if not t.failed and r["best_objective"] is not None and math.isfinite(r["best_objective"])
+    ]
+    lines = [
+        f"# Report: {root}",
+        "",
+        f"- trials: {len(trials)} ({len(trials) - n_failed} ok, {n_failed} failed)",
+        f"- objective: `{metric}` ({goal})",
+    ]
+    if candidates:
+        pick = max if goal == "maximize" else min
+        best_val, best_row = pick(candidates, key=lambda c: c[0])
+        lines.append(
+            f"- best trial: `{best_row['trial']}` {best_val:.6g} at step {best_row['best_step']}"
+            + (f" (`{best_row['overrides']}`)" if best_row["overrides"] else "")
+        )
+    bad = [(t.label, t.bad_lines) for t in trials if t.bad_lines]
+    if bad:
+        lines.append("- skipped unparseable metrics lines: " + ", ".join(f"`{l}`: {n}" for l, n in bad))
+    lines += [
+        "",
+        f"| trial | status | overrides | steps | final {LOSS_KEY} | best {metric} | best step | final {metric} |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        cells = [r["trial"], r["status"], f"`{r['overrides']}`" if r["overrides"] else None, r["steps"],
+                 r["final_loss"], r["best_objective"], r["best_step"], r["final_objective"]]
+        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    lines += [
+        "",
+        "## Charts",
+        "",
+        f"![{LOSS_KEY}](loss.png)",
+        "",
+        "![AUC metrics](auc.png)" + (f"\n\nAUC keys: {', '.join(f'`{k}`' for k in auc_keys)}" if auc_keys else ""),
+        "",
+        f"![final {metric}](final_metric.png)",
+        "",
+    ]
+    report = out / "report.md"
+    report.write_text("\n".join(lines), encoding="utf-8")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", type=Path, help="run directory or Hydra multirun directory")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: DIR)")
+    p.add_argument("--metric", default=DEFAULT_METRIC, help=f"objective metric (default {DEFAULT_METRIC})")
+    p.add_argument("--goal", choices=["maximize", "minimize"], default="maximize")
+    args = p.parse_args(argv)
+    try:
+        path = build_report(args.dir, args.out, metric=args.metric, goal=args.goal)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

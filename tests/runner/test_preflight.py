@@ -1,0 +1,79 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optimizers import FUSED
+from runner.build import build
+from runner.preflight import PreflightError
+
+ROOT = Path(__file__).resolve().parents[2]
+MESSAGE = ("use_async_emb requires an embedding optimizer implementing AsyncEmbOptimizer, and {} has no fused "
+           "table update")
+
+
+def test_dense_adam_refused_in_async_mode(cfg_of):
+    with pytest.raises(PreflightError) as e:
+        build(cfg_of(["optimizer=adam", "async_emb=on"]))
+    text = str(e.value)
+    assert text.startswith(MESSAGE.format("Adam"))
+    assert "async_rowwise_adagrad" in text and "gradient_update_start" in text and "async_emb=off" in text
+
+
+def test_dense_adam_allowed_in_sync_mode(cfg_of):
+    program, _, _ = build(cfg_of(["optimizer=adam", "async_emb=off"]))
+    assert type(program.emb_optimizers["items"]).__name__ == "Adam"
+
+
+def test_user_class_overriding_only_done_is_refused_by_its_name(cfg_of):
+    cfg = cfg_of(["optimizer=adam", "async_emb=on",
+                  "optimizer._target_=tests.runner.custom_optimizers.HalfFusedAdam"])
+    with pytest.raises(PreflightError, match=MESSAGE.format("HalfFusedAdam")):
+        build(cfg)
+
+
+def test_per_table_override_refused_naming_the_table(cfg_of):
+    cfg = cfg_of(["optimizer=async_adam", "async_emb=on", "+optimizer@table_optimizers.authors=adam"])
+    with pytest.raises(PreflightError) as e:
+        build(cfg)
+    assert MESSAGE.format("Adam") in str(e.value) and "table 'authors'" in str(e.value)
+
+
+def test_per_table_override_to_another_fused_optimizer(cfg_of):
+    cfg = cfg_of(["optimizer=async_adam", "+optimizer@table_optimizers.users=async_rowwise_adagrad"])
+    program, _, _ = build(cfg)
+    names = {n: type(o).__name__ for n, o in program.emb_optimizers.items()}
+    assert names == {"users": "AsyncRowwiseAdagrad", "items": "AsyncAdam", "authors": "AsyncAdam"}
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_every_fused_optimizer_passes(cfg_of, name):
+    program, _, _ = build(cfg_of([f"optimizer={name}", "async_emb=on"]))
+    assert program.async_emb
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("optimizer.learning_rate=-0.1", "learning_rate=-0.1 of AsyncAdam (table 'users') must be positive"),
+    ("dense_optimizer.learning_rate=0", "dense_optimizer.learning_rate=0.0 must be positive"),
+    ("trainer.batch_size=0", "trainer.batch_size=0 must be positive"),
+    ("+table_optimizers.movies={_target_:optimizers.AsyncSGD}", "unknown table(s) ['movies']"),
+    ("mesh.table_layout=diagonal", "mesh.table_layout='diagonal': use row or column"),
+    ("model.tables.items.dtype=float16", "model.tables.items.dtype='float16': use float32 or bfloat16"),
+])
+def test_bad_values_get_one_line_each(cfg_of, override, needle):
+    with pytest.raises(PreflightError) as e:
+        build(cfg_of([override]))
+    assert needle in str(e.value)
+
+
+def test_cli_refusal_is_fast_clean_and_nonzero(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", "optimizer=adam", "async_emb=on", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert MESSAGE.format("Adam") in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "metrics.jsonl").exists()  # refused before any training started
