@@ -109,7 +109,7 @@ class TrainProgram:
         (loss, logits), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
             state.params, embs, batch)
 
-        dense_norm = optax.global_norm(g_params)
+        dense_norm = optax.tree.norm(g_params)
         dense_ok = jnp.isfinite(dense_norm)
         upd, new_opt_state = self.dense_tx.update(g_params, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, upd)
