@@ -43,8 +43,6 @@ second last the validation target, the rest is the training prefix. Storage is C
 from __future__ import annotations
 
 import csv
-import io
-import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -234,14 +232,13 @@ def _detect(path: Path) -> _TextSpec | str:
 # --------------------------------------------------------------------------------------------
 # text parsing
 
-def _pa_options(spec: _TextSpec, include: list[str], *, threads: bool = True, skip_header: bool | None = None):
-    header = spec.header if skip_header is None else skip_header
+def _pa_options(spec: _TextSpec, include: list[str], *, threads: bool = True):
+    """pyarrow options reading the data rows (header excluded) of a text file."""
     read = pacsv.ReadOptions(
         column_names=list(spec.columns),
         skip_rows=0,
         autogenerate_column_names=False,
         use_threads=threads,
-        block_size=1 << 24,
     )
     parse = pacsv.ParseOptions(
         delimiter="\t" if spec.delimiter == "::" else spec.delimiter,
@@ -256,7 +253,7 @@ def _pa_options(spec: _TextSpec, include: list[str], *, threads: bool = True, sk
         strings_can_be_null=False,
         quoted_strings_can_be_null=False,
     )
-    return read, parse, convert, header
+    return read, parse, convert
 
 
 def _skip_header(data: bytes) -> bytes:
@@ -271,17 +268,16 @@ def _skip_header(data: bytes) -> bytes:
 
 
 def _read_text_table(path: Path, spec: _TextSpec, include: list[str]) -> pa.Table:
-    read, parse, convert, _ = _pa_options(spec, include)
+    read, parse, convert = _pa_options(spec, include)
     if spec.delimiter == "::":
         source = pa.BufferReader(path.read_bytes().replace(b"::", b"\t"))
     else:
         source = str(path)
     if spec.header:
         read.skip_rows = 1  # header is the first line; column names come from spec.columns
-        data_has_blank_lead = False
         with open(path, "rb") as f:
-            data_has_blank_lead = not f.readline().strip(b"\r\n")
-        if data_has_blank_lead:  # header after leading blank lines: strip explicitly
+            blank_lead = not f.readline().strip(b"\r\n")
+        if blank_lead:  # header after leading blank lines: strip explicitly
             source = pa.BufferReader(_skip_header(path.read_bytes()))
             read.skip_rows = 0
     try:
@@ -343,7 +339,7 @@ def _locate_bad_line(path: Path, spec: _TextSpec, include: list[str]) -> tuple[i
     data = path.read_bytes()
     chunk_bytes = _LOCATE_CHUNK
     pos, lineno, in_header = 0, 1, spec.header
-    read, parse, convert, _ = _pa_options(spec, include, threads=False)
+    read, parse, convert = _pa_options(spec, include, threads=False)
     while pos < len(data):
         end = data.find(b"\n", min(pos + chunk_bytes, len(data)) - 1)
         end = len(data) if end < 0 else end + 1

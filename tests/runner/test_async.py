@@ -8,13 +8,10 @@ import pytest
 
 from runner.build import build
 from runner.loop import MODEL_KEYS, to_device
+from tests.runner.helpers import numpy_tree, run_steps
 
 LR = 0.3
 STEPS = 5
-
-
-def _numpy(tree):
-    return jax.tree.map(lambda a: np.array(a), tree)
 
 
 def _oracle(program, data, state0, steps, delay):
@@ -56,23 +53,10 @@ def _oracle(program, data, state0, steps, delay):
     return tables, params, losses
 
 
-def _run(program, data, steps):
-    B = program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
-    state = program.init_state(0)
-    state0 = _numpy(state)
-    step, flush, _ = program.compile(state, to_device(program, data.batch(0, B)))
-    losses, metrics = [], []
-    for t in range(steps):
-        state, m = step(state, to_device(program, data.batch(t, B)))
-        losses.append(float(m["train/loss"]))
-        metrics.append(jax.device_get(m))
-    return state0, flush(state), losses, metrics
-
-
 @pytest.mark.parametrize("mode", ["on", "off"])
 def test_matches_oracle(cfg_of, mode):
     program, data, _ = build(cfg_of(["optimizer=async_sgd", f"optimizer.learning_rate={LR}", f"async_emb={mode}"]))
-    state0, state, losses, _ = _run(program, data, STEPS)
+    state0, state, losses, _ = run_steps(program, data, STEPS)
     tables, params, ref_losses = _oracle(program, data, state0, STEPS, delay=1 if mode == "on" else 0)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     for n in tables:
@@ -88,7 +72,7 @@ def test_async_differs_from_sync_and_is_one_step_stale(cfg_of):
     for mode in ("on", "off"):
         program, data, _ = build(cfg_of(["optimizer=async_sgd", f"optimizer.learning_rate={LR}",
                                          f"async_emb={mode}"]))
-        runs[mode] = _run(program, data, 3)
+        runs[mode] = run_steps(program, data, 3)
     (_, a_state, _, a_metrics), (_, s_state, _, s_metrics) = runs["on"], runs["off"]
     assert not np.allclose(np.asarray(a_state.tables["items"]), np.asarray(s_state.tables["items"]))
     assert not bool(a_metrics[0]["emb/valid_step"]) and bool(a_metrics[1]["emb/valid_step"])
@@ -99,7 +83,7 @@ def test_async_differs_from_sync_and_is_one_step_stale(cfg_of):
 def test_every_update_applied_exactly_once_after_flush(cfg_of):
     program, data, _ = build(cfg_of(["optimizer=async_adam", "async_emb=on"]))
     B = program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
-    _, state, _, _ = _run(program, data, STEPS)
+    _, state, _, _ = run_steps(program, data, STEPS)
     for n, st in state.emb_states.items():
         assert int(st.count) == STEPS  # one valid update per step, the last one by the flush
         seen = np.zeros(program.tables[n].rows, np.int32)
@@ -120,18 +104,18 @@ def test_nonfinite_step_is_skipped_and_training_continues(cfg_of, mode):
     state, _ = step(state, to_device(program, data.batch(0, B)))
     if mode == "on":
         state = flush(state)
-    before = _numpy((state.tables, state.emb_states, state.params))
+    before = numpy_tree((state.tables, state.emb_states, state.params))
     bad = data.batch(1, B)
     bad["labels"] = np.full_like(bad["labels"], np.nan)
     state, m = step(state, to_device(program, bad))
     if mode == "on":  # the poisoned gradient is deferred: it is refused when applied, one step later
         state, m = step(state, to_device(program, data.batch(2, B)))
         assert not bool(m["emb/valid_step"])
-        after = _numpy((state.tables, state.emb_states))
+        after = numpy_tree((state.tables, state.emb_states))
         jax.tree.map(np.testing.assert_array_equal, before[:2], after)
     else:
         assert not bool(m["emb/valid_step"]) and not np.isfinite(float(m["dense/grad_norm"]))
-        after = _numpy((state.tables, state.emb_states, state.params))
+        after = numpy_tree((state.tables, state.emb_states, state.params))
         jax.tree.map(np.testing.assert_array_equal, before, after)
     state, m = step(state, to_device(program, data.batch(3, B)))
     assert np.isfinite(float(m["train/loss"])) and bool(m["emb/valid_step"])

@@ -1,0 +1,35 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-fast bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+## Train the default embedded setup (synthetic data, W&B offline) with fused async Adam.
+run: install
+	$(PY) -m runner optimizer=async_adam $(ARGS)
+
+## The whole suite, slow tests included (what CI runs).
+test: install
+	$(PY) -m pytest -n 2 --durations=15 $(PYTEST_ARGS)
+
+## Everything but the slow (subprocess, sweep) tests.
+test-fast: install
+	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+
+## The benchmark suite (writes benchmarks/results/).
+bench: install
+	$(PY) -m benchmarks $(ARGS)
+
+clean:
+	rm -rf $(VENV) outputs/*/ multirun/ .pytest_cache

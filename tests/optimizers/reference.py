@@ -1,0 +1,160 @@
+"""Plain-numpy dense reference of every fused embedding optimizer, written from the docs, not the library.
+
+A reference holds a float64 copy of the whole table and its per-row state (leaves named as the library
+names them, so the two can be compared leaf by leaf) and applies one batch as the semantics say:
+
+1. drop padding tokens (id 0) and ids outside ``[0, vocab)``;
+2. dedupe with ``np.unique`` and sum each row's token gradients;
+3. ``norm`` = global L2 norm of those sums; the step is valid when something is pending and the norm is
+   finite, otherwise nothing changes at all;
+4. count the valid step (1-based) and apply the optimizer's rule to the touched rows only.
+
+Nothing here imports ``optimizers``: a reference is built from the optimizer's hyperparameters alone
+(``reference_for`` reads them off the config dataclass), so a wrong rule in the library cannot agree
+with itself here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+PAD_ID = 0
+
+
+def dedupe_sum(ids, grads, vocab: int, pad_id: int | None = PAD_ID) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted touched rows and each one's float64 gradient sum; padding and out-of-range tokens dropped."""
+    ids = np.asarray(ids).reshape(-1)
+    grads = np.asarray(grads, np.float64).reshape(ids.size, -1)
+    keep = (ids >= 0) & (ids < vocab)
+    if pad_id is not None:
+        keep &= ids != pad_id
+    rows, inverse = np.unique(ids[keep], return_inverse=True)
+    summed = np.zeros((rows.size, grads.shape[1]))
+    np.add.at(summed, inverse.reshape(-1), grads[keep])
+    return rows, summed
+
+
+def global_norm(summed: np.ndarray) -> float:
+    with np.errstate(invalid="ignore", over="ignore"):
+        return float(np.sqrt(np.sum(summed * summed)))
+
+
+class Reference:
+    """The shared part: table, state, step count, dedupe, norm and gating. Subclasses give the rule."""
+
+    def __init__(self, table):
+        self.table = np.array(table, np.float64)
+        self.count = 0  # valid updates applied so far
+        self.state = self.init_state(*self.table.shape)
+
+    @property
+    def vocab(self) -> int:
+        return self.table.shape[0]
+
+    def init_state(self, num_rows: int, width: int) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def apply(self, rows: np.ndarray, grad: np.ndarray, step: int) -> None:
+        raise NotImplementedError
+
+    def step(self, ids, grads, pending: bool = True) -> tuple[float, bool, np.ndarray]:
+        """Apply one batch; returns ``(norm, valid, touched_rows)`` (no rows when not valid)."""
+        rows, summed = dedupe_sum(ids, grads, self.vocab)
+        norm = global_norm(summed)
+        valid = bool(pending) and math.isfinite(norm)
+        if not valid:
+            return norm, False, rows[:0]
+        self.count += 1
+        self.apply(rows, summed, self.count)
+        return norm, True, rows
+
+
+class AdamReference(Reference):
+    """Lazy Adam: per-row moments and per-row update counts for bias correction; decoupled weight decay."""
+
+    def __init__(self, table, *, learning_rate, b1, b2, eps, weight_decay):
+        self.lr, self.b1, self.b2, self.eps, self.wd = learning_rate, b1, b2, eps, weight_decay
+        super().__init__(table)
+
+    def init_state(self, num_rows, width):
+        return {"mu": np.zeros((num_rows, width)), "nu": np.zeros((num_rows, width)),
+                "count": np.zeros(num_rows, np.int64)}
+
+    def apply(self, rows, grad, step):
+        s = self.state
+        s["count"][rows] += 1
+        t = s["count"][rows][:, None].astype(np.float64)
+        s["mu"][rows] = self.b1 * s["mu"][rows] + (1 - self.b1) * grad
+        s["nu"][rows] = self.b2 * s["nu"][rows] + (1 - self.b2) * grad**2
+        mu_hat = s["mu"][rows] / (1 - self.b1**t)
+        nu_hat = s["nu"][rows] / (1 - self.b2**t)
+        x = self.table[rows]
+        self.table[rows] = x - self.lr * (mu_hat / (np.sqrt(nu_hat) + self.eps) + self.wd * x)
+
+
+class RowwiseAdagradReference(Reference):
+    """One accumulator per row: ``accum = accum * decay**k + mean(g**2)``; ``k`` = 1 per touch, or the
+    number of valid steps since the row's last touch (step 0 = never) with ``lazy_decay``."""
+
+    def __init__(self, table, *, learning_rate, eps, initial_accumulator_value, half_life_steps, lazy_decay,
+                 weight_decay):
+        self.lr, self.eps, self.init_accum = learning_rate, eps, initial_accumulator_value
+        self.decay = 0.5 ** (1.0 / half_life_steps) if half_life_steps > 0 else 1.0
+        self.lazy, self.wd = lazy_decay, weight_decay
+        super().__init__(table)
+
+    def init_state(self, num_rows, width):
+        return {"accum": np.full(num_rows, self.init_accum, np.float64), "last_step": np.zeros(num_rows, np.int64)}
+
+    def apply(self, rows, grad, step):
+        s = self.state
+        k = (step - s["last_step"][rows]) if self.lazy else np.ones(rows.size)
+        s["accum"][rows] = s["accum"][rows] * self.decay**k + np.mean(grad**2, axis=1)
+        s["last_step"][rows] = step
+        x = self.table[rows]
+        self.table[rows] = x - self.lr * (grad / (np.sqrt(s["accum"][rows]) + self.eps)[:, None] + self.wd * x)
+
+
+class AdagradReference(Reference):
+    """Element-wise Adagrad: ``accum += g**2``; decoupled weight decay."""
+
+    def __init__(self, table, *, learning_rate, eps, initial_accumulator_value, weight_decay):
+        self.lr, self.eps, self.init_accum, self.wd = learning_rate, eps, initial_accumulator_value, weight_decay
+        super().__init__(table)
+
+    def init_state(self, num_rows, width):
+        return {"accum": np.full((num_rows, width), self.init_accum, np.float64)}
+
+    def apply(self, rows, grad, step):
+        s = self.state
+        s["accum"][rows] += grad**2
+        x = self.table[rows]
+        self.table[rows] = x - self.lr * (grad / (np.sqrt(s["accum"][rows]) + self.eps) + self.wd * x)
+
+
+class SGDReference(Reference):
+    def __init__(self, table, *, learning_rate, weight_decay):
+        self.lr, self.wd = learning_rate, weight_decay
+        super().__init__(table)
+
+    def init_state(self, num_rows, width):
+        return {}
+
+    def apply(self, rows, grad, step):
+        x = self.table[rows]
+        self.table[rows] = x - self.lr * (grad + self.wd * x)
+
+
+REFERENCES: dict[str, type[Reference]] = {
+    "async_adam": AdamReference,
+    "async_rowwise_adagrad": RowwiseAdagradReference,
+    "async_adagrad": AdagradReference,
+    "async_sgd": SGDReference,
+}
+
+
+def reference_for(name: str, opt, table) -> Reference:
+    """The reference of registry name ``name`` with ``opt``'s hyperparameters (a frozen config dataclass)."""
+    return REFERENCES[name](table, **dataclasses.asdict(opt))

@@ -1,0 +1,209 @@
+"""The contract every fused embedding optimizer keeps (as optax's ``contrib/_common_test.py`` does).
+
+Each case in ``CASES`` runs through the same checks against the independent numpy reference in
+``reference.py``: parity of touched rows and their state, untouched rows and state bit-for-bit unchanged,
+the global norm of the deduped gradient, padding tokens ignored, non-finite steps skipped and non-pending
+updates ignored. A new optimizer gets all of them by adding one line to ``CASES`` (and its reference).
+
+The library runs as the runner runs it: ``make_update``, then ``gradient_update_start`` /
+``gradient_update_done`` under one ``jax.jit`` per case with the table and state donated.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import optimizers
+from tests.optimizers.reference import REFERENCES, reference_for
+
+VOCAB, WIDTH, BATCH, SEQ = 32, 8, 4, 6
+TOKENS = BATCH * SEQ
+DRAWN = 24  # ids are drawn from [0, DRAWN): rows DRAWN.. are never touched
+
+# (registry name, hyperparameters): one line per optimizer configuration.
+CASES = [
+    ("async_adam", dict(learning_rate=0.02, b1=0.8, b2=0.95, eps=1e-6, weight_decay=0.1)),
+    ("async_adam", {}),
+    ("async_rowwise_adagrad", dict(learning_rate=0.05, eps=1e-8, initial_accumulator_value=0.5,
+                                   half_life_steps=3.0, lazy_decay=True, weight_decay=0.05)),
+    ("async_rowwise_adagrad", dict(learning_rate=0.05, eps=1e-8, initial_accumulator_value=0.5,
+                                   half_life_steps=3.0, lazy_decay=False, weight_decay=0.05)),
+    ("async_rowwise_adagrad", {}),
+    ("async_adagrad", dict(learning_rate=0.1, eps=1e-8, initial_accumulator_value=0.2, weight_decay=0.05)),
+    ("async_sgd", dict(learning_rate=0.2, weight_decay=0.1)),
+]
+
+
+def case_id(case) -> str:
+    name, hp = case
+    return name + ("-" + "-".join(f"{k}={v}" for k, v in hp.items()) if hp else "-defaults")
+
+
+PARAMS = [pytest.param(c, id=case_id(c)) for c in CASES]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Driving the library and the reference side by side
+# ----------------------------------------------------------------------------------------------------
+def fused_step(opt, ctx):
+    """One jitted ``(table, state, update) -> (table, state, norm, valid)``, table and state donated."""
+
+    def step(table, state, update):
+        c = ctx.fresh()
+        keepalive, table, state = opt.gradient_update_start(c, update, table, state, jnp.zeros((), jnp.int32))
+        norm, valid, _ = opt.gradient_update_done(c, keepalive[0])
+        return table, state, norm, valid
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+CTX = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS)
+build_update = jax.jit(functools.partial(optimizers.make_update, CTX))
+
+
+@functools.lru_cache(maxsize=None)
+def _library(name: str, hp: tuple):
+    opt = optimizers.create(name, **dict(hp))
+    return opt, fused_step(opt, CTX)
+
+
+def library(case):
+    name, hp = case
+    return _library(name, tuple(sorted(hp.items())))
+
+
+def initial_table(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(VOCAB, WIDTH)).astype(np.float32)
+
+
+def batch(rng, *, pad_frac=0.25, out_of_range=False, pad_grad=None):
+    """ids [BATCH, SEQ] with repeats and padding (id 0); grads [BATCH, SEQ, WIDTH] in steps of 1/64.
+
+    Dyadic gradients make every segment sum exact in float32 and float64 alike, so a comparison measures
+    the rule and not the summation order. Padding tokens get gradients too (``pad_grad`` if given).
+    """
+    ids = rng.integers(1, DRAWN, size=(BATCH, SEQ))
+    ids[rng.random((BATCH, SEQ)) < pad_frac] = 0
+    ids[0, :2] = ids[1, :2]  # at least two repeated ids
+    if out_of_range:
+        ids[2, 0], ids[3, 0] = VOCAB + 3, -1
+    grads = np.round(rng.normal(size=(BATCH, SEQ, WIDTH)) * 64) / 64
+    if pad_grad is not None:
+        grads[(ids == 0) | (ids >= VOCAB) | (ids < 0)] = pad_grad
+    return ids.astype(np.int32), grads.astype(np.float32)
+
+
+def leaves(state) -> dict[str, np.ndarray]:
+    """The library state as numpy copies (copies: the device buffers are donated to the next step)."""
+    return {k: np.array(v) for k, v in state.rows._asdict().items()}
+
+
+def run(case, steps, seed=0):
+    """Run ``steps`` through the library and the reference, checking the contract after every step.
+
+    Each step is ``(ids, grads, pending)``, or ``"empty"`` for ``optimizers.empty_update``. Returns the
+    per-step ``(norm, valid)`` the library reported.
+    """
+    name, _ = case
+    opt, step = library(case)
+    table0 = initial_table(seed)
+    ref = reference_for(name, opt, table0)
+    table, state = jnp.asarray(table0), opt.init(VOCAB, WIDTH)
+    assert set(leaves(state)) == set(ref.state), "library and reference state leaves differ"
+    for key, leaf in leaves(state).items():
+        np.testing.assert_allclose(leaf, ref.state[key], rtol=1e-6, err_msg=f"initial {key}")
+
+    reported = []
+    for i, s in enumerate(steps):
+        if isinstance(s, str) and s == "empty":
+            update = optimizers.empty_update(CTX)
+            ids, grads, pending = np.zeros(TOKENS, np.int32), np.zeros((TOKENS, WIDTH), np.float32), False
+        else:
+            ids, grads, pending = s
+            update = build_update(ids, grads, pending)
+        before_table, before_state = np.array(table), leaves(state)
+
+        table, state, norm, valid = step(table, state, update)
+        ref_norm, ref_valid, touched = ref.step(ids, grads, pending)
+        norm, valid = float(norm), bool(valid)
+        reported.append((norm, valid))
+        after_table, after_state = np.array(table), leaves(state)
+
+        where = f"step {i}"
+        assert valid == ref_valid, where
+        if np.isfinite(ref_norm):
+            np.testing.assert_allclose(norm, ref_norm, rtol=1e-6, err_msg=f"{where}: norm")
+        else:
+            assert not np.isfinite(norm), f"{where}: norm {norm} should not be finite"
+        assert int(state.count) == ref.count, f"{where}: update count"
+
+        untouched = np.setdiff1d(np.arange(VOCAB), touched)
+        assert np.array_equal(after_table[untouched], before_table[untouched]), f"{where}: untouched rows moved"
+        for key in after_state:
+            assert np.array_equal(after_state[key][untouched], before_state[key][untouched]), \
+                f"{where}: state {key} of untouched rows moved"
+        np.testing.assert_allclose(after_table[touched], ref.table[touched], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{where}: touched rows")
+        for key in after_state:
+            np.testing.assert_allclose(after_state[key][touched], ref.state[key][touched], rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{where}: state {key} of touched rows")
+    np.testing.assert_array_equal(np.array(table)[DRAWN:], table0[DRAWN:])  # never-drawn rows never move
+    return reported
+
+
+def finite_steps(n, seed=1, **kw):
+    rng = np.random.default_rng(seed)
+    return [(*batch(rng, **kw), True) for _ in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The checks
+# ----------------------------------------------------------------------------------------------------
+def test_every_fused_optimizer_has_a_case_and_a_reference():
+    assert {name for name, _ in CASES} == set(optimizers.FUSED)
+    assert set(optimizers.FUSED) <= set(REFERENCES)
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_matches_reference(case):
+    steps = finite_steps(6)
+    steps[3] = (*batch(np.random.default_rng(7), out_of_range=True), True)
+    reported = run(case, steps)
+    assert all(valid for _, valid in reported)
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_padding_tokens_are_ignored(case):
+    """Padding and out-of-range tokens carry huge or NaN gradients; the step still applies, unaffected."""
+    steps = finite_steps(2, seed=2, out_of_range=True, pad_grad=1e6) + \
+        finite_steps(2, seed=3, out_of_range=True, pad_grad=np.nan)
+    reported = run(case, steps)
+    assert all(valid and np.isfinite(norm) for norm, valid in reported)
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_non_finite_step_is_skipped(case):
+    steps = finite_steps(6, seed=4)
+    for i, bad in ((1, np.nan), (3, np.inf), (4, -np.inf)):
+        ids, grads, _ = steps[i]
+        token = np.argwhere(ids > 0)[0]
+        grads = grads.copy()
+        grads[tuple(token)][1] = bad
+        steps[i] = (ids, grads, True)
+    reported = run(case, steps)  # checks the skipped steps leave everything bit-for-bit unchanged
+    assert [valid for _, valid in reported] == [True, False, True, False, False, True]
+    assert all(not np.isfinite(reported[i][0]) for i in (1, 3, 4))
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_non_pending_update_changes_nothing(case):
+    steps = finite_steps(4, seed=5)
+    steps.insert(1, "empty")
+    ids, grads, _ = steps[3]
+    steps.insert(3, (ids, grads, False))  # a real gradient, but nothing pending
+    reported = run(case, steps)
+    assert [valid for _, valid in reported] == [True, False, True, False, True, True]

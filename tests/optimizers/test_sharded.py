@@ -1,0 +1,83 @@
+"""The fused update on a table sharded over 8 CPU devices equals the single-device run.
+
+Every fused optimizer case of the contract runs on 2x4 and 4x2 ('data', 'table') meshes and a 1-D
+'table' mesh, with the table split by rows and by columns; table, state and norm must match the unsharded
+run step for step, gating included, and the outputs must keep the layout's sharding.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+
+import optimizers
+from tests.optimizers.test_contract import CASES, CTX, DRAWN, TOKENS, VOCAB, WIDTH, batch, build_update, case_id, \
+    fused_step, initial_table, library
+
+MESHES = {
+    "2x4": lambda: Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "table")),
+    "4x2": lambda: Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "table")),
+    "8": lambda: Mesh(np.array(jax.devices()), ("table",)),
+}
+assert VOCAB % 8 == 0 and WIDTH % 8 == 0, "row and column layouts need vocab and width divisible by the shards"
+
+
+@functools.lru_cache(maxsize=None)
+def updates():
+    """Finite steps with padding and out-of-range ids, a NaN step, a non-pending update, then more steps."""
+    rng = np.random.default_rng(11)
+    steps = [build_update(*batch(rng, out_of_range=(i == 1)), True) for i in range(3)]
+    ids, grads = batch(rng)
+    b, t = np.argwhere(ids > 0)[0]
+    grads[b, t, 0] = np.nan
+    steps.append(build_update(ids, grads, True))
+    steps.append(optimizers.empty_update(CTX))
+    steps += [build_update(*batch(rng), True) for _ in range(2)]
+    return [jax.tree.map(np.asarray, u) for u in steps]  # host arrays: jit places them for each mesh
+
+
+@functools.lru_cache(maxsize=None)
+def unsharded_run(case):
+    opt, step = library((case[0], dict(case[1])))
+    table, state = jnp.asarray(initial_table()), opt.init(VOCAB, WIDTH)
+    out = []
+    for update in updates():
+        table, state, norm, valid = step(table, state, update)
+        out.append(jax.tree.map(np.array, (table, state, norm, valid)))
+    return out
+
+
+@pytest.mark.parametrize("layout", [optimizers.ROW, optimizers.COLUMN])
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES if c[1]])
+def test_sharded_equals_unsharded(case, mesh_name, layout):
+    name, hp = case
+    mesh = MESHES[mesh_name]()
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout)
+    opt = optimizers.create(name, **hp)
+    step = fused_step(opt, ctx)
+
+    state = opt.init(VOCAB, WIDTH)
+    table_sharding = NamedSharding(mesh, ctx.table_spec())
+    state_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), ctx.state_specs(state))
+    table = jax.device_put(jnp.asarray(initial_table()), table_sharding)
+    state = jax.device_put(state, state_shardings)
+
+    want = unsharded_run((name, tuple(sorted(hp.items()))))
+    for i, (update, (w_table, w_state, w_norm, w_valid)) in enumerate(zip(updates(), want)):
+        table, state, norm, valid = step(table, state, update)
+        where = f"step {i}"
+        assert bool(valid) == bool(w_valid), where
+        np.testing.assert_allclose(float(norm), float(w_norm), rtol=1e-6, err_msg=where)
+        np.testing.assert_allclose(np.asarray(table), w_table, rtol=1e-6, atol=1e-7, err_msg=where)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-7,
+                                                             err_msg=where), state, w_state)
+        assert table.sharding.is_equivalent_to(table_sharding, table.ndim), (where, table.sharding)
+        for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(state_shardings)):
+            assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), (where, leaf.sharding, sharding)
+    assert [bool(v) for *_, v in want] == [True, True, True, False, False, True, True]
+    np.testing.assert_array_equal(np.asarray(table)[DRAWN:], initial_table()[DRAWN:])
