@@ -19,7 +19,7 @@ log = logging.getLogger("runner")
 def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | None = None) -> float:
     """Train one config; returns ``cfg.trainer.objective`` from the final evaluation (for sweeps)."""
     out = Path(output_dir)
-    program, data, plan = build(cfg)  # raises PreflightError before anything compiles
+    program, task, plan = build(cfg)  # raises PreflightError before anything compiles
     lg = cfg.logger
     tracker = make_tracker(
         "jsonl" if lg.kind == "none" else "jsonl,wandb", process_index=jax.process_index(), output_dir=out,
@@ -29,20 +29,19 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     try:
         log.info("mesh %s, async_emb=%s, optimizers %s", plan.describe(), cfg.async_emb.enabled,
                  {n: type(o).__name__ for n, o in program.emb_optimizers.items()})
-        result = train(program, data, cfg.trainer, tracker, log=log.info)
+        result = train(program, task, cfg.trainer, tracker, log=log.info)
         exit_code = 0
     finally:
         tracker.finish(exit_code)
     s = result["summary"]
     lines = [
         f"done: {s['steps']} steps, final train loss {s['final/train_loss']:.4f}",
-        f"eval AUC {s['eval/auc_mean']:.4f} (Bayes-optimal {s['bayes/auc_mean']:.4f}) "
-        + " ".join(f"{a}={s[f'eval/auc_{a}']:.3f}/{s[f'bayes/auc_{a}']:.3f}" for a in data.spec.actions),
+        *task.summary_lines(s),
         f"throughput {s['perf/examples_per_s']:,.0f} examples/s",
         f"outputs: {out} (metrics.jsonl, summary.json" + (", wandb/)" if lg.kind == "wandb" else ")"),
     ]
     if jax.process_index() == 0:
         for line in lines:
             log.info(line)
-    objective = s.get(cfg.trainer.objective)
+    objective = s.get(cfg.trainer.objective or task.objective)
     return float(objective) if objective is not None else float("nan")

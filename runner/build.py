@@ -14,11 +14,11 @@ from omegaconf import DictConfig, OmegaConf
 from optimizers import AsyncEmbContext
 
 from . import preflight
-from .data import SyntheticRanking, SyntheticSpec
+from .config import TableConfig
 from .embeddings import TableSpec
 from .mesh import MeshPlan, build_mesh, resolve_axes
-from .model import RankingModel
 from .step import TrainProgram
+from .tasks import make_task
 
 
 def apply_cpu_devices(cfg: DictConfig) -> None:
@@ -39,21 +39,19 @@ def emb_optimizers(cfg: DictConfig, table_names: list[str]) -> dict[str, Any]:
     return {name: overrides.get(name, default) for name in table_names}
 
 
-def data_source(cfg: DictConfig) -> SyntheticRanking:
-    d = OmegaConf.to_container(cfg.data, resolve=True)
-    d.pop("name")
-    d["actions"] = tuple(d["actions"])
-    return SyntheticRanking(SyntheticSpec(**d))
-
-
-def table_specs(cfg: DictConfig, data: SyntheticRanking, plan: MeshPlan | None) -> dict[str, TableSpec]:
-    id_range = {"users": data.spec.num_users, "items": data.spec.num_items, "authors": data.spec.num_authors}
-    tokens = {"users": 1, "items": data.spec.history_len + 1, "authors": data.spec.history_len + 1}
+def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, TableSpec]:
+    """Each table's rows, width and tokens per example; rows padded so row shards divide evenly."""
+    needs = task.tables()
+    unknown = sorted(set(cfg.model.tables) - set(needs))
+    if unknown:
+        raise preflight.PreflightError(f"model.tables names {unknown}, which this data source does not use; "
+                                       f"its tables are {sorted(needs)}")
     shards = plan.table_shards if plan is not None and plan.layout == "row" and cfg.mesh.pad_vocab else 1
     specs = {}
-    for name, t in cfg.model.tables.items():
-        vocab = t.vocab or id_range[name] + 1
-        specs[name] = TableSpec(name, vocab, t.width or cfg.model.emb_width, tokens[name],
+    for name, (id_range, tokens) in needs.items():
+        t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
+        vocab = t.vocab or id_range + 1
+        specs[name] = TableSpec(name, vocab, t.width or cfg.model.emb_width, tokens,
                                 rows=-(-vocab // shards) * shards, dtype=t.dtype, init_scale=t.init_scale)
     return specs
 
@@ -68,10 +66,10 @@ def dense_optimizer(cfg: DictConfig):
     return tx, schedule
 
 
-def build(cfg: DictConfig) -> tuple[TrainProgram, SyntheticRanking, MeshPlan]:
-    """Validate, then assemble. Raises PreflightError before anything compiles."""
-    data = data_source(cfg)
-    names = list(cfg.model.tables)
+def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
+    """Validate, then assemble (program, task, mesh plan). Raises PreflightError before anything compiles."""
+    task = make_task(cfg)
+    names = list(task.tables())
     opts = emb_optimizers(cfg, names)
     preflight.check_values(cfg, opts, names)
     preflight.check_async(opts, cfg.async_emb.enabled)
@@ -83,7 +81,7 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, SyntheticRanking, MeshPlan]:
     except ValueError as e:
         raise preflight.PreflightError(str(e)) from None
     plan = MeshPlan(axes, cfg.mesh.table_axis, cfg.mesh.table_layout)
-    specs = table_specs(cfg, data, plan)
+    specs = table_specs(cfg, task, plan)
     preflight.check_mesh(plan, available, cfg.trainer.batch_size, specs, cfg.async_emb.enabled,
                          cfg.mesh.pad_vocab)
 
@@ -91,7 +89,8 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, SyntheticRanking, MeshPlan]:
     B = cfg.trainer.batch_size
     contexts = {n: AsyncEmbContext(s.rows, s.width, B * s.tokens_per_example, mesh=mesh,
                                    table_axis=plan.table_axis, layout=plan.layout) for n, s in specs.items()}
-    model = RankingModel(specs, tuple(cfg.data.actions), tuple(cfg.model.hidden))
+    model = task.make_model(specs, cfg.model)
     tx, schedule = dense_optimizer(cfg)
-    program = TrainProgram(model, specs, contexts, opts, tx, schedule, cfg.async_emb.enabled, mesh)
-    return program, data, plan
+    program = TrainProgram(model, specs, contexts, opts, tx, schedule, cfg.async_emb.enabled, mesh,
+                           tuple(task.model_keys))
+    return program, task, plan

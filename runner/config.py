@@ -88,13 +88,13 @@ class DenseOptimizerConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 300
-    batch_size: int = 512
+    steps: int = 2000
+    batch_size: int = 1024
     seed: int = 0
-    log_interval: int = 25
-    eval_interval: int = 100
+    log_interval: int = 100
+    eval_interval: int = 500
     eval_batches: int = 4
-    objective: str = "eval/auc_mean"
+    objective: Optional[str] = None  # the metric a run returns to a sweep; None = the task's own
 
 
 @dataclass

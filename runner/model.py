@@ -69,9 +69,13 @@ class RankingModel:
             x = jax.nn.relu(x @ layer["w"] + layer["b"])
         return x @ layers[-1]["w"] + layers[-1]["b"]
 
-    def loss(self, params, embs, batch) -> tuple[jax.Array, jax.Array]:
-        """Mean over actions of the per-action BCE; returns (loss, logits)."""
+    def loss(self, params, embs, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Mean over actions of the per-action BCE; returns (loss, {"probs": [B, actions]})."""
         logits = self.apply(params, embs, batch)
         labels = batch["labels"]
         bce = jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits)))
-        return bce.mean(), logits
+        return bce.mean(), {"probs": jax.nn.sigmoid(logits)}
+
+    def predict(self, params, embs, batch, tables=None) -> jax.Array:
+        """Per-action probabilities [B, actions]."""
+        return jax.nn.sigmoid(self.apply(params, embs, batch))

@@ -42,6 +42,7 @@ class TrainProgram:
     dense_schedule: Any
     async_emb: bool
     mesh: Mesh
+    model_keys: tuple[str, ...]
 
     # ----- state -------------------------------------------------------------------------------------
     def state_shardings(self, state: TrainState) -> TrainState:
@@ -106,7 +107,7 @@ class TrainProgram:
                 metrics[f"emb/stale_rows/{n}"] = _overlap(dedup[n][0], upd, ctxs[n].vocab)
                 tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
 
-        (loss, logits), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
+        (loss, outputs), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
             state.params, embs, batch)
 
         dense_norm = optax.tree.norm(g_params)
@@ -133,7 +134,7 @@ class TrainProgram:
             "emb/unique_rows": sum(jnp.sum(d[0] < ctxs[n].vocab) for n, d in dedup.items()),
             "dense/grad_norm": dense_norm,
             "dense/learning_rate": self.dense_schedule(state.step),
-            "outputs/probs": jax.nn.sigmoid(logits),
+            "outputs": outputs,
         })
         for n, (norm, valid, rows) in applied.items():
             metrics[f"emb/grad_norm/{n}"] = norm
@@ -160,7 +161,7 @@ class TrainProgram:
     def predict(self, state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
         ids = self.model.table_ids(batch)
         embs = {n: lookup(self.contexts[n], state.tables[n], ids[n]) for n in ids}
-        return jax.nn.sigmoid(self.model.apply(state.params, embs, batch))
+        return self.model.predict(state.params, embs, batch, state.tables)
 
     # ----- compiled entry points ---------------------------------------------------------------------
     def compile(self, state: TrainState, example_batch: Mapping[str, Any]):

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from runner.build import build
-from runner.loop import MODEL_KEYS, to_device
+from runner.loop import to_device
 from tests.runner.helpers import numpy_tree, run_steps
 
 LR = 0.3
@@ -34,7 +34,7 @@ def _oracle(program, data, state0, steps, delay):
 
     for t in range(steps):
         host = data.batch(t, B)
-        batch = {k: jnp.asarray(host[k]) for k in MODEL_KEYS}
+        batch = {k: jnp.asarray(host[k]) for k in program.model_keys}
         ids = {n: np.asarray(v) for n, v in model.table_ids(batch).items()}
         embs = {n: jnp.asarray(tables[n][ids[n]]) for n in ids}
         (loss, _), (gp, ge) = jax.value_and_grad(model.loss, argnums=(0, 1), has_aux=True)(params, embs, batch)
@@ -88,7 +88,7 @@ def test_every_update_applied_exactly_once_after_flush(cfg_of):
         assert int(st.count) == STEPS  # one valid update per step, the last one by the flush
         seen = np.zeros(program.tables[n].rows, np.int32)
         for t in range(STEPS):
-            batch = {k: jnp.asarray(v) for k, v in data.batch(t, B).items() if k in MODEL_KEYS}
+            batch = {k: jnp.asarray(v) for k, v in data.batch(t, B).items() if k in program.model_keys}
             ids = np.unique(np.asarray(program.model.table_ids(batch)[n]))
             seen[ids[ids != 0]] += 1
         np.testing.assert_array_equal(np.asarray(st.rows.count), seen)  # per-row Adam counts
