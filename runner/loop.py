@@ -53,8 +53,8 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
                 row.update(task.evaluate(predict, state, put, B))
             tracker.log(row, step=step + 1)
             last = row
-            log(f"step {step + 1:>6}/{trainer.steps}  loss {row['train/loss']:.4f}  "
-                f"{task.objective.replace('eval/', 'eval ')} {row.get(task.objective, float('nan')):.4f}  "
+            shown = f"  {task.objective} {row[task.objective]:.4f}" if task.objective in row else ""
+            log(f"step {step + 1:>6}/{trainer.steps}  loss {row['train/loss']:.4f}{shown}  "
                 f"emb|g| {row['emb/grad_norm']:.3g}  {row['perf/examples_per_s']:,.0f} ex/s")
             t_window, n_window = time.perf_counter(), 0
 
