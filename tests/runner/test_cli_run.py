@@ -1,0 +1,55 @@
+"""`python -m runner` end to end in a subprocess: a W&B offline run, a metrics.jsonl whose loss goes down,
+the summary; and the sharded mesh from the command line."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.runner.conftest import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(tmp_path, *overrides):
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    args = [a for a in TINY if not a.startswith(("trainer.steps", "logger", "trainer.log_interval"))]
+    proc = subprocess.run([sys.executable, "-m", "runner", *args, f"hydra.run.dir={tmp_path}", *overrides],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def metrics(path: Path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_default_run_writes_wandb_and_metrics(tmp_path):
+    proc = run_cli(tmp_path, "trainer.steps=60", "trainer.log_interval=10", "trainer.eval_interval=30",
+                   "optimizer=async_adam", "logger=wandb")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
+    rows = [r for r in metrics(tmp_path) if "train/loss" in r]
+    assert [r["step"] for r in rows] == [10, 20, 30, 40, 50, 60]
+    assert rows[-1]["train/loss"] < rows[0]["train/loss"]
+    for key in ("emb/grad_norm", "emb/valid_step", "emb/unique_rows", "emb/stale_rows", "dense/grad_norm",
+                "dense/learning_rate", "emb/learning_rate/items", "train/auc_click", "perf/examples_per_s",
+                "perf/step_time_ms"):
+        assert key in rows[-1], key
+    assert any("eval/auc_mean" in r for r in metrics(tmp_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 60 and 0.5 < summary["bayes/auc_mean"] <= 1
+    log = (tmp_path / "runner.log").read_text()  # hydra.job.name is `runner`
+    assert "done: 60 steps" in log and "Bayes-optimal" in log and str(tmp_path) in log
+
+
+@pytest.mark.slow
+def test_sharded_mesh_from_the_command_line(tmp_path):
+    run_cli(tmp_path, "mesh=data_table", "mesh.cpu_devices=8", "trainer.steps=6", "trainer.log_interval=3",
+            "mesh.table_layout=column", "logger=none")
+    rows = [r for r in metrics(tmp_path) if "train/loss" in r]
+    assert rows and "emb/shard_rows_max/items" in rows[-1]
+    assert rows[-1]["emb/shard_rows_max/items"] >= rows[-1]["emb/shard_rows_mean/items"] > 0
