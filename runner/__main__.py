@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -14,7 +15,10 @@ from .preflight import PreflightError
 register()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")  # absolute: works for the console script too
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float:
     from .app import run  # imported here so `--help` and completion stay fast
 
