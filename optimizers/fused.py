@@ -4,6 +4,11 @@ Every fused optimizer writes only its per-row rule (``FusedEmbOptimizer.update_r
 the rest, once, for all of them, on one device or inside ``jax.shard_map`` over a table-sharded mesh.
 The cost of an update grows with the rows a batch touches, never with the vocabulary: nothing here
 builds a table-sized temporary, and the scatter writes into the (donated) table buffer.
+
+Tables may be stored in bfloat16 while the optimizer state stays in float32: rows are gathered and
+updated in float32 and written back with deterministic stochastic rounding (``stochastic_round_bf16``),
+whose random bits hash (row id, column, update count), so no extra state is needed, a run is
+reproducible bit for bit, and updates far below a bfloat16 ulp still move the row in expectation.
 """
 from __future__ import annotations
 
@@ -65,6 +70,46 @@ def segment_sum(grads: jax.Array, segment_ids: jax.Array, num_unique: int) -> ja
     return jax.ops.segment_sum(grads.astype(jnp.float32), seg, num_segments=num_unique)
 
 
+def _mix32(x: jax.Array) -> jax.Array:
+    """A 32-bit integer finaliser (xor-shift-multiply): every input bit flips about half the output bits."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def rounding_bits(rows: jax.Array, cols: jax.Array, count: jax.Array) -> jax.Array:
+    """uint32 [len(rows), len(cols)]: a hash of (row id, column, update count), the same on any layout."""
+    r = _mix32(rows.astype(jnp.uint32) * jnp.uint32(0x9E3779B1) + jnp.asarray(count).astype(jnp.uint32))
+    return _mix32(r[:, None] ^ (cols.astype(jnp.uint32) * jnp.uint32(0x85EBCA77) + jnp.uint32(0x6A09E667))[None, :])
+
+
+def stochastic_round_bf16(x: jax.Array, bits: jax.Array) -> jax.Array:
+    """Round float32 ``x`` to bfloat16 up or down with probability proportional to proximity.
+
+    Adding 16 random low bits to the float32 bit pattern and truncating rounds the magnitude up with
+    probability (dropped fraction) / ulp, so the result is unbiased. Non-finite values round to nearest.
+    """
+    raw = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    noisy = (raw + (bits & jnp.uint32(0xFFFF))) & jnp.uint32(0xFFFF0000)
+    rounded = lax.bitcast_convert_type(noisy, jnp.float32).astype(jnp.bfloat16)  # exact: low bits are zero
+    return jnp.where(jnp.isfinite(x), rounded, x.astype(jnp.bfloat16))
+
+
+def compiler_options(table_dtypes) -> dict[str, str]:
+    """XLA options for a jitted step that updates tables of these dtypes (pass to ``jax.jit``).
+
+    XLA:CPU rewrites every bfloat16 op to float32 (its ``float-normalization-bf16`` pass); around an
+    in-place row scatter that converts the whole table to float32 and back on every step (two table-sized
+    temporaries, ~1 s per step at 10M x 64). The fused update does its arithmetic in float32 itself and
+    only moves bfloat16 rows, so steps that touch a bfloat16 table switch the pass off on CPU.
+    """
+    if jax.default_backend() == "cpu" and any(jnp.dtype(d) == jnp.bfloat16 for d in table_dtypes):
+        return {"xla_disable_hlo_passes": "float-normalization-bf16"}
+    return {}
+
+
 class EmbOptState(NamedTuple):
     """An embedding optimizer's state: per-row leaves (leading dim = table rows) and an update count."""
 
@@ -116,37 +161,50 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
     # The gate orders the table writes after the gate's producer (e.g. the lookup that reads the table).
     table, state, gate = lax.optimization_barrier((table, state, jnp.asarray(gate)))
     if not ctx.sharded:
-        return _apply_local(opt, ctx, update, table, state, axis=None)
+        return _apply_local(opt, ctx, update, table, state, gate, axis=None)
     specs_state = ctx.state_specs(state)
     P = jax.sharding.PartitionSpec
     upd_specs = AsyncEmbGradientUpdate(P(), ctx.grads_spec(), P(), P())
     kernel = jax.shard_map(
-        lambda u, t, s: _apply_local(opt, ctx, u, t, s, axis=ctx.table_axis),
+        lambda u, t, s, g: _apply_local(opt, ctx, u, t, s, g, axis=ctx.table_axis),
         mesh=ctx.mesh,
-        in_specs=(upd_specs, ctx.table_spec(), specs_state),
+        in_specs=(upd_specs, ctx.table_spec(), specs_state, P()),
         out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis)),
         check_vma=False,
     )
-    return kernel(update, table, state)
+    return kernel(update, table, state, jnp.ravel(gate)[0])
 
 
-def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, axis):
+def _gate_bit(gate: jax.Array) -> jax.Array:
+    """0 or 1 (the gate's sign bit): data the scatter's indices can depend on without changing them.
+
+    XLA:CPU turns optimization barriers into control edges that its copy insertion does not honour: a
+    write whose only link to an earlier read of the table is a barrier gets a whole-table copy. Making
+    the out-of-range index a scatter drops depend on the gate's value keeps the write in place.
+    """
+    bits = lax.bitcast_convert_type(jnp.ravel(jnp.asarray(gate))[0].astype(jnp.float32), jnp.uint32)
+    return (bits >> 31).astype(jnp.int32)
+
+
+def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,
+                 axis):
     """The per-shard kernel: segment-sum, norm, gather, rule, gated scatter."""
-    g = segment_sum(update.grads, update.segment_ids, ctx.num_unique)  # [U, width or width/n]
-    sq = jnp.sum(g * g)
-    if axis is not None and ctx.layout == COLUMN:
-        sq = lax.psum(sq, axis)  # each shard summed its own columns
-    norm = jnp.sqrt(sq)
-    valid = jnp.isfinite(norm) & update.pending
-
-    ids = update.unique_tokens
+    ids, seg = update.unique_tokens, update.segment_ids
     if axis is not None and ctx.layout == ROW:
         offset = lax.axis_index(axis) * ctx.shard_rows
         local = ids - offset
         owned = (local >= 0) & (local < ctx.shard_rows)
+        seg = jnp.where(owned.at[seg].get(mode="fill", fill_value=False), seg, -1)  # sum only the rows we own
     else:
         local = ids
         owned = ids < ctx.vocab
+    g = segment_sum(update.grads, seg, ctx.num_unique)  # [U, width or width/n]
+    sq = jnp.sum(g * g)
+    if axis is not None:
+        sq = lax.psum(sq, axis)  # each shard summed its own rows (row layout) or columns (column layout)
+    norm = jnp.sqrt(sq)
+    valid = jnp.isfinite(norm) & update.pending
+
     n_local = table.shape[0]
     local = jnp.where(owned, local, n_local)  # out of range: gathers fill, scatters drop
 
@@ -159,8 +217,14 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True), state.rows)
     new_rows, new_row_state = opt.update_rows(rows, row_state, g, RowContext(step, ctx.emb_width, width_sum))
 
-    write = jnp.where(valid & owned, local, n_local)  # invalid or not ours: nothing is written at all
-    scatter = lambda a, v: a.at[write].set(v.astype(a.dtype), mode="drop", unique_indices=True)
+    # Invalid or not ours: an index past the end (n_local or n_local + 1, after the gate), nothing is written.
+    write = jnp.where(valid & owned, local, n_local + _gate_bit(gate))
+    scatter = lambda a, v: a.at[write].set(v.astype(a.dtype), mode="drop", unique_indices=True)  # noqa: E731
+    if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
+        cols = jnp.arange(table.shape[1], dtype=jnp.int32)
+        if axis is not None and ctx.layout == COLUMN:
+            cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
+        new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
     table = scatter(table, new_rows)
     new_state = EmbOptState(jax.tree.map(scatter, state.rows, new_row_state),
                             jnp.where(valid, step, state.count))

@@ -20,17 +20,28 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")  # absolute: wor
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float:
-    from .app import run  # imported here so `--help` and completion stay fast
+    from . import sweeps
+    from .app import run, run_tracker  # imported here so `--help` and completion stay fast
 
     hc = HydraConfig.get()
-    tags = [f"{k}={v}" for k, v in hc.runtime.choices.items() if not k.startswith("hydra")]
+    tags = sweeps.trial_tags(hc)
+    if hc.mode != RunMode.MULTIRUN:
+        try:
+            return run(cfg, hc.runtime.output_dir, tags=tags)
+        except PreflightError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+    # A sweep: one W&B run per trial in the sweep's group; a failed trial is recorded and the sweep goes on.
+    sweeps.name_trial(cfg, hc)
+
+    def record():  # a tracker to record a trial that failed before its own existed
+        return run_tracker(cfg, Path(hc.runtime.output_dir), tags, process_index=0)
+
     try:
-        return run(cfg, hc.runtime.output_dir, tags=tags)
-    except PreflightError as e:
-        if hc.mode == RunMode.MULTIRUN:
-            raise  # the sweep records this trial as failed and carries on
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        objective = run(cfg, hc.runtime.output_dir, tags=tags)
+    except Exception as e:  # noqa: BLE001 - any failure of one trial, bad input included
+        return sweeps.trial_failed(cfg, hc, e, record)
+    return sweeps.checked_objective(cfg, hc, objective, record)
 
 
 if __name__ == "__main__":

@@ -9,39 +9,66 @@ from typing import Any
 import jax
 from omegaconf import DictConfig, OmegaConf
 
+from . import distributed
 from .build import build
+from .checkpoint import open_checkpoints
 from .loop import train
+from .sweeps import write_run_info
 from .tracking import make_tracker
 
 log = logging.getLogger("runner")
 
 
+def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, process_index: int,
+                run_id: str | None = None) -> Any:
+    """metrics.jsonl + summary.json, and a W&B run unless ``logger=none`` (its id/group/tags: wandb_run.json).
+    With ``run_id`` (a checkpointed run) the W&B run has that id and a re-launch resumes it."""
+    lg = cfg.logger
+    tracker = make_tracker(
+        "jsonl" if lg.kind == "none" else "jsonl,wandb", process_index=process_index, output_dir=out,
+        config=OmegaConf.to_container(cfg, resolve=True), project=lg.project, mode=lg.mode, name=lg.name,
+        group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity, run_id=run_id,
+        resume="allow" if run_id else None)
+    write_run_info(tracker, out)
+    return tracker
+
+
 def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | None = None) -> float:
     """Train one config; returns ``cfg.trainer.objective`` from the final evaluation (for sweeps)."""
     out = Path(output_dir)
+    distributed.initialize(cfg.distributed)  # joins the other processes, before anything starts JAX
     program, task, plan = build(cfg)  # raises PreflightError before anything compiles
+    distributed.check_plan(plan)
+    say = log.info if jax.process_index() == 0 else (lambda *a, **k: None)  # process 0 speaks for the run
     lg = cfg.logger
-    tracker = make_tracker(
-        "jsonl" if lg.kind == "none" else "jsonl,wandb", process_index=jax.process_index(), output_dir=out,
-        config=OmegaConf.to_container(cfg, resolve=True), project=lg.project, mode=lg.mode, name=lg.name,
-        group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity)
+    ckpt = open_checkpoints(cfg, program, plan, out)  # checks, then restores per checkpoint.resume; None = off
+    tracker = run_tracker(cfg, out, tags, process_index=jax.process_index(), run_id=ckpt and ckpt.run_id)
+    tracker = ckpt.track(tracker) if ckpt is not None else tracker
     exit_code = 1
     try:
-        log.info("mesh %s, async_emb=%s, optimizers %s", plan.describe(), cfg.async_emb.enabled,
-                 {n: type(o).__name__ for n, o in program.emb_optimizers.items()})
-        result = train(program, task, cfg.trainer, tracker, log=log.info)
+        say("mesh %s (%d processes x %d devices), async_emb=%s, optimizers %s", plan.describe(),
+            jax.process_count(), jax.local_device_count(), cfg.async_emb.enabled, {n: type(o).__name__ for n, o in program.emb_optimizers.items()})
+        with distributed.fail_fast(tracker):  # several processes: a failure ends this one now, clearly
+            result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt)
+            if cfg.distributed.dump_state:
+                distributed.dump_state(result["state"], out / "final_state.npz")
         exit_code = 0
     finally:
+        if ckpt is not None:
+            ckpt.close()  # an in-flight save still commits when the run ends on an error
         tracker.finish(exit_code)
     s = result["summary"]
+    if "stopped_at" in s:  # trainer.stop_after: the pre-emption drill
+        say(f"stopped at step {s['stopped_at']} of {cfg.trainer.steps} (trainer.stop_after), checkpoint in "
+            f"{ckpt.directory}; the same command without stop_after resumes the run")
+        return float("nan")
     lines = [
-        f"done: {s['steps']} steps, final train loss {s['final/train_loss']:.4f}",
+        f"done: {s['steps']} steps, final train loss {s['final/train_loss'] or float('nan'):.4f}",
         *task.summary_lines(s),
-        f"throughput {s['perf/examples_per_s']:,.0f} examples/s",
+        f"throughput {s['perf/examples_per_s'] or float('nan'):,.0f} examples/s",
         f"outputs: {out} (metrics.jsonl, summary.json" + (", wandb/)" if lg.kind == "wandb" else ")"),
     ]
-    if jax.process_index() == 0:
-        for line in lines:
-            log.info(line)
+    for line in lines:
+        say(line)
     objective = s.get(cfg.trainer.objective or task.objective)
     return float(objective) if objective is not None else float("nan")

@@ -363,19 +363,22 @@ def _plot_final(rows: Sequence[dict[str, Any]], trials: Sequence[Trial], out: Pa
     ax.barh(ys, finite, color=colors)
     lo = min((v for v in values if v is not None and math.isfinite(v)), default=0.0)
     hi = max((v for v in values if v is not None and math.isfinite(v)), default=1.0)
-    for y, v, t in zip(ys, values, trials):
-        text = "n/a" if v is None else (f"{v:.4g}" if math.isfinite(v) else str(v))
-        if t.failed:
-            text += " (failed)"
-        ax.text(v if v is not None and math.isfinite(v) and v > 0 else 0.0, y, " " + text,
-                va="center", fontsize="small")
     ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize="small")
     ax.invert_yaxis()
     if lo > 0 and hi > 0 and (hi - lo) < 0.5 * hi:
-        # Objective values such as AUCs cluster; start the axis near them so differences show.
-        span = max(hi - lo, 1e-6)
+        # Objective values such as AUCs cluster; start the axis near them so differences show. A single value
+        # (one trial ok, the rest failed) still gets a readable axis.
+        span = max(hi - lo, 0.02 * hi)
         ax.set_xlim(max(0.0, lo - 0.5 * span), hi + 0.6 * span)
+    left = ax.get_xlim()[0]
+    for y, v, t in zip(ys, values, trials):
+        text = "n/a" if v is None else (f"{v:.4g}" if math.isfinite(v) else str(v))
+        if t.failed:
+            text += " (failed)"
+        # Labels of missing values sit at the axis' left edge: far outside it, text cannot be rasterised.
+        ax.text(v if v is not None and math.isfinite(v) and v > left else left, y, " " + text,
+                va="center", fontsize="small")
     ax.set_xlabel(f"final {metric}")
     ax.set_title(f"final {metric} per configuration")
     ax.grid(True, axis="x", alpha=0.3)

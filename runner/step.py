@@ -24,6 +24,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, dedupe, empty_update, supports_async_emb
+from optimizers.fused import compiler_options
 
 from . import mesh as mesh_lib
 from .embeddings import TableSpec, init_table, lookup
@@ -168,9 +169,11 @@ class TrainProgram:
         """Jitted (step, flush, predict) with explicit in/out shardings; step and flush donate the state."""
         s_sh = self.state_shardings(state)
         b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
-        step = jax.jit(self.train_step, in_shardings=(s_sh, b_sh), out_shardings=(s_sh, None), donate_argnums=0)
-        flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=s_sh, donate_argnums=0)
-        predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh))
+        opts = compiler_options([t.dtype for t in self.tables.values()])  # bf16 tables: no f32 table copies
+        step = jax.jit(self.train_step, in_shardings=(s_sh, b_sh), out_shardings=(s_sh, None), donate_argnums=0,
+                       compiler_options=opts)
+        flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=s_sh, donate_argnums=0, compiler_options=opts)
+        predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh), compiler_options=opts)
         return step, flush, predict
 
 

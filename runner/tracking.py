@@ -322,8 +322,11 @@ class WandbTracker:
         self.run.log(data)
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
+        """Set summary values; a name declared with :meth:`define_summary` keeps W&B's ``{"max"/"min": best,
+        "last": latest}`` of its logged values instead of being overwritten by a plain number."""
         for k, v in to_python(metrics).items():
-            self.run.summary[k] = v
+            if k not in self._goal_metrics:
+                self.run.summary[k] = v
 
     def finish(self, exit_code: int = 0) -> None:
         """``run.finish(exit_code)``; non-zero marks the run "failed" in W&B.

@@ -22,5 +22,15 @@ def make_task(cfg: DictConfig) -> Any:
     if name == "synthetic":
         from .ranking import RankingTask
 
+        if cfg.model.name != "ranking":
+            from ..preflight import PreflightError
+
+            raise PreflightError(f"data=synthetic is the multi-action ranking source, but model={cfg.model.name}; "
+                                 f"use model=ranking, or data=synthetic_sequences / data=movielens for "
+                                 f"model={cfg.model.name}")
         return RankingTask.from_config(cfg)
+    if name in ("movielens", "synthetic_sequences"):
+        from .sequential import SequentialTask
+
+        return SequentialTask.from_config(cfg)
     raise ValueError(f"unknown data source {name!r}")

@@ -1,0 +1,173 @@
+"""What every benchmark shares: interleaved timing, statistics, Zipf ids, RSS, child processes, and writing
+a markdown table + JSON (+ PNG chart) to the results folder.
+
+Timing: each variant is warmed up (compiled) first, then the variants run in turn, one repetition each per
+round, so a slow spell on a shared machine hits every variant alike. A ratio is taken pair by pair: the
+median over rounds of (a's time / b's time) in the same round, with its min and max.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parent / "results"
+# glibc's malloc then asks for transparent huge pages on its large (mmap'd) blocks, which is where XLA and
+# numpy put tables: row gathers from a 2.5 GB table stop missing the TLB (about 2-3x faster at 10M rows).
+HUGE_PAGES_ENV = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+
+
+# ----- timing ---------------------------------------------------------------------------------------
+def interleaved(variants: Mapping[str, Callable[[int], Any]], rounds: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds per call of each variant, ``rounds`` samples each, the variants taking turns every round.
+
+    A variant is ``fn(i) -> value`` and is timed until its value is ready (``block_until_ready``).
+    """
+    for fn in variants.values():
+        for i in range(warmup):
+            _block(fn(i))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds):
+        for name, fn in variants.items():
+            t = time.perf_counter()
+            _block(fn(warmup + r))
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def _block(value: Any) -> None:
+    import jax
+
+    jax.block_until_ready(value)
+
+
+def stats(samples: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """a / b, round by round (the samples must come from the same ``interleaved`` call)."""
+    return stats([x / y for x, y in zip(a, b)])
+
+
+# ----- workload ---------------------------------------------------------------------------------------
+def zipf_ids(rng: np.random.Generator, vocab: int, n: int, a: float = 1.1) -> np.ndarray:
+    """n ids in [1, vocab) drawn from Zipf(a), folded into range as the runner hashes raw ids."""
+    z = rng.zipf(a, size=n).astype(np.int64)
+    return ((z - 1) % (vocab - 1) + 1).astype(np.int32)
+
+
+# ----- memory --------------------------------------------------------------------------------------------
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def tree_bytes(tree: Any) -> int:
+    import jax
+
+    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+# ----- child processes ---------------------------------------------------------------------------------
+def run_child(module: str, payload: Mapping[str, Any], timeout: float = 600) -> dict[str, Any]:
+    """Run ``python -m benchmarks.<module> --child '<json>'`` in a fresh process; returns its JSON answer
+    (the last stdout line). A fresh process gives a clean peak RSS and its own JAX device count."""
+    env = {**os.environ, **HUGE_PAGES_ENV, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--child", json.dumps(payload)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmarks.{module} child {payload} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def answer(result: Mapping[str, Any]) -> None:
+    """A child's last stdout line: its JSON result."""
+    print(json.dumps(result), flush=True)
+
+
+def set_cpu_devices(n: int) -> None:
+    """Ask for ``n`` virtual CPU devices; only works before the JAX backend starts (so: in a child)."""
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", int(n))
+    jax.config.update("jax_platforms", "cpu")
+
+
+# ----- output --------------------------------------------------------------------------------------------
+def ms(s: float) -> str:
+    return f"{s * 1e3:.3g}" if s < 1 else f"{s * 1e3:,.0f}"
+
+
+def spread(st: Mapping[str, float], scale: float = 1e3, fmt: str = "{:.3g}") -> str:
+    """'median (min-max)' of a stats dict, scaled (default: seconds -> ms)."""
+    f = lambda v: fmt.format(v * scale)  # noqa: E731
+    return f"{f(st['median'])} ({f(st['min'])}-{f(st['max'])})"
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    import jax
+
+    load = os.getloadavg()[0]
+    return (f"{os.cpu_count()} CPU cores, load average {load:.1f} at the start, jax {jax.__version__}, "
+            f"{'huge pages on' if 'hugetlb' in os.environ.get('GLIBC_TUNABLES', '') else 'huge pages off'}")
+
+
+def write_result(out: Path, name: str, title: str, body: str, data: Mapping[str, Any]) -> Path:
+    """``<name>.md`` (title, body) and ``<name>.json`` (data) under ``out``; returns the markdown path."""
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / f"{name}.md"
+    md.write_text(f"# {title}\n\n{body.strip()}\n")
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=float))
+    return md
+
+
+def target(name: str, measured: float, threshold: float, better: str) -> dict[str, Any]:
+    """One of the issue's targets: ``better`` is 'lower' or 'higher' than ``threshold``."""
+    met = measured <= threshold if better == "lower" else measured >= threshold
+    return {"target": name, "measured": measured, "threshold": threshold, "better": better, "met": bool(met)}
+
+
+def bar_chart(path: Path, title: str, groups: Sequence[str], series: Mapping[str, Sequence[float]],
+              ylabel: str, log: bool = True) -> None:
+    """Grouped bars: one group per x label, one bar per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * max(1, len(series)) / 3), 4))
+    width = 0.8 / max(1, len(series))
+    for k, (label, values) in enumerate(series.items()):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, values, width, label=label)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

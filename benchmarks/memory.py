@@ -1,0 +1,134 @@
+"""Peak memory of a table and its optimizer state: initialisation and fused update steps, against the bytes
+of the table + state themselves. Each configuration runs in a fresh process, so its peak RSS is its own.
+
+In the child: compile the update step from abstract shapes, note the RSS (the process baseline: Python,
+JAX, compiled code), initialise the table (``runner.embeddings.init_table``, as the trainer does) and the
+optimizer state (``opt.init`` under jit, as ``TrainProgram.init_state`` does), note the peak, run donated
+update steps, note the peak again. "Overhead" is (peak - baseline) / (table + state bytes) - 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import common
+
+FULL = dict(width=64, batch=16_384, steps=5, configs=[
+    *[dict(vocab=10_000_000, opt=o, dtype="float32") for o in ("async_rowwise_adagrad", "async_adam", "async_adagrad")],
+    dict(vocab=10_000_000, opt="async_rowwise_adagrad", dtype="bfloat16"),
+    dict(vocab=10_000_000, opt="async_adam", dtype="bfloat16"),
+    dict(vocab=10_000_000, opt="async_rowwise_adagrad", dtype="float32", devices=8, layout="row"),
+    dict(vocab=1_000_000, opt="async_rowwise_adagrad", dtype="float32"),
+    dict(vocab=1_000_000, opt="adam", dtype="float32"),
+])
+QUICK = dict(width=16, batch=256, steps=2, configs=[
+    dict(vocab=20_000, opt="async_rowwise_adagrad", dtype="float32"),
+    dict(vocab=20_000, opt="async_rowwise_adagrad", dtype="bfloat16"),
+])
+
+
+def child(cfg: dict) -> dict:
+    """Runs in the fresh process: measure one configuration."""
+    devices = cfg.get("devices", 1)
+    if devices > 1:
+        common.set_cpu_devices(devices)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+
+    import optimizers
+    from runner.embeddings import TableSpec, init_table
+
+    from .fused_update import update_step
+
+    V, D, B = cfg["vocab"], cfg["width"], cfg["batch"]
+    opt = optimizers.create(cfg["opt"])
+    mesh = Mesh(np.array(jax.devices()), ("table",)) if devices > 1 else None
+    ctx = optimizers.AsyncEmbContext(V, D, B, mesh=mesh, table_axis="table" if mesh else None,
+                                     layout=cfg.get("layout", "row"))
+    shard = (lambda spec: NamedSharding(mesh, spec)) if mesh else (lambda spec: None)
+    state_shape = jax.eval_shape(lambda: opt.init(V, D))
+    state_sh = jax.tree.map(shard, ctx.state_specs(state_shape), is_leaf=lambda x: isinstance(x, type(ctx.table_spec())))
+    fused = optimizers.supports_async_emb(opt)
+    step = update_step(opt, ctx, fused, cfg["dtype"])
+    table_abs = jax.ShapeDtypeStruct((V, D), jnp.dtype(cfg["dtype"]), sharding=shard(ctx.table_spec()))
+    ids_abs = jax.ShapeDtypeStruct((B,), jnp.int32)
+    step = step.lower(table_abs, state_shape, ids_abs).compile()
+    init_state = jax.jit(lambda: opt.init(V, D), out_shardings=state_sh).lower().compile()
+    rng = np.random.default_rng(0)
+    ids = [jnp.asarray(common.zipf_ids(rng, V, B)) for _ in range(cfg["steps"])]
+    jax.block_until_ready(ids)
+
+    base = common.rss_bytes()
+    spec = TableSpec("t", V, D, 1, V, dtype=cfg["dtype"])
+    table = init_table(spec, jax.random.key(0), shard(ctx.table_spec()))
+    state = init_state()
+    jax.block_until_ready((table, state))
+    peak_init = common.peak_rss_bytes()
+    for i in range(cfg["steps"]):
+        table, state, norm = step(table, state, ids[i])
+        jax.block_until_ready(norm)
+    peak = common.peak_rss_bytes()
+    return {**cfg, "table_bytes": common.tree_bytes(table), "state_bytes": common.tree_bytes(state),
+            "base": base, "peak_init": peak_init, "peak": peak}
+
+
+def run(quick: bool, out: Path) -> dict:
+    cfg = QUICK if quick else FULL
+    results = []
+    for c in cfg["configs"]:
+        r = common.run_child("memory", {**c, "width": cfg["width"], "batch": cfg["batch"], "steps": cfg["steps"]})
+        r["data_bytes"] = r["table_bytes"] + r["state_bytes"]
+        r["overhead_init"] = (r["peak_init"] - r["base"]) / r["data_bytes"] - 1
+        r["overhead"] = (r["peak"] - r["base"]) / r["data_bytes"] - 1
+        results.append(r)
+        print(f"V={r['vocab']:>10,} {r['opt']:<22} {r['dtype']:<8} x{r.get('devices', 1)}  table+state "
+              f"{r['data_bytes'] / 2**20:,.0f} MB  peak-base {(r['peak'] - r['base']) / 2**20:,.0f} MB  "
+              f"overhead {100 * r['overhead']:+.1f}%", flush=True)
+    fused = [r for r in results if r["opt"].startswith("async_")]
+    worst = max(fused, key=lambda r: r["overhead"])
+    data = {"config": {k: v for k, v in cfg.items() if k != "configs"}, "results": results, "targets": [
+        common.target(f"peak RSS above table + state, worst fused config ({worst['opt']} {worst['dtype']} "
+                      f"V={worst['vocab']:,}) (%)", 100 * worst["overhead"], 15.0, "lower")]}
+    report(out, data)
+    return data
+
+
+def report(out: Path, data: dict) -> None:
+    mb = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
+    rows = [[f"{r['vocab']:,}", r["opt"], r["dtype"], f"{r.get('devices', 1)}" + (f" ({r['layout']})" if r.get("devices", 1) > 1 else ""),
+             mb(r["table_bytes"]), mb(r["state_bytes"]), mb(r["base"]), mb(r["peak_init"] - r["base"]),
+             mb(r["peak"] - r["base"]), f"{100 * r['overhead_init']:+.1f}%", f"{100 * r['overhead']:+.1f}%"]
+            for r in data["results"]]
+    head = ["V", "optimizer", "table dtype", "devices", "table MB", "state MB", "process baseline MB",
+            "peak after init - baseline MB", "peak after steps - baseline MB", "init overhead", "overhead"]
+    t = data["targets"][0]
+    body = (f"B = {data['config']['batch']:,} lookups per step, D = {data['config']['width']}, "
+            f"{data['config']['steps']} donated update steps; each row is its own fresh process. "
+            f"{common.machine_line()}.\n\n" + common.md_table(head, rows)
+            + f"\n\n## Target\n\n{t['target']}: {t['measured']:.1f} (wanted <= {t['threshold']:.0f}): "
+            f"{'met' if t['met'] else 'NOT met'}\n\n![memory](memory.png)\n")
+    common.write_result(out, "memory", "Peak memory against table + optimizer state", body, data)
+    labels = [f"{r['opt'].replace('async_', '')} {r['dtype'][:4]} {r['vocab'] // 1000:,}K x{r.get('devices', 1)}"
+              for r in data["results"]]
+    common.bar_chart(out / "memory.png", "Peak RSS above the process baseline vs table + state", labels,
+                     {"table + state": [r["data_bytes"] / 2**20 for r in data["results"]],
+                      "peak - baseline": [(r["peak"] - r["base"]) / 2**20 for r in data["results"]]}, "MB", log=True)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument("--child", help="(internal) measure one configuration given as JSON")
+    a = p.parse_args(argv)
+    if a.child:
+        common.answer(child(json.loads(a.child)))
+    else:
+        run(a.quick, a.out)
+
+
+if __name__ == "__main__":
+    main()

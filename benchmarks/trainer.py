@@ -1,0 +1,146 @@
+"""End-to-end trainer throughput (examples/s): sync vs async, every fused optimizer, 1 device vs an
+8-device CPU mesh (tables row-sharded over all 8, the batch split over them).
+
+Each device count runs in its own process (``jax_num_cpu_devices`` must be set before JAX starts). In it,
+every (optimizer, mode) is built with ``runner.build``, initialised and compiled with
+``TrainProgram.compile`` exactly as the trainer does, then the configurations take turns: one round is
+``steps`` jitted steps of each, on pre-generated device batches, timed until the last step's loss is
+ready. The async/sync ratio is taken round by round.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import common
+
+FULL = dict(overrides=[], rounds=5, steps=4, warmup=2,
+            optimizers=("async_adam", "async_rowwise_adagrad", "async_adagrad", "async_sgd"))
+QUICK = dict(overrides=["data.num_users=300", "data.num_items=500", "data.num_authors=50", "data.history_len=4",
+                        "model.emb_width=8", "model.hidden=[16]", "trainer.batch_size=32"],
+             rounds=2, steps=2, warmup=1, optimizers=("async_rowwise_adagrad",))
+MESHES = {1: ["mesh=single"], 8: ["mesh=table", "mesh.cpu_devices=8"]}
+
+
+def compose(overrides):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from runner.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(common.ROOT / "conf"), version_base="1.3", job_name="bench"):
+        return hydra_compose("config", overrides=["logger=none", *overrides])
+
+
+def child(p: dict) -> dict:
+    devices = p["devices"]
+    if devices > 1:
+        common.set_cpu_devices(devices)
+    import jax
+
+    from runner.build import build
+    from runner.loop import to_device
+
+    runs, meta = {}, {}
+    for opt in p["optimizers"]:
+        for mode in ("off", "on"):
+            cfg = compose([*p["overrides"], *MESHES[devices], f"optimizer={opt}", f"async_emb={mode}"])
+            program, task, plan = build(cfg)
+            B = cfg.trainer.batch_size
+            batches = [to_device(program, task.batch(i, B)) for i in range(4)]
+            holder = {"state": program.init_state(0)}
+            step, _, _ = program.compile(holder["state"], batches[0])
+
+            def run(i, step=step, holder=holder, batches=batches):
+                for k in range(p["steps"]):
+                    holder["state"], metrics = step(holder["state"], batches[(i + k) % len(batches)])
+                return metrics["train/loss"]
+
+            name = f"{opt}/{'async' if mode == 'on' else 'sync'}"
+            runs[name] = run
+            meta[name] = {"optimizer": opt, "mode": "async" if mode == "on" else "sync", "batch": B,
+                          "mesh": plan.describe(), "devices": jax.device_count()}
+    times = common.interleaved(runs, p["rounds"], p["warmup"])
+    out = []
+    for name, m in meta.items():
+        per_step = [t / p["steps"] for t in times[name]]
+        r = {**m, "step": common.stats(per_step),
+             "examples_per_s": {k: m["batch"] / v for k, v in common.stats(per_step).items() if k != "n"}}
+        if m["mode"] == "async":  # sync time / async time, round by round: > 1 means async is faster
+            r["async_speedup"] = common.paired_ratio(times[f"{m['optimizer']}/sync"], times[name])
+        out.append(r)
+    return {"results": out}
+
+
+def _single_device_here() -> bool:
+    import jax
+
+    return jax.device_count() == 1
+
+
+def run(quick: bool, out: Path) -> dict:
+    cfg = QUICK if quick else FULL
+    results = []
+    for devices in (1, 8):
+        payload = {"devices": devices, "optimizers": list(cfg["optimizers"]), "overrides": cfg["overrides"],
+                   "rounds": cfg["rounds"], "steps": cfg["steps"], "warmup": cfg["warmup"]}
+        # One device: this process when JAX here has one device (as under python -m benchmarks), else a child.
+        here = devices == 1 and _single_device_here()
+        res = (child(payload) if here else common.run_child("trainer", payload))["results"]
+        for r in res:
+            print(f"{r['devices']} device(s) {r['optimizer']:<22} {r['mode']:<5} "
+                  f"{r['examples_per_s']['median']:>10,.0f} ex/s" +
+                  (f"  async/sync x{r['async_speedup']['median']:.2f}" if "async_speedup" in r else ""), flush=True)
+        results += res
+    single = {(r["optimizer"], r["mode"]): r for r in results if r["devices"] == 1}
+    for r in results:
+        if r["devices"] > 1:
+            r["vs_1_device"] = r["examples_per_s"]["median"] / single[(r["optimizer"], r["mode"])]["examples_per_s"]["median"]
+    speedups = [r["async_speedup"]["median"] for r in results if "async_speedup" in r]
+    data = {"config": {k: v for k, v in cfg.items()}, "results": results,
+            "targets": [common.target("async / sync throughput, worst optimizer and mesh (x)", min(speedups), 1.0,
+                                      "higher")]}
+    report(out, data)
+    return data
+
+
+def report(out: Path, data: dict) -> None:
+    rows = []
+    for r in data["results"]:
+        e = r["examples_per_s"]
+        rows.append([r["mesh"], r["optimizer"], r["mode"], f"{e['median']:,.0f} ({e['min']:,.0f}-{e['max']:,.0f})",
+                     common.spread(r["step"]),
+                     f"{r['async_speedup']['median']:.2f} ({r['async_speedup']['min']:.2f}-{r['async_speedup']['max']:.2f})"
+                     if "async_speedup" in r else "", f"{r['vs_1_device']:.2f}" if "vs_1_device" in r else ""])
+    head = ["mesh", "optimizer", "mode", "examples/s median (min-max)", "step ms", "async speed-up vs sync (x)",
+            "vs 1 device (x)"]
+    t = data["targets"][0]
+    c = data["config"]
+    body = (f"`runner.build` + the jitted step of `TrainProgram.compile`, default config"
+            f"{' with ' + ' '.join(c['overrides']) if c['overrides'] else ''}; {c['rounds']} interleaved rounds of "
+            f"{c['steps']} steps after {c['warmup']} warm-up rounds. 8 devices are virtual CPU devices sharing "
+            f"the same cores. {common.machine_line()}.\n\n" + common.md_table(head, rows)
+            + f"\n\n## Target\n\n{t['target']}: {t['measured']:.2f} (wanted >= {t['threshold']}): "
+            f"{'met' if t['met'] else 'NOT met'}\n\n![throughput](trainer.png)\n")
+    common.write_result(out, "trainer", "End-to-end trainer throughput", body, data)
+    groups = sorted({(r["devices"], r["optimizer"]) for r in data["results"]})
+    val = {(r["devices"], r["optimizer"], r["mode"]): r["examples_per_s"]["median"] for r in data["results"]}
+    common.bar_chart(out / "trainer.png", "Trainer throughput", [f"{o.replace('async_', '')} x{d}" for d, o in groups],
+                     {m: [val[(d, o, m)] for d, o in groups] for m in ("sync", "async")}, "examples/s", log=False)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument("--child", help="(internal) measure one device count given as JSON")
+    a = p.parse_args(argv)
+    if a.child:
+        common.answer(child(json.loads(a.child)))
+    else:
+        run(a.quick, a.out)
+
+
+if __name__ == "__main__":
+    main()

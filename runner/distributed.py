@@ -1,0 +1,256 @@
+"""Multi-process training: start ``jax.distributed`` once, feed each process its rows, fetch global results.
+
+``distributed.kind`` chooses how the processes find each other:
+
+- ``none``: one process (nothing to do);
+- ``local``: N processes on this machine, coordinator on 127.0.0.1 (``python -m runner.launch`` fills in the
+  address, the count and each id);
+- ``slurm``: one process per SLURM task, everything detected from the SLURM environment;
+- ``manual``: any other scheduler passes ``coordinator_address``, ``num_processes`` and ``process_id``.
+
+The global mesh spans every process's devices (``jax.devices()`` is global and ordered by process). Each
+process generates only the rows of the global batch its devices hold (``batch_shard``), and arrays that are
+not fully addressable come back to the host gathered (``fetch``), so every process sees the same numbers.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+from jax._src.distributed import global_state  # the settings jax.distributed runs with (slurm: detected)
+from jax.experimental import multihost_utils
+
+from . import mesh as mesh_lib
+from .mesh import MeshPlan
+from .preflight import PreflightError
+
+log = logging.getLogger("runner")
+
+KINDS = ("none", "local", "slurm", "manual")
+SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+LAUNCH_HINT = "python -m runner.launch -n N -- <overrides> (it sets all three)"
+
+
+class DistributedError(PreflightError):
+    """The processes could not form a run (bad settings, unreachable coordinator, started too late)."""
+
+
+def check(d: Any) -> None:
+    """Refuse a ``distributed`` config that cannot work, before anything starts."""
+    if d.kind not in KINDS:
+        raise DistributedError(f"distributed.kind={d.kind!r} is not one of {list(KINDS)}; pick distributed=none "
+                               "(one process), local, slurm or manual")
+    for key in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s"):
+        if not getattr(d, key) > 0:
+            raise DistributedError(f"distributed.{key}={getattr(d, key)!r} must be a positive number of seconds")
+    if d.kind in ("local", "manual"):
+        missing = [k for k in ("coordinator_address", "num_processes", "process_id") if getattr(d, k) is None]
+        if missing:
+            how = LAUNCH_HINT if d.kind == "local" else "pass them on the command line of every process"
+            raise DistributedError(f"distributed={d.kind} needs {', '.join(f'distributed.{k}' for k in missing)}; "
+                                   f"{how}")
+        if not re.fullmatch(r"\S+:\d+", str(d.coordinator_address)):
+            raise DistributedError(f"distributed.coordinator_address={d.coordinator_address!r} must be host:port "
+                                   "of process 0, e.g. 127.0.0.1:7777")
+        if d.kind == "local" and str(d.coordinator_address).rsplit(":", 1)[0] not in ("127.0.0.1", "localhost"):
+            raise DistributedError(f"distributed=local runs every process on this machine, but coordinator_address="
+                                   f"{d.coordinator_address!r} is not 127.0.0.1/localhost; use distributed=manual "
+                                   "for processes on several machines")
+        if not (d.num_processes >= 1 and 0 <= d.process_id < d.num_processes):
+            raise DistributedError(f"distributed.process_id={d.process_id} must be in 0..num_processes-1 "
+                                   f"(num_processes={d.num_processes}); give every process its own id")
+    if d.kind == "slurm":
+        missing = [v for v in SLURM_VARS if v not in os.environ]
+        if missing:
+            raise DistributedError(f"distributed=slurm found no SLURM job step here ({', '.join(missing)} unset); "
+                                   "run it inside `srun` (or an sbatch script that calls srun, or hydra/launcher="
+                                   "slurm_multiprocess), or use distributed=local / manual elsewhere")
+
+
+def initialize(d: Any) -> None:
+    """Start ``jax.distributed`` for this process (before any JAX computation); a no-op for ``kind=none``
+    and when this process already joined a run with the same settings."""
+    check(d)
+    if d.kind == "none":
+        return
+    want = (d.num_processes, d.process_id)
+    if jax.distributed.is_initialized():
+        have = (global_state.num_processes, global_state.process_id)
+        if d.kind == "slurm" or want == have:
+            return
+        raise DistributedError(f"jax.distributed is already running as process {have[1]} of {have[0]}, not "
+                               f"{want[1]} of {want[0]}; start a fresh process for a different layout")
+    kwargs = dict(initialization_timeout=int(d.initialization_timeout_s),
+                  heartbeat_timeout_seconds=int(d.heartbeat_timeout_s),
+                  shutdown_timeout_seconds=int(d.shutdown_timeout_s))
+    if d.kind == "slurm":
+        kwargs.update(cluster_detection_method="slurm", coordinator_address=d.coordinator_address)
+    else:
+        kwargs.update(coordinator_address=d.coordinator_address, num_processes=int(d.num_processes),
+                      process_id=int(d.process_id), cluster_detection_method="deactivate")
+    where = d.coordinator_address or "the SLURM job's first node"
+    if d.kind != "slurm" and d.process_id != 0:
+        _wait_for_coordinator(d)
+    log.info("jax.distributed: process %s of %s joining at %s (waiting up to %s s for every process)",
+             d.process_id, d.num_processes, where, d.initialization_timeout_s)
+    try:
+        jax.distributed.initialize(**kwargs)
+    except RuntimeError as e:
+        if "must be called before" in str(e):
+            raise DistributedError(
+                f"distributed={d.kind}: JAX was already started in this process, and jax.distributed can only "
+                "join a run before that; launch each process fresh (python -m runner / runner.launch), and in "
+                "a sweep use hydra/launcher=submitit_local so every trial gets its own process") from None
+        raise DistributedError(_unreachable(d, where, e)) from None
+    except Exception as e:  # noqa: BLE001 - XLA reports a timeout as its own runtime error type
+        raise DistributedError(_unreachable(d, where, e)) from None
+    # nothing here may ask for devices: that starts the backend, and mesh.cpu_devices is applied after this
+    log.info("jax.distributed: process %s of %s joined", global_state.process_id, global_state.num_processes)
+
+
+def _wait_for_coordinator(d: Any) -> None:
+    """Fail with a clear message if nothing listens at the coordinator address (XLA would abort the process
+    with a C++ stack trace instead)."""
+    host, port = str(d.coordinator_address).rsplit(":", 1)
+    deadline = time.monotonic() + d.initialization_timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise DistributedError(_unreachable(d, d.coordinator_address, e)) from None
+            time.sleep(0.2)
+
+
+def _unreachable(d: Any, where: str, e: BaseException) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (f"distributed={d.kind}: process {d.process_id} could not join the run at {where} within "
+            f"{d.initialization_timeout_s} s ({first}). Check that process 0 is running and every process uses "
+            f"the same coordinator_address and num_processes ({d.num_processes}); raise "
+            "distributed.initialization_timeout_s if the processes start far apart")
+
+
+def check_plan(plan: MeshPlan) -> None:
+    """With several processes the mesh must use every device, or some processes would feed nothing."""
+    n = jax.device_count()
+    if jax.process_count() > 1 and plan.num_devices != n:
+        raise DistributedError(
+            f"mesh {plan.describe()} uses {plan.num_devices} of the {n} devices of {jax.process_count()} "
+            f"processes; a multi-process mesh must span them all: give one axis -1 (e.g. mesh=data or "
+            f"mesh=data_table) or sizes whose product is {n}")
+
+
+@contextlib.contextmanager
+def fail_fast(tracker: Any = None):
+    """Several processes: an error here (most often a collective that failed because a peer died) ends this
+    process at once with a clear message and exit code 1; a plain exit would wait for its peers at shutdown
+    and then abort with a C++ stack trace. One process: errors propagate unchanged."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001
+        if jax.process_count() == 1:
+            raise
+        first = re.sub(r"(Error dispatching computation: )+", "", str(e).strip()).splitlines()
+        peer = any(w in str(e) for w in ("Gloo", "Connection reset", "heartbeat", "Socket closed", "UNAVAILABLE"))
+        why = ("a collective failed, most likely because another process died or lost its connection; see its "
+               "log" if peer else "see the traceback above")
+        log.error("process %d of %d stopped: %s: %s -- %s", jax.process_index(), jax.process_count(),
+                  type(e).__name__, first[0] if first else "", why, exc_info=not peer)
+        if tracker is not None:
+            with contextlib.suppress(Exception):
+                tracker.finish(1)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+# ----- feeding: each process puts only its rows -------------------------------------------------------------
+def batch_shard(mesh, batch_size: int) -> tuple[int, int]:
+    """(shard, num_shards) such that this process's devices hold exactly rows
+    ``[shard * B / num_shards, (shard + 1) * B / num_shards)`` of the global batch; (0, 1) on one process.
+
+    Raises if they do not hold one contiguous block (the mesh's device order does not follow the processes).
+    """
+    if jax.process_count() == 1:
+        return 0, 1
+    held = mesh_lib.batch_sharding(mesh, np.zeros((batch_size,))).addressable_devices_indices_map((batch_size,))
+    rows = sorted({idx[0].indices(batch_size)[:2] for idx in held.values()})
+    lo, hi = rows[0][0], rows[-1][1]
+    contiguous = all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+    per = hi - lo
+    if not contiguous or batch_size % per or lo % per:
+        raise DistributedError(f"process {jax.process_index()}'s devices hold batch rows {rows}, not one block of "
+                               f"the global batch of {batch_size}; build the mesh from jax.devices() in order")
+    return lo // per, batch_size // per
+
+
+def put_local(mesh, host: Mapping[str, np.ndarray], batch_size: int) -> dict[str, jax.Array]:
+    """This process's rows (from ``batch_shard``) -> global arrays with the leading dim split over the mesh."""
+    out = {}
+    for k, v in host.items():
+        sharding = mesh_lib.batch_sharding(mesh, v)
+        if jax.process_count() == 1:
+            out[k] = jax.device_put(v, sharding)
+        else:
+            out[k] = jax.make_array_from_process_local_data(sharding, v, (batch_size, *np.shape(v)[1:]))
+    return out
+
+
+def put_global(mesh, host: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+    """The whole global batch, identical on every process -> global arrays (each process keeps its rows)."""
+    if jax.process_count() == 1:
+        return {k: jax.device_put(v, mesh_lib.batch_sharding(mesh, v)) for k, v in host.items()}
+    # global_shape == the data's shape: every process slices out the rows its devices hold
+    return {k: jax.make_array_from_process_local_data(mesh_lib.batch_sharding(mesh, v), v, np.shape(v))
+            for k, v in host.items()}
+
+
+def fetch(tree: Any) -> Any:
+    """Device arrays -> numpy on every process, gathering the ones other processes hold parts of."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if x.is_fully_replicated:
+                return np.asarray(x.addressable_data(0))
+            return multihost_utils.process_allgather(x, tiled=True)
+        return np.asarray(x)
+
+    return jax.tree.map(one, tree)
+
+
+def gather_rows(mesh, host: Mapping[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+    """Every process's rows of a host batch, in global order, on every process (for train metrics)."""
+    if jax.process_count() == 1:
+        return dict(host)
+    return fetch(put_local(mesh, host, batch_size))
+
+
+# ----- test/debug output ----------------------------------------------------------------------------------
+def leaf_name(path) -> str:
+    parts = [getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path]
+    return "/".join(str(p) for p in parts)
+
+
+def dump_state(state: Any, path: str | os.PathLike) -> None:
+    """Every leaf of ``state``, gathered, into one ``.npz`` written by process 0 (``distributed.dump_state``).
+
+    Keys are the leaves' paths (``tables/items``, ``emb_states/items/m``, ...). Every process must call it.
+    """
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    arrays = {leaf_name(p): np.asarray(fetch(x)) for p, x in leaves}
+    if jax.process_index() == 0:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, **arrays)

@@ -1,0 +1,136 @@
+"""Start N training processes on this machine: ``python -m runner.launch -n 2 -- <runner overrides>``.
+
+Each child is ``python -m runner distributed=local distributed.process_id=i distributed.num_processes=N
+distributed.coordinator_address=127.0.0.1:<free port> hydra.run.dir=<one shared dir> <overrides>``. Their
+output is streamed line by line with a ``[p<i>]`` prefix. Process 0 writes metrics.jsonl, W&B and the
+summary; process i > 0 logs to ``<run dir>/runner_p<i>.log`` and keeps its Hydra files in ``.hydra_p<i>/``.
+
+If any child fails (non-zero exit or killed), the others are stopped (SIGTERM, then SIGKILL after
+``--grace`` seconds) and the launcher exits with the failed child's code; otherwise it exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Sequence
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def child_commands(n: int, overrides: Sequence[str], port: int, run_dir: str | None = None,
+                   python: str = sys.executable) -> list[list[str]]:
+    """The command line of every process: the user's overrides last, so they win over ours."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    if run_dir is None and "hydra.run.dir" not in given:
+        run_dir = datetime.datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S")  # Hydra's default, shared
+    cmds = []
+    for i in range(n):
+        cmd = [python, "-m", "runner", "distributed=local", f"distributed.process_id={i}",
+               f"distributed.num_processes={n}", f"distributed.coordinator_address=127.0.0.1:{port}"]
+        if run_dir is not None:
+            cmd.append(f"hydra.run.dir={run_dir}")
+        if i > 0:
+            cmd += [f"hydra.job.name=runner_p{i}", f"hydra.output_subdir=.hydra_p{i}"]
+        cmds.append(cmd + list(overrides))
+    return cmds
+
+
+def _pump(stream: IO[bytes], prefix: str, out: IO[str], lock: threading.Lock) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        with lock:
+            out.write(f"{prefix}{line}\n")
+            out.flush()
+    stream.close()
+
+
+def _exit_code(returncode: int) -> int:
+    return returncode if returncode > 0 else 128 - returncode  # killed by signal s: 128 + s, as a shell says
+
+
+def supervise(cmds: Sequence[Sequence[str]], *, grace: float = 5.0, out: IO[str] | None = None,
+              env: dict | None = None, envs: Sequence[dict] | None = None, poll: float = 0.1) -> int:
+    """Run ``cmds`` concurrently, prefixing their output; the first failure stops the rest. Returns the exit
+    code: 0 when every process succeeded, else the first failed process's code. ``envs`` adds per-process
+    variables to ``env`` (default: this process's environment)."""
+    out = out or sys.stdout
+    lock = threading.Lock()
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    procs, pumps = [], []
+    for i, cmd in enumerate(cmds):
+        p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env={**env, **(envs[i] if envs else {})})
+        t = threading.Thread(target=_pump, args=(p.stdout, f"[p{i}] ", out, lock), daemon=True)
+        t.start()
+        procs.append(p)
+        pumps.append(t)
+    code = 0
+    try:
+        while [p.poll() for p in procs].count(None):  # poll every child (any() would stop at the first)
+            failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if failed:
+                i, rc = failed[0]
+                with lock:
+                    out.write(f"[launch] process {i} exited with code {rc}; stopping the others\n")
+                    out.flush()
+                code = _exit_code(rc)
+                break
+            time.sleep(poll)
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        _stop(procs, grace)
+        for t in pumps:
+            t.join(timeout=5)
+    if code == 0:
+        bad = [p.returncode for p in procs if p.returncode != 0]
+        code = _exit_code(bad[0]) if bad else 0
+    return code
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace: float) -> None:
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in alive:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m runner.launch", description=__doc__.split("\n\n")[0],
+        epilog="example: python -m runner.launch -n 2 -- mesh=data_table mesh.cpu_devices=4 optimizer=async_adam")
+    parser.add_argument("-n", "--num-processes", type=int, required=True, help="processes to start")
+    parser.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
+    parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("overrides", nargs="*", help="runner overrides, after --")
+    args = parser.parse_args(argv)
+    if args.num_processes < 1:
+        parser.error(f"-n {args.num_processes}: need at least one process")
+    cmds = child_commands(args.num_processes, args.overrides, args.port or free_port())
+    signal.signal(signal.SIGTERM, _terminated)  # a scheduler stopping the launcher stops the children too
+    return supervise(cmds, grace=args.grace)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through supervise(), whose cleanup stops every child
+
+
+if __name__ == "__main__":
+    sys.exit(main())

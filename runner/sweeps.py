@@ -1,0 +1,185 @@
+"""Sweeps: one W&B run per trial in a group named after the sweep, failed trials recorded without stopping
+the others, and one summary line per failed trial when the sweep ends.
+
+What a trial gets (``runner.__main__`` calls these; ``python -m runner -m a=1,2`` or an Optuna search):
+
+* W&B tags: ``group=option`` for every config-group choice plus the trial's own overrides (deduplicated,
+  each cut to W&B's 64 characters); in a multirun, unless ``logger.group`` / ``logger.name`` are set, the
+  group ``<job name>[-<experiment or hparams_search>]-<last two parts of the sweep dir>`` (for Hydra's
+  default ``multirun/<date>/<time>``: ``runner-2026-11-29_12-00-00``) and the name ``#<job num> <overrides>``.
+* ``wandb_run.json`` in its directory: the W&B run's id, name, group, tags, project, mode and directory.
+* On failure (any exception, a :class:`~runner.preflight.PreflightError` from bad input included): a
+  ``FAILED`` file holding the error and its traceback, ``summary.json`` with ``"status": "failed"`` and a
+  W&B run finished with exit code 1 -- built just for the record when the trial failed before its tracker
+  existed. Then the sweep goes on: the basic sweeper gets ``nan`` back; Optuna gets the exception
+  re-raised, which marks the trial ``FAIL`` (``hydra-optuna-sweeper`` 1.3.0 crashes on a ``nan`` value,
+  so a trial whose objective is not finite is failed the same way for Optuna).
+
+:class:`SweepSummary` (a Hydra callback, ``conf/hydra/callbacks/sweep_summary.yaml``) prints, when the sweep
+ends, ``sweep: N trials, M ok, K failed`` and one line per failed trial. The process
+exits non-zero only when every trial failed (for Optuna, Hydra itself then stops with "No trials are
+completed yet").
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from .report import FAILED_MARKER, OVERRIDES_FILE, SUMMARY_FILE
+
+log = logging.getLogger("runner.sweeps")
+
+RUN_INFO_FILE = "wandb_run.json"
+MAX_TAG = 64  # W&B rejects longer tags
+
+
+class TrialFailed(RuntimeError):
+    """A trial finished but cannot be scored (its objective is not a finite number)."""
+
+
+def is_optuna(hc: Any) -> bool:
+    return "optuna" in str(OmegaConf.select(hc, "sweeper._target_", default=""))
+
+
+def trial_tags(hc: Any) -> list[str]:
+    """``group=option`` for every chosen config-group option, then the trial's overrides."""
+    tags = [f"{k}={v}" for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None]
+    tags += [str(o) for o in hc.overrides.task]
+    return list(dict.fromkeys(t[:MAX_TAG] for t in tags))
+
+
+def sweep_group(hc: Any) -> str:
+    choices = hc.runtime.choices
+    named = choices.get("experiment") or choices.get("hparams_search")
+    stamp = "_".join(Path(str(hc.sweep.dir)).parts[-2:])
+    return "-".join(str(p) for p in (hc.job.name, named, stamp) if p)
+
+
+def name_trial(cfg: DictConfig, hc: Any) -> None:
+    """In a multirun, fill in ``logger.group`` (the sweep) and ``logger.name`` (the trial) unless set."""
+    if cfg.logger.group is None:
+        cfg.logger.group = sweep_group(hc)
+    if cfg.logger.name is None:
+        cfg.logger.name = " ".join([f"#{hc.job.num}", *map(str, hc.overrides.task)])[:128]
+
+
+def write_run_info(tracker: Any, output_dir: str | os.PathLike) -> Path | None:
+    """``wandb_run.json`` for the W&B run inside ``tracker`` (alone or in a MultiTracker); None if none."""
+    from .tracking import WandbTracker
+
+    found = [t for t in getattr(tracker, "trackers", [tracker]) if isinstance(t, WandbTracker)]
+    if not found:
+        return None
+    run = found[0].run
+    info = {"id": run.id, "name": run.name, "group": run.group, "tags": list(run.tags or ()),
+            "project": run.project, "mode": run.settings.mode, "dir": str(found[0].run_dir)}
+    path = Path(output_dir) / RUN_INFO_FILE
+    path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _lead_process(cfg: DictConfig) -> bool:
+    import jax
+
+    if jax.distributed.is_initialized():
+        return jax.process_index() == 0
+    return not OmegaConf.select(cfg, "distributed.process_id", default=None)  # before initialize: as configured
+
+
+def record_failure(cfg: DictConfig, output_dir: str | os.PathLike, error: BaseException,
+                   make_tracker: Callable[[], Any]) -> None:
+    """``FAILED`` + ``summary.json`` status failed + a W&B run finished with exit code 1.
+
+    The trial's own tracker, if it was built, has already been finished with exit code 1 by
+    ``runner.app.run``; otherwise ``make_tracker()`` builds one to carry the record."""
+    if not _lead_process(cfg):
+        return
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    message = f"{type(error).__name__}: {error}"
+    trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    (out / FAILED_MARKER).write_text(f"{message}\n\n{trace}", encoding="utf-8")
+    if not (out / SUMMARY_FILE).is_file():  # failed before the run's tracker existed
+        tracker = make_tracker()
+        try:
+            tracker.log_summary({"error": message[:1000]})
+        finally:
+            tracker.finish(1)
+    else:
+        summary = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))
+        if summary.get("status") != "failed":  # e.g. a run that finished but whose objective is unusable
+            summary.update(status="failed", error=message[:1000])
+            (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:  # nothing may leak into the next trial
+        wandb.run.finish(exit_code=1)
+
+
+def trial_failed(cfg: DictConfig, hc: Any, error: Exception, make_tracker: Callable[[], Any]) -> float:
+    """Record the failure; return ``nan`` for the basic sweeper, re-raise for Optuna (trial state FAIL)."""
+    log.error("trial #%s failed: %s: %s", hc.job.num, type(error).__name__, error)
+    record_failure(cfg, hc.runtime.output_dir, error, make_tracker)
+    if is_optuna(hc):
+        raise error
+    return float("nan")
+
+
+def checked_objective(cfg: DictConfig, hc: Any, objective: float, make_tracker: Callable[[], Any]) -> float:
+    """Optuna cannot take a non-finite objective: such a trial is failed for it (see the module doc)."""
+    if is_optuna(hc) and not math.isfinite(objective):
+        name = cfg.trainer.objective or "the task's objective"
+        return trial_failed(cfg, hc, TrialFailed(f"{name} is {objective}: nothing to compare"), make_tracker)
+    return objective
+
+
+# --------------------------------------------------------------------------- the end-of-sweep summary
+
+
+def _first_line(path: Path) -> str:
+    text = path.read_text(encoding="utf-8", errors="replace").strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str, str]]]:
+    """(trial dirs, [(dir, overrides, first line of FAILED)]) for the trials directly under ``sweep_dir``."""
+    root = Path(sweep_dir)
+    trials = sorted((d for d in root.iterdir() if (d / OVERRIDES_FILE).is_file()),
+                    key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+    failed = []
+    for d in trials:
+        if (d / FAILED_MARKER).is_file():
+            overrides = [ln[2:].strip() for ln in (d / OVERRIDES_FILE).read_text().splitlines()
+                         if ln.startswith("- ")]
+            failed.append((d, " ".join(overrides), _first_line(d / FAILED_MARKER)))
+    return trials, failed
+
+
+def summary_lines(sweep_dir: str | os.PathLike) -> tuple[list[str], bool]:
+    """The lines to print at the end of a sweep, and whether every trial failed."""
+    trials, failed = sweep_failures(sweep_dir)
+    lines = [f"sweep: {len(trials)} trials, {len(trials) - len(failed)} ok, {len(failed)} failed ({sweep_dir})"]
+    lines += [f"  FAILED #{d.name} [{overrides}]: {msg}" for d, overrides, msg in failed]
+    return lines, bool(trials) and len(failed) == len(trials)
+
+
+class SweepSummary(Callback):
+    """At the end of a sweep, prints how many trials failed and why; exits 1 if every trial failed."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not sweep_dir.is_dir():
+            return
+        lines, all_failed = summary_lines(sweep_dir)
+        print("\n".join(lines), file=sys.stderr if all_failed else sys.stdout, flush=True)
+        if all_failed:
+            raise SystemExit(1)  # not an Exception: Hydra's callback runner would only warn about one

@@ -1,0 +1,101 @@
+"""The benchmark suite runs end to end in --quick mode and writes what it promises: per benchmark a
+markdown table with the expected rows, a JSON file with its numbers and targets, a PNG chart, and a summary
+that lists every target. Plus the timing helpers, checked against plain Python references."""
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import common
+from benchmarks.__main__ import BENCHMARKS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    only = [a for name in BENCHMARKS for a in ("--only", name)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(out), *only], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.slow
+def test_quick_suite_writes_tables_charts_and_targets(quick_results):
+    out = quick_results
+    for name in BENCHMARKS:
+        md = (out / f"{name}.md").read_text()
+        assert md.startswith("# ") and "|---" in md, name
+        json.loads((out / f"{name}.json").read_text())
+    fused = json.loads((out / "fused_update.json").read_text())
+    kinds = {(r["optimizer"], r["dtype"], r["vocab"]) for r in fused["results"]}
+    assert ("async_rowwise_adagrad", "bfloat16", 10_000) in kinds and ("optax.adam", "float32", 1_000) in kinds
+    for r in fused["results"]:
+        assert r["step"]["min"] <= r["step"]["median"] <= r["step"]["max"] and r["step"]["n"] >= 2
+    md = (out / "fused_update.md").read_text()
+    assert "| 10,000 | async_rowwise_adagrad | bfloat16 |" in md and "numpy gather+scatter floor" in md
+    mem = json.loads((out / "memory.json").read_text())["results"]
+    assert {r["dtype"] for r in mem} == {"float32", "bfloat16"}
+    bf, f32 = (next(r for r in mem if r["dtype"] == d) for d in ("bfloat16", "float32"))
+    assert bf["table_bytes"] * 2 == f32["table_bytes"] and bf["state_bytes"] == f32["state_bytes"]
+    assert all(r["peak"] >= r["peak_init"] >= r["base"] > 0 for r in mem)
+    trainer = json.loads((out / "trainer.json").read_text())["results"]
+    assert {(r["devices"], r["mode"]) for r in trainer} == {(1, "sync"), (1, "async"), (8, "sync"), (8, "async")}
+    sharded = json.loads((out / "sharded.json").read_text())["results"]
+    assert {r["layout"] for r in sharded} == {"single", "row", "column"}
+    prec = json.loads((out / "precision.json").read_text())
+    assert prec["memory_ratio_bf16_over_f32"] == 0.5
+    assert {r["dtypes"]["items"] for r in prec["results"]} == {"float32", "bfloat16"}
+    for name in ("fused_update", "memory", "sharded", "trainer"):
+        w, h = png_size(out / f"{name}.png")
+        assert w > 200 and h > 200, name
+    summary = (out / "summary.md").read_text()
+    targets = [t for name in BENCHMARKS for t in json.loads((out / f"{name}.json").read_text()).get("targets", [])]
+    assert len(targets) >= 5
+    for t in targets:
+        assert t["target"] in summary
+        assert t["met"] == (t["measured"] <= t["threshold"] if t["better"] == "lower" else t["measured"] >= t["threshold"])
+    assert summary.count("| ok |") == len(BENCHMARKS)
+
+
+def test_interleaved_takes_turns_and_times_each_call():
+    calls = []
+    times = common.interleaved({"a": lambda i: calls.append(("a", i)), "b": lambda i: calls.append(("b", i))},
+                               rounds=3, warmup=1)
+    assert calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
+    assert [len(v) for v in times.values()] == [3, 3] and all(t >= 0 for v in times.values() for t in v)
+
+
+def test_stats_and_paired_ratio():
+    s = common.stats([3.0, 1.0, 2.0, 10.0])
+    assert (s["median"], s["min"], s["max"], s["n"]) == (2.5, 1.0, 10.0, 4)
+    r = common.paired_ratio([2.0, 4.0, 9.0], [1.0, 1.0, 3.0])  # per round: 2, 4, 3
+    assert (r["median"], r["min"], r["max"]) == (3.0, 2.0, 4.0)
+    t = common.target("x", 1.5, 2.0, "lower")
+    assert t["met"] and not common.target("y", 1.5, 2.0, "higher")["met"]
+
+
+def test_zipf_ids_are_in_range_and_skewed():
+    ids = common.zipf_ids(np.random.default_rng(0), 1000, 20_000)
+    assert ids.dtype == np.int32 and ids.min() >= 1 and ids.max() < 1000
+    counts = np.bincount(ids, minlength=1000)
+    assert counts[1] > 10 * np.median(counts[1:])  # the head of a Zipf(1.1) draw is heavy
+    assert 0.05 < np.unique(ids).size / 1000  # and its tail still spreads over the table
+
+
+def test_md_table():
+    assert common.md_table(["a", "b"], [[1, "x"], [2, "y"]]) == "| a | b |\n|---|---|\n| 1 | x |\n| 2 | y |"

@@ -1,0 +1,230 @@
+"""Several processes on this machine (jax.distributed over localhost, gloo collectives): 2 processes x 4 CPU
+devices train like 1 process x 8 devices, only process 0 writes outputs, each process feeds exactly its rows
+of the global batch, SLURM's environment is detected, and a dead peer or coordinator ends the run."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from runner import distributed
+from runner.app import run
+from runner.build import build
+from runner.checkpoint import open_checkpoints
+from runner.launch import free_port, supervise
+from tests.runner.conftest import TINY, compose_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = [o for o in TINY if not o.startswith(("trainer.steps", "trainer.log_interval", "trainer.eval_interval",
+                                              "logger"))]
+BASE = SMALL + ["trainer.steps=4", "trainer.log_interval=1", "trainer.eval_interval=2", "distributed.dump_state=true"]
+ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+# sync: tables row-sharded inside each process; async: 8 column shards spanning both processes
+MODES = {"sync": ["async_emb=off", "optimizer=async_adagrad", "mesh=data_table"],
+         "async": ["async_emb=on", "optimizer=async_adam", "mesh=table", "mesh.table_layout=column"]}
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+class _Capture:
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def launch(run_dir: Path, *overrides: str) -> str:
+    """``python -m runner.launch -n 2 -- overrides``: two local processes, 4 CPU devices each."""
+    proc = subprocess.run([sys.executable, "-m", "runner.launch", "-n", "2", "--", *overrides,
+                           f"hydra.run.dir={run_dir}"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def slurm_step(run_dir: Path, *overrides: str) -> str:
+    """Two processes as `srun --ntasks=2` starts them: SLURM's variables, `distributed=slurm`, no addresses."""
+    port = free_port()
+    envs = [{"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2",
+             "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "JAX_COORDINATOR_PORT": str(port)} for i in range(2)]
+    cmd = [sys.executable, "-m", "runner", "distributed=slurm", f"hydra.run.dir={run_dir}", *overrides]
+    out = _Capture()
+    code = supervise([cmd, cmd + ["hydra.job.name=runner_p1", "hydra.output_subdir=.hydra_p1"]], out=out,
+                     env=ENV, envs=envs)
+    assert code == 0, out.text[-4000:]
+    return out.text
+
+
+def restore_in_one_process(source: Path, overrides: list[str], out: Path) -> tuple[dict, int]:
+    """The checkpoint at ``source`` read into a one-process program (this test process, 8 devices)."""
+    cfg = compose_config(overrides + [f"checkpoint.resume={source}", "checkpoint.interval=0", "logger=none"],
+                         tiny=False)
+    program, _, plan = build(cfg)
+    state, start, _ = open_checkpoints(cfg, program, plan, out).resume_point()
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    return {distributed.leaf_name(p): np.asarray(x) for p, x in leaves}, start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, start", [("sync", launch), ("async", slurm_step)], ids=["sync-launch",
+                                                                                      "async-slurm"])
+def test_two_processes_train_like_one_process(tmp_path, mode, start):
+    multi, single = tmp_path / "multi", tmp_path / "single"
+    over = BASE + MODES[mode]
+    out = start(multi, *over, "mesh.cpu_devices=4", "logger=wandb", "checkpoint.interval=2",
+                f"checkpoint.dir={tmp_path / 'ck'}")
+    run(compose_config(over + ["mesh.cpu_devices=8", "logger=none"], tiny=False), single)  # 1 process, 8 devices
+
+    a, b = np.load(multi / "final_state.npz"), np.load(single / "final_state.npz")
+    assert sorted(a.files) == sorted(b.files) and any(k.startswith("emb_states/") for k in a.files)
+    for k in a.files:
+        if a[k].dtype.kind in "biu":
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        else:  # cross-process reductions add in another order: equal up to float rounding
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-7, err_msg=k)
+
+    got, want = rows(multi), rows(single)
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4, 4]
+    for g, w in zip(got, want):
+        for key in ("train/loss", "train/auc_mean", "emb/grad_norm", "eval/auc_mean", "eval/loss"):
+            if key in w:
+                assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), (g["step"], key)
+
+    # process 0 alone writes W&B, metrics and the summary, and speaks for the run
+    assert len(list(multi.glob("wandb/offline-run-*"))) == 1
+    assert len(list(multi.rglob("metrics.jsonl"))) == 1 and len(list(multi.rglob("summary.json"))) == 1
+    assert "[p0]" in out and "[p1]" in out
+    assert "(2 processes x 4 devices)" in out and "done: 4 steps" in out
+    assert not [ln for ln in out.splitlines() if ln.startswith("[p1]") and ("step " in ln or "done:" in ln)]
+    assert (multi / "runner.log").exists() and (multi / "runner_p1.log").exists()
+
+    # the final checkpoint, written by both processes together, restores in one process bit for bit
+    restored, step = restore_in_one_process(tmp_path / "ck" / "4", over + ["mesh.cpu_devices=8"], tmp_path / "r")
+    assert step == 4 and sorted(restored) == sorted(a.files)
+    for k in a.files:
+        np.testing.assert_array_equal(restored[k], a[k], err_msg=k)
+
+
+LAYOUT_CHECK = r"""
+import sys
+import jax
+import numpy as np
+from omegaconf import OmegaConf
+from runner import distributed
+from runner.config import DistributedConfig
+from runner.data import SyntheticRanking, SyntheticSpec
+from runner.mesh import MeshPlan, build_mesh
+
+pid, port = int(sys.argv[1]), sys.argv[2]
+jax.config.update("jax_num_cpu_devices", 4)
+distributed.initialize(OmegaConf.structured(DistributedConfig(
+    kind="local", coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)))
+data = SyntheticRanking(SyntheticSpec(num_users=300, num_items=500, num_authors=50, history_len=4))
+B = 64
+for axes in ((("data", 4), ("table", 2)), (("table", 8),), (("data", 8),)):
+    mesh = build_mesh(MeshPlan(axes, None, "row"))
+    shard, n = distributed.batch_shard(mesh, B)
+    assert (shard, n) == (pid, 2), (axes, shard, n)
+    local = data.batch(3, B, shard=shard, num_shards=n)
+    full = data.batch(3, B)
+    fed = distributed.fetch(distributed.put_local(mesh, local, B))
+    whole = distributed.fetch(distributed.put_global(mesh, full))
+    rows = distributed.gather_rows(mesh, local, B)
+    for k in full:
+        np.testing.assert_array_equal(fed[k], full[k], err_msg=k)
+        np.testing.assert_array_equal(whole[k], full[k], err_msg=k)
+        np.testing.assert_array_equal(rows[k], full[k], err_msg=k)
+    summed = jax.jit(lambda x: x.sum())(distributed.put_local(mesh, local, B)["user"])
+    assert int(distributed.fetch(summed)) == int(full["user"].sum())
+print("layout ok", pid)
+"""
+
+
+@pytest.mark.slow
+def test_each_process_feeds_its_rows_and_the_global_batch_equals_one_process():
+    port = free_port()
+    cmds = [[sys.executable, "-c", LAYOUT_CHECK, str(i), str(port)] for i in range(2)]
+    out = _Capture()
+    assert supervise(cmds, out=out, env={**ENV, "PYTHONPATH": str(ROOT)}) == 0, out.text
+    assert "[p0] layout ok 0" in out.text and "[p1] layout ok 1" in out.text
+
+
+def _runner(tmp_path: Path, pid: int, port: int, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "runner", "distributed=local", f"distributed.process_id={pid}",
+           "distributed.num_processes=2", f"distributed.coordinator_address=127.0.0.1:{port}",
+           f"hydra.run.dir={tmp_path}", *LONG, *extra]
+    if pid:
+        cmd += [f"hydra.job.name=runner_p{pid}", f"hydra.output_subdir=.hydra_p{pid}"]
+    log = open(tmp_path / f"p{pid}.out", "w")
+    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+
+
+LONG = SMALL + ["logger=none", "mesh=data", "trainer.steps=100000", "trainer.log_interval=5",
+                "trainer.eval_interval=100000"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_dead_process_ends_the_others_with_an_error(tmp_path, victim):
+    ck = tmp_path / "ck"
+    port = free_port()
+    procs = [_runner(tmp_path, i, port, "mesh.cpu_devices=1", "distributed.heartbeat_timeout_s=10",
+                     "checkpoint.interval=5", f"checkpoint.dir={ck}") for i in range(2)]
+    try:
+        deadline = time.monotonic() + 300
+        while not (ck / "5").is_dir():  # both are training and have committed a checkpoint
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                (tmp_path / "p0.out").read_text()[-3000:]
+            time.sleep(0.5)
+        procs[victim].send_signal(signal.SIGKILL)
+        survivor = procs[1 - victim]
+        code = survivor.wait(timeout=120)  # heartbeat 10 s: a hang would hit this timeout instead
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = (tmp_path / f"p{1 - victim}.out").read_text()
+    assert code != 0
+    assert "another process died" in text or "another task died" in text, text[-3000:]
+    # the newest complete checkpoint is usable: it restores in one process
+    restored, step = restore_in_one_process(ck, LONG + ["mesh.cpu_devices=8"], tmp_path / "r")
+    assert step >= 5 and step % 5 == 0 and int(restored["step"]) == step
+
+
+@pytest.mark.slow
+def test_an_unreachable_coordinator_is_a_clear_error(tmp_path):
+    port = free_port()  # nobody listens there
+    proc = subprocess.run([sys.executable, "-m", "runner", "distributed=local", "distributed.process_id=1",
+                           "distributed.num_processes=2", f"distributed.coordinator_address=127.0.0.1:{port}",
+                           "distributed.initialization_timeout_s=3", f"hydra.run.dir={tmp_path}", *TINY],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert (f"error: distributed=local: process 1 could not join the run at 127.0.0.1:{port} within 3 s"
+            in proc.stderr), proc.stderr[-3000:]
+    assert "Check that process 0 is running" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_peer_that_never_joins_ends_process_0(tmp_path):
+    proc = _runner(tmp_path, 0, free_port(), "mesh.cpu_devices=1", "distributed.initialization_timeout_s=3")
+    try:
+        code = proc.wait(timeout=120)  # XLA gives up after the timeout (and aborts the process)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = (tmp_path / "p0.out").read_text()
+    assert code != 0
+    assert "process 0 of 2 joining at 127.0.0.1" in text and "DEADLINE_EXCEEDED" in text, text[-3000:]

@@ -1,0 +1,380 @@
+"""Sweeps: W&B group/tags/names per trial, failed trials recorded (FAILED, summary.json, W&B exit code) without
+stopping the sweep, the end-of-sweep summary, the experiment and search configs; and, in subprocesses, a real
+multirun, a multirun with a bad trial, and an Optuna search. W&B offline files are read back record by record."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from runner import sweeps
+from runner.preflight import PreflightError
+from tests.runner.conftest import CONF, TINY, compose_config
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+SEARCHES = sorted(p.stem for p in (CONF / "hparams_search").glob("*.yaml"))
+
+
+# --------------------------------------------------------------------------- reading W&B offline files
+
+
+def wandb_records(path: Path):
+    """The protobuf records of an offline ``run-<id>.wandb`` file: a 7-byte header (``:W&B``, magic, version),
+    then 32 KiB blocks of chunks ``crc32 u32 | length u16 | type u8 | data`` (1 full, 2 first, 3 middle, 4 last);
+    a block tail shorter than a chunk header is zero padding."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block = path.read_bytes(), 32 * 1024
+    assert data[:4] == b":W&B", data[:7]
+    pos, parts = 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        parts += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            yield record
+
+
+def wandb_run(trial: Path) -> dict:
+    """id, group, tags, config, summary (last value per key) and exit code of the one offline W&B run under
+    ``trial/wandb``."""
+    runs = sorted((trial / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs
+    (file,) = runs[0].glob("run-*.wandb")
+    out: dict = {"dir": runs[0], "summary": {}}
+    for r in wandb_records(file):
+        kind = r.WhichOneof("record_type")
+        if kind == "run":
+            out.update(id=r.run.run_id, group=r.run.run_group, tags=list(r.run.tags), name=r.run.display_name,
+                       config={u.key: json.loads(u.value_json) for u in r.run.config.update})
+        elif kind == "summary":
+            for u in r.summary.update:
+                out["summary"][u.key or "/".join(u.nested_key)] = json.loads(u.value_json)
+        elif kind == "exit":
+            out["exit_code"] = r.exit.exit_code
+    return out
+
+
+# --------------------------------------------------------------------------- naming and tags
+
+
+def fake_hydra(sweeper="hydra._internal.core_plugins.basic_sweeper.BasicSweeper", out="/tmp/x", **choices):
+    return OmegaConf.create({
+        "runtime": {"choices": {"optimizer": "async_adam", "async_emb": "on", "experiment": None,
+                                "hydra/sweeper": "basic", **choices}, "output_dir": str(out)},
+        "overrides": {"task": ["optimizer=async_adam", "optimizer.learning_rate=0.01", "x." + "y" * 80 + "=1"]},
+        "job": {"name": "runner", "num": 3},
+        "sweep": {"dir": "multirun/2026-11-29/12-00-00"},
+        "sweeper": {"_target_": sweeper},
+    })
+
+
+def test_trial_tags_are_choices_then_overrides_deduplicated_and_cut_to_64():
+    tags = sweeps.trial_tags(fake_hydra())
+    assert tags == ["optimizer=async_adam", "async_emb=on", "optimizer.learning_rate=0.01", ("x." + "y" * 80)[:64]]
+
+
+def test_group_and_name_come_from_the_sweep_unless_set():
+    hc = fake_hydra(experiment="async_vs_sync_adam")
+    assert sweeps.sweep_group(hc) == "runner-async_vs_sync_adam-2026-11-29_12-00-00"
+    assert sweeps.sweep_group(fake_hydra()) == "runner-2026-11-29_12-00-00"
+    cfg = compose_config()
+    sweeps.name_trial(cfg, hc)
+    assert cfg.logger.group == "runner-async_vs_sync_adam-2026-11-29_12-00-00"
+    assert cfg.logger.name.startswith("#3 optimizer=async_adam optimizer.learning_rate=0.01")
+    cfg = compose_config(["logger.group=mine", "logger.name=trial"])
+    sweeps.name_trial(cfg, hc)
+    assert (cfg.logger.group, cfg.logger.name) == ("mine", "trial")
+
+
+# --------------------------------------------------------------------------- failed trials
+
+
+def _tracker_factory(cfg, out):
+    from runner.app import run_tracker
+
+    return lambda: run_tracker(cfg, out, ["optimizer=adam"], process_index=0)
+
+
+def test_failure_before_the_tracker_existed_gets_a_failed_wandb_run(tmp_path):
+    cfg = compose_config(["logger=wandb"], tiny=False)
+    try:
+        raise PreflightError("optimizer=adam cannot run with async_emb=on")
+    except PreflightError as e:
+        error = e
+    hc = fake_hydra(out=tmp_path)
+    assert math.isnan(sweeps.trial_failed(cfg, hc, error, _tracker_factory(cfg, tmp_path)))
+    failed = (tmp_path / "FAILED").read_text()
+    assert failed.startswith("PreflightError: optimizer=adam cannot run with async_emb=on\n")
+    assert "Traceback" in failed and "test_sweeps.py" in failed
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["exit_code"] == 1
+    assert summary["error"] == "PreflightError: optimizer=adam cannot run with async_emb=on"
+    import wandb
+
+    assert wandb.run is None  # nothing left open for the next trial
+    wandb.teardown()  # finish() can return before wandb-core has written the exit record; this waits for it
+    run = wandb_run(tmp_path)
+    assert run["exit_code"] == 1 and "optimizer=adam" in run["tags"]
+    assert run["config"]["optimizer"]["_target_"] == "optimizers.AsyncAdam"  # the resolved config
+    info = json.loads((tmp_path / sweeps.RUN_INFO_FILE).read_text())
+    assert info["id"] == run["id"] and info["dir"] == str(run["dir"]) and info["mode"] == "offline"
+
+
+def test_optuna_trials_reraise_and_nonfinite_objectives_fail_only_for_optuna(tmp_path):
+    cfg = compose_config()
+    optuna = fake_hydra(sweeper="hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper", out=tmp_path)
+    make = _tracker_factory(cfg, tmp_path)
+    with pytest.raises(ValueError, match="bad lr"):
+        sweeps.trial_failed(cfg, optuna, ValueError("bad lr"), make)
+    assert (tmp_path / "FAILED").read_text().startswith("ValueError: bad lr")
+
+    basic_dir, optuna_dir = tmp_path / "basic", tmp_path / "optuna"
+    for d in (basic_dir, optuna_dir):
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"status": "ok", "eval/auc_mean": "NaN"}))
+    assert math.isnan(sweeps.checked_objective(cfg, fake_hydra(out=basic_dir), float("nan"), make))
+    assert not (basic_dir / "FAILED").exists()
+    assert sweeps.checked_objective(cfg, fake_hydra(sweeper=optuna.sweeper._target_, out=optuna_dir), 0.7, make) == 0.7
+    with pytest.raises(sweeps.TrialFailed, match="the task's objective is nan: nothing to compare"):
+        sweeps.checked_objective(cfg, fake_hydra(sweeper=optuna.sweeper._target_, out=optuna_dir), float("nan"), make)
+    assert json.loads((optuna_dir / "summary.json").read_text())["status"] == "failed"
+    assert (optuna_dir / "FAILED").read_text().startswith("TrialFailed: the task's objective is nan")
+
+
+def _fake_trial(root: Path, num: int, overrides: list[str], error: str | None = None) -> None:
+    d = root / str(num)
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    if error:
+        (d / "FAILED").write_text(f"{error}\n\nTraceback (most recent call last): ...\n")
+
+
+def test_sweep_summary_names_failed_trials_and_exits_only_if_all_failed(tmp_path, capsys):
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    for i, opt in enumerate(["async_adam", "adam", "async_sgd"]):
+        error = "PreflightError: no fused update" if opt == "adam" else None
+        _fake_trial(tmp_path, i, [f"optimizer={opt}", "async_emb=on"], error)
+    (tmp_path / "multirun.yaml").write_text("{}\n")
+    sweeps.SweepSummary().on_multirun_end(cfg)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"sweep: 3 trials, 2 ok, 1 failed ({tmp_path})",
+                   "  FAILED #1 [optimizer=adam async_emb=on]: PreflightError: no fused update"]
+
+    for i in (0, 2):
+        (tmp_path / str(i) / "FAILED").write_text("RuntimeError: diverged\n")
+    with pytest.raises(SystemExit) as e:
+        sweeps.SweepSummary().on_multirun_end(cfg)
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert f"sweep: 3 trials, 0 ok, 3 failed ({tmp_path})" in err and "FAILED #2 [optimizer=async_sgd" in err
+
+
+def test_report_of_a_sweep_with_one_ok_and_one_failed_trial(tmp_path):
+    """One finite objective used to give a 1e-6-wide axis with the failed trial's label far outside it, which
+    matplotlib cannot rasterise ("FT_Render_Glyph ... raster overflow")."""
+    from runner.report import build_report
+
+    _fake_trial(tmp_path, 0, ["optimizer=adam"], "PreflightError: no fused update")
+    (tmp_path / "0" / "metrics.jsonl").write_text("")
+    _fake_trial(tmp_path, 1, ["optimizer=async_sgd"])
+    (tmp_path / "1" / "metrics.jsonl").write_text(
+        json.dumps({"step": 3, "train/loss": 0.7, "eval/auc_mean": 0.36}) + "\n"
+        + json.dumps({"step": 6, "train/loss": 0.6, "eval/auc_mean": 0.3611}) + "\n")
+    md = build_report(tmp_path).read_text()
+    assert "- trials: 2 (1 ok, 1 failed)" in md and "- best trial: `1` 0.3611 at step 6" in md
+    assert "| 0 | failed | `optimizer=adam` |" in md
+    assert (tmp_path / "final_metric.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- the configs
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiments_are_documented_and_compose(name):
+    text = (CONF / "experiment" / f"{name}.yaml").read_text()
+    assert text.startswith("# @package _global_\n")
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    for field in (f"# Run:    python -m runner experiment={name}", "\n# Takes:  ", "\n# Expect: "):
+        assert field in header, field
+    assert "TAKES" not in text and "EXPECT" not in text
+    assert compose_config([f"experiment={name}"], tiny=False).trainer.steps > 0
+
+
+def compose_with_hydra(overrides):
+    from hydra import compose, initialize_config_dir
+
+    from runner.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="runner"):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def test_async_vs_sync_adam_is_a_four_trial_sweep():
+    cfg = compose_with_hydra(["experiment=async_vs_sync_adam"])
+    assert cfg.hydra.mode == RunMode.MULTIRUN and cfg.optimizer._target_ == "optimizers.AsyncAdam"
+    params = cfg.hydra.sweeper.params
+    assert {k: str(v).split(",") for k, v in params.items()} == {"async_emb": ["on", "off"], "trainer.seed": ["0", "1"]}
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+def test_searches_are_optuna_over_existing_keys_and_async_optimizers(name):
+    text = (CONF / "hparams_search" / f"{name}.yaml").read_text()
+    assert text.startswith("# @package _global_\n") and "TAKES" not in text and "EXPECT" not in text
+    cfg = compose_with_hydra([f"hparams_search={name}"])
+    sw = cfg.hydra.sweeper
+    assert "optuna" in sw._target_ and sw.direction == "maximize" and cfg.hydra.mode == RunMode.MULTIRUN
+    assert sw.max_failure_rate == 1.0  # a failed trial does not end the search
+    choices = str(sw.params.optimizer)
+    assert choices.startswith("choice(")
+    for opt in choices[len("choice("):-1].split(","):
+        trial = compose_config([f"hparams_search={name}", f"optimizer={opt.strip()}"], tiny=False)
+        assert trial.optimizer._target_.startswith("optimizers.Async")  # runs with async_emb=on
+        for key in sw.params:
+            if key != "optimizer":
+                assert OmegaConf.select(trial, key) is not None, key
+
+
+# --------------------------------------------------------------------------- end to end (subprocesses)
+
+
+def runner_cli(*args, cwd=ROOT, timeout=900):
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "0"}
+    tiny = [a for a in TINY if not a.startswith("logger")]
+    return subprocess.run([sys.executable, "-m", "runner", *args, *tiny], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def trial_dirs(root: Path) -> list[Path]:
+    return sorted((d for d in root.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
+
+
+@pytest.mark.slow
+def test_multirun_one_wandb_run_per_trial_in_one_group_and_a_report(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = runner_cli("-m", "optimizer=async_adam,async_rowwise_adagrad", "async_emb=on,off",
+                      f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sweep: 4 trials, 4 ok, 0 failed" in proc.stdout
+    trials = trial_dirs(sweep)
+    assert len(trials) == 4
+    combos = set()
+    runs = [wandb_run(d) for d in trials]
+    assert len({r["id"] for r in runs}) == 4 and len({r["dir"] for r in runs}) == 4
+    assert {r["group"] for r in runs} == {f"runner-{tmp_path.name}_sweep"}
+    for d, run in zip(trials, runs):
+        overrides = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())
+        combos.add(tuple(overrides[:2]))
+        assert set(overrides) <= set(run["tags"]) and "mesh=single" in run["tags"]
+        assert run["exit_code"] == 0 and not (d / "FAILED").exists()
+        opt = overrides[0].split("=")[1]
+        assert run["config"]["optimizer"]["_target_"] == "optimizers." + "".join(
+            w.capitalize() for w in opt.split("_"))
+        assert run["config"]["async_emb"]["enabled"] == (overrides[1] == "async_emb=on")
+        info = json.loads((d / sweeps.RUN_INFO_FILE).read_text())
+        assert (info["id"], info["group"], info["tags"]) == (run["id"], run["group"], run["tags"])
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if "train/loss" in r] == [3, 6]
+        summary = json.loads((d / "summary.json").read_text())
+        final = [r for r in rows if "eval/auc_mean" in r][-1]["eval/auc_mean"]
+        assert summary["status"] == "ok" and summary["eval/auc_mean"] == final
+        assert summary["eval/auc_mean/best"] == max(r["eval/auc_mean"] for r in rows if "eval/auc_mean" in r)
+        # W&B keeps the best and the final objective (define_metric summary="max,last"), the lowest loss too
+        assert run["summary"]["eval/auc_mean"] == {"max": summary["eval/auc_mean/best"], "last": final}
+        assert run["summary"]["train/loss"]["min"] == min(r["train/loss"] for r in rows if "train/loss" in r)
+    assert combos == {(f"optimizer={o}", f"async_emb={a}")
+                      for o in ("async_adam", "async_rowwise_adagrad") for a in ("on", "off")}
+
+    rep = subprocess.run([sys.executable, "-m", "runner.report", str(sweep)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    md = (sweep / "report.md").read_text()
+    assert "- trials: 4 (4 ok, 0 failed)" in md
+    for d in trials:
+        overrides = " ".join(yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()))
+        assert f"| {d.name} | ok | `{overrides}` | 6 |" in md
+    with open(sweep / "report.csv", newline="") as f:
+        table = {r["trial"]: r for r in csv.DictReader(f)}
+    for d in trials:
+        summary = json.loads((d / "summary.json").read_text())
+        assert float(table[d.name]["final_objective"]) == pytest.approx(summary["eval/auc_mean"], rel=1e-5)
+    for png in ("loss.png", "auc.png", "final_metric.png"):
+        assert (sweep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_a_bad_trial_is_recorded_and_the_next_one_still_completes(tmp_path):
+    proc = runner_cli("-m", "optimizer=adam,async_sgd", "async_emb=on", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sweep: 2 trials, 1 ok, 1 failed" in proc.stdout
+    assert "FAILED #0 [optimizer=adam async_emb=on" in proc.stdout
+    bad, good = trial_dirs(tmp_path)
+    assert "PreflightError: use_async_emb requires an embedding optimizer" in (bad / "FAILED").read_text()
+    assert json.loads((bad / "summary.json").read_text())["status"] == "failed"
+    assert (bad / "metrics.jsonl").read_text() == ""  # refused before training
+    assert json.loads((good / "summary.json").read_text())["status"] == "ok" and not (good / "FAILED").exists()
+    runs = [wandb_run(d) for d in (bad, good)]
+    assert [r["exit_code"] for r in runs] == [1, 0]
+    assert runs[0]["id"] != runs[1]["id"] and runs[0]["group"] == runs[1]["group"]
+    assert "optimizer=async_sgd" in runs[1]["tags"] and "optimizer=adam" not in runs[1]["tags"]
+    rep = subprocess.run([sys.executable, "-m", "runner.report", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert rep.returncode == 0 and "- trials: 2 (1 ok, 1 failed)" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_sweep_where_every_trial_fails_exits_nonzero(tmp_path):
+    proc = runner_cli("-m", "optimizer=adam,adagrad", "async_emb=on", "logger=none", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 1
+    assert "sweep: 2 trials, 0 ok, 2 failed" in proc.stderr
+    assert all((d / "FAILED").is_file() for d in trial_dirs(tmp_path))
+
+
+@pytest.mark.slow
+def test_optuna_search_writes_the_best_of_its_trials(tmp_path):
+    proc = runner_cli("hparams_search=optuna_emb_lr", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={tmp_path}",
+                      "logger=none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    trials = trial_dirs(tmp_path)
+    assert len(trials) == 3
+    values = {}
+    for d in trials:
+        overrides = dict(o.split("=", 1) for o in yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()))
+        values[d.name] = (json.loads((d / "summary.json").read_text())["eval/auc_mean"], overrides)
+    best_value, best_overrides = max(values.values(), key=lambda v: v[0])
+    assert result["best_value"] == pytest.approx(best_value)
+    assert set(result["best_params"]) == {"optimizer", "optimizer.learning_rate", "dense_optimizer.learning_rate"}
+    for key, value in result["best_params"].items():
+        assert str(value) == best_overrides[key] or float(value) == pytest.approx(float(best_overrides[key]))
+
+
+@pytest.mark.slow
+def test_optuna_goes_on_after_failed_trials_and_fails_if_none_completed(tmp_path):
+    proc = runner_cli("hparams_search=optuna_emb_lr", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={tmp_path}",
+                      "optimizer=choice(adam,adagrad)", "logger=none")  # dense optimizers: refused with async_emb=on
+    assert proc.returncode == 1
+    assert "No trials are completed yet" in proc.stderr
+    trials = trial_dirs(tmp_path)
+    assert len(trials) == 2  # the first failure did not end the search
+    for d in trials:
+        assert "PreflightError: use_async_emb requires" in (d / "FAILED").read_text()
+    assert not (tmp_path / "optimization_results.yaml").exists()
