@@ -40,6 +40,10 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
 
     t_window, n_window = time.perf_counter(), 0
     batch = put_rows(host)
+    # XLA:CPU runs a multi-device step's collectives on a shared thread pool; two steps in flight at once
+    # can starve each other's rendezvous on few cores (seen as a 40 s collective timeout). On a CPU mesh,
+    # finish each step (after the next batch is ready) before dispatching the next computation.
+    one_at_a_time = jax.default_backend() == "cpu" and program.mesh.devices.size > 1
     for step in range(start, stop):
         state, metrics = step_fn(state, batch)  # dispatch is asynchronous: prepare the next batch meanwhile
         done = step + 1 == trainer.steps
@@ -47,6 +51,8 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
         if step + 1 < stop:
             host = task.batch(step + 1, B, **rows)
             batch = put_rows(host)
+        if one_at_a_time:
+            jax.block_until_ready(metrics["train/loss"])
         n_window += 1
         if (step + 1) % trainer.log_interval == 0 or done:
             m = distributed.fetch(metrics)
