@@ -195,16 +195,17 @@ def optimizer_schema(cls: type) -> type:
 
 
 def register() -> None:
+    """Schemas live in ``schema/<group>``, out of the option lists; each option YAML extends one with
+    ``- /schema/<group>@_here_: <name>`` in its defaults."""
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for name, cls in optimizers.REGISTRY.items():
-        cs.store(group="optimizer", name=f"{name}_schema", node=optimizer_schema(cls))
-    cs.store(group="async_emb", name="async_emb_schema", node=AsyncEmbConfig)
-    cs.store(group="mesh", name="mesh_schema", node=MeshConfig)
-    cs.store(group="distributed", name="distributed_schema", node=DistributedConfig)
-    cs.store(group="model", name="ranking_schema", node=RankingModelConfig)
-    cs.store(group="data", name="synthetic_schema", node=SyntheticDataConfig)
-    cs.store(group="data", name="movielens_schema", node=MovieLensDataConfig)
-    cs.store(group="data", name="synthetic_sequences_schema", node=SyntheticSequencesDataConfig)
-    cs.store(group="model", name="sequential_schema", node=SequentialModelConfig)
-    cs.store(group="logger", name="logger_schema", node=LoggerConfig)
+        cs.store(group="schema/optimizer", name=name, node=optimizer_schema(cls))
+    for group, name, node in [
+        ("async_emb", "async_emb", AsyncEmbConfig), ("mesh", "mesh", MeshConfig),
+        ("distributed", "distributed", DistributedConfig), ("logger", "logger", LoggerConfig),
+        ("model", "ranking", RankingModelConfig), ("model", "sequential", SequentialModelConfig),
+        ("data", "synthetic", SyntheticDataConfig), ("data", "movielens", MovieLensDataConfig),
+        ("data", "synthetic_sequences", SyntheticSequencesDataConfig),
+    ]:
+        cs.store(group=f"schema/{group}", name=name, node=node)
