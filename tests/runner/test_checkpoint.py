@@ -174,6 +174,7 @@ def test_restore_reshards_onto_another_mesh_and_layout(tmp_path, runs, target, s
         np.testing.assert_array_equal(np.asarray(upd.grads), saved[f"['pending']['{name}']['grads']"])
 
 
+@pytest.mark.slow
 def test_resharded_resume_continues_like_the_straight_run(tmp_path, runs):
     """Saved on one device (501 rows), resumed on 2x4 row shards (504 rows): the deferred update lands on
     the same rows, padded rows stay untouched, and the run ends where the straight one does."""
