@@ -65,8 +65,9 @@ def child(p: dict) -> dict:
     out = []
     for name, m in meta.items():
         per_step = [t / p["steps"] for t in times[name]]
-        r = {**m, "step": common.stats(per_step),
-             "examples_per_s": {k: m["batch"] / v for k, v in common.stats(per_step).items() if k != "n"}}
+        st = common.stats(per_step)  # the slowest step gives the lowest throughput
+        r = {**m, "step": st, "examples_per_s": {"median": m["batch"] / st["median"], "min": m["batch"] / st["max"],
+                                                 "max": m["batch"] / st["min"]}}
         if m["mode"] == "async":  # sync time / async time, round by round: > 1 means async is faster
             r["async_speedup"] = common.paired_ratio(times[f"{m['optimizer']}/sync"], times[name])
         out.append(r)
