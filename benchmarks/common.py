@@ -83,15 +83,27 @@ def tree_bytes(tree: Any) -> int:
 
 
 # ----- child processes ---------------------------------------------------------------------------------
-def run_child(module: str, payload: Mapping[str, Any], timeout: float = 600) -> dict[str, Any]:
-    """Run ``python -m benchmarks.<module> --child '<json>'`` in a fresh process; returns its JSON answer
-    (the last stdout line). A fresh process gives a clean peak RSS and its own JAX device count."""
+def start_child(module: str, payload: Mapping[str, Any]) -> subprocess.Popen:
+    """Start ``python -m benchmarks.<module> --child '<json>'`` in a fresh process (a clean peak RSS, its
+    own JAX device count); ``child_answer`` waits for it."""
     env = {**os.environ, **HUGE_PAGES_ENV, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--child", json.dumps(payload)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen([sys.executable, "-m", f"benchmarks.{module}", "--child", json.dumps(payload)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.payload = (module, payload)
+    return proc
+
+
+def child_answer(proc: subprocess.Popen, timeout: float = 600) -> dict[str, Any]:
+    """The child's JSON answer (its last stdout line); raises with its stderr if it failed."""
+    out, err = proc.communicate(timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmarks.{module} child {payload} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        module, payload = proc.payload
+        raise RuntimeError(f"benchmarks.{module} child {payload} failed:\n{err[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_child(module: str, payload: Mapping[str, Any], timeout: float = 600) -> dict[str, Any]:
+    return child_answer(start_child(module, payload), timeout)
 
 
 def answer(result: Mapping[str, Any]) -> None:

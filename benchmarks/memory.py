@@ -22,10 +22,7 @@ FULL = dict(width=64, batch=16_384, steps=5, configs=[
     dict(vocab=1_000_000, opt="async_rowwise_adagrad", dtype="float32"),
     dict(vocab=1_000_000, opt="adam", dtype="float32"),
 ])
-QUICK = dict(width=16, batch=256, steps=2, configs=[
-    dict(vocab=20_000, opt="async_rowwise_adagrad", dtype="float32"),
-    dict(vocab=20_000, opt="async_rowwise_adagrad", dtype="bfloat16"),
-])
+QUICK = dict(width=16, batch=256, steps=2, configs=[dict(vocab=20_000, opt="async_rowwise_adagrad", dtype="bfloat16")])
 
 
 def child(cfg: dict) -> dict:
@@ -50,7 +47,8 @@ def child(cfg: dict) -> dict:
                                      layout=cfg.get("layout", "row"))
     shard = (lambda spec: NamedSharding(mesh, spec)) if mesh else (lambda spec: None)
     state_shape = jax.eval_shape(lambda: opt.init(V, D))
-    state_sh = jax.tree.map(shard, ctx.state_specs(state_shape), is_leaf=lambda x: isinstance(x, type(ctx.table_spec())))
+    state_sh = jax.tree.map(shard, ctx.state_specs(state_shape),
+                            is_leaf=lambda x: isinstance(x, type(ctx.table_spec())))
     fused = optimizers.supports_async_emb(opt)
     step = update_step(opt, ctx, fused, cfg["dtype"])
     table_abs = jax.ShapeDtypeStruct((V, D), jnp.dtype(cfg["dtype"]), sharding=shard(ctx.table_spec()))
@@ -87,18 +85,25 @@ def run(quick: bool, out: Path) -> dict:
         print(f"V={r['vocab']:>10,} {r['opt']:<22} {r['dtype']:<8} x{r.get('devices', 1)}  table+state "
               f"{r['data_bytes'] / 2**20:,.0f} MB  peak-base {(r['peak'] - r['base']) / 2**20:,.0f} MB  "
               f"overhead {100 * r['overhead']:+.1f}%", flush=True)
+    # The worst fused configuration over every vocabulary; on small tables the batch's fixed working set
+    # (its rows, gradients, segment sums: tens of MB at B=16,384) is what shows as a percentage.
     fused = [r for r in results if r["opt"].startswith("async_")]
     worst = max(fused, key=lambda r: r["overhead"])
     data = {"config": {k: v for k, v in cfg.items() if k != "configs"}, "results": results, "targets": [
         common.target(f"peak RSS above table + state, worst fused config ({worst['opt']} {worst['dtype']} "
-                      f"V={worst['vocab']:,}) (%)", 100 * worst["overhead"], 15.0, "lower")]}
+                      f"V={worst['vocab']:,} x{worst.get('devices', 1)}) (%)", 100 * worst["overhead"], 15.0,
+                      "lower")]}
     report(out, data)
     return data
 
 
 def report(out: Path, data: dict) -> None:
     mb = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
-    rows = [[f"{r['vocab']:,}", r["opt"], r["dtype"], f"{r.get('devices', 1)}" + (f" ({r['layout']})" if r.get("devices", 1) > 1 else ""),
+
+    def devices(r):
+        return f"{r.get('devices', 1)}" + (f" ({r['layout']})" if r.get("devices", 1) > 1 else "")
+
+    rows = [[f"{r['vocab']:,}", r["opt"], r["dtype"], devices(r),
              mb(r["table_bytes"]), mb(r["state_bytes"]), mb(r["base"]), mb(r["peak_init"] - r["base"]),
              mb(r["peak"] - r["base"]), f"{100 * r['overhead_init']:+.1f}%", f"{100 * r['overhead']:+.1f}%"]
             for r in data["results"]]
@@ -106,7 +111,9 @@ def report(out: Path, data: dict) -> None:
             "peak after init - baseline MB", "peak after steps - baseline MB", "init overhead", "overhead"]
     t = data["targets"][0]
     body = (f"B = {data['config']['batch']:,} lookups per step, D = {data['config']['width']}, "
-            f"{data['config']['steps']} donated update steps; each row is its own fresh process. "
+            f"{data['config']['steps']} donated update steps; each row is its own fresh process. The batch's own "
+            f"working set (looked-up rows, per-token gradients, segment sums, updated rows) is a fixed few tens "
+            f"of MB whatever the vocabulary, so it shows as a percentage only on small tables. "
             f"{common.machine_line()}.\n\n" + common.md_table(head, rows)
             + f"\n\n## Target\n\n{t['target']}: {t['measured']:.1f} (wanted <= {t['threshold']:.0f}): "
             f"{'met' if t['met'] else 'NOT met'}\n\n![memory](memory.png)\n")

@@ -49,10 +49,9 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
     md = (out / "fused_update.md").read_text()
     assert "| 10,000 | async_rowwise_adagrad | bfloat16 |" in md and "numpy gather+scatter floor" in md
     mem = json.loads((out / "memory.json").read_text())["results"]
-    assert {r["dtype"] for r in mem} == {"float32", "bfloat16"}
-    bf, f32 = (next(r for r in mem if r["dtype"] == d) for d in ("bfloat16", "float32"))
-    assert bf["table_bytes"] * 2 == f32["table_bytes"] and bf["state_bytes"] == f32["state_bytes"]
-    assert all(r["peak"] >= r["peak_init"] >= r["base"] > 0 for r in mem)
+    for r in mem:  # a bf16 table: 2 bytes a value; row-wise Adagrad state: an f32 and an int32 per row
+        assert r["table_bytes"] == r["vocab"] * r["width"] * 2 and r["state_bytes"] == r["vocab"] * 8 + 4
+        assert r["peak"] >= r["peak_init"] >= r["base"] > 0
     trainer = json.loads((out / "trainer.json").read_text())["results"]
     assert {(r["devices"], r["mode"]) for r in trainer} == {(1, "sync"), (1, "async"), (8, "sync"), (8, "async")}
     sharded = json.loads((out / "sharded.json").read_text())["results"]
@@ -68,7 +67,8 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
     assert len(targets) >= 5
     for t in targets:
         assert t["target"] in summary
-        assert t["met"] == (t["measured"] <= t["threshold"] if t["better"] == "lower" else t["measured"] >= t["threshold"])
+        lower = t["measured"] <= t["threshold"]
+        assert t["met"] == (lower if t["better"] == "lower" else t["measured"] >= t["threshold"])
     assert summary.count("| ok |") == len(BENCHMARKS)
 
 

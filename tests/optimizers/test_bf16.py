@@ -84,7 +84,8 @@ def test_every_write_rounds_the_float32_update_to_a_neighbour(case):
         assert np.all((got >= lo - tol) & (got <= hi + tol)), f"step {i}"
         for key, leaf in state.rows._asdict().items():
             assert leaf.dtype in (jnp.float32, jnp.int32), key
-            np.testing.assert_allclose(np.asarray(leaf), ref.state[key], rtol=1e-5, atol=1e-6, err_msg=f"{key} step {i}")
+            np.testing.assert_allclose(np.asarray(leaf), ref.state[key], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{key} step {i}")
 
 
 def tiny_updates(opt_table, steps, lr=1.0, g=1e-4, rows=64, width=16):
