@@ -92,5 +92,6 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     model = task.make_model(specs, cfg.model)
     tx, schedule = dense_optimizer(cfg)
     program = TrainProgram(model, specs, contexts, opts, tx, schedule, cfg.async_emb.enabled, mesh,
-                           tuple(task.model_keys))
+                           tuple(task.model_keys), detail_interval=int(cfg.trainer.log_interval),
+                           detail_last=int(cfg.trainer.steps))
     return program, task, plan

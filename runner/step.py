@@ -44,6 +44,10 @@ class TrainProgram:
     async_emb: bool
     mesh: Mesh
     model_keys: tuple[str, ...]
+    # Diagnostics that cost real work (async: rows read while their update was pending) are computed only
+    # on steps the loop logs: every ``detail_interval``-th step and the last one (``detail_last``); -1 else.
+    detail_interval: int = 1
+    detail_last: int = 0
 
     # ----- state -------------------------------------------------------------------------------------
     def state_shardings(self, state: TrainState) -> TrainState:
@@ -104,8 +108,10 @@ class TrainProgram:
 
         if self.async_emb:  # apply G_{t-1}, ordered after this step's lookups, beside the forward pass
             gate = sum(e.reshape(-1)[0] for e in embs.values())
+            detail = self._detail_step(state.step + 1)
             for n, upd in state.pending.items():
-                metrics[f"emb/stale_rows/{n}"] = _overlap(dedup[n][0], upd, ctxs[n].vocab)
+                metrics[f"emb/stale_rows/{n}"] = jax.lax.cond(
+                    detail, partial(_overlap, vocab=ctxs[n].vocab), lambda *_: jnp.int32(-1), dedup[n][0], upd)
                 tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
 
         (loss, outputs), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
@@ -144,9 +150,14 @@ class TrainProgram:
                 metrics[f"emb/shard_rows_max/{n}"] = jnp.max(rows)
                 metrics[f"emb/shard_rows_mean/{n}"] = jnp.mean(rows.astype(jnp.float32))
         if self.async_emb:
-            metrics["emb/stale_rows"] = sum(metrics[f"emb/stale_rows/{n}"] for n in state.pending)
+            stale = sum(metrics[f"emb/stale_rows/{n}"] for n in state.pending)
+            metrics["emb/stale_rows"] = jnp.where(detail, stale, -1)
         new_state = TrainState(state.step + 1, params, opt_state, tables, emb_states, pending, state.rng)
         return new_state, metrics
+
+    def _detail_step(self, step: jax.Array) -> jax.Array:
+        """True on the steps whose metrics the loop logs (1-based ``step``)."""
+        return (step % self.detail_interval == 0) | (step == self.detail_last)
 
     def flush(self, state: TrainState) -> TrainState:
         """Apply every pending deferred update now; afterwards nothing is pending."""
@@ -170,11 +181,28 @@ class TrainProgram:
         s_sh = self.state_shardings(state)
         b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
         opts = compiler_options([t.dtype for t in self.tables.values()])  # bf16 tables: no f32 table copies
-        step = jax.jit(self.train_step, in_shardings=(s_sh, b_sh), out_shardings=(s_sh, None), donate_argnums=0,
-                       compiler_options=opts)
+        step = StepFn(jax.jit(lambda rest, pending, batch: self.train_step(rest._replace(pending=pending), batch),
+                              in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh),
+                              out_shardings=(s_sh, None), donate_argnums=0, compiler_options=opts))
         flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=s_sh, donate_argnums=0, compiler_options=opts)
         predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh), compiler_options=opts)
         return step, flush, predict
+
+
+class StepFn:
+    """``step(state, batch) -> (state, metrics)``: the jitted step, every state buffer donated except the
+    deferred update. Its new value is written while the old one is still being applied, so donating it
+    only makes XLA copy both (four copies of the per-token gradients per table per step); fresh buffers
+    cost nothing. ``lower`` takes the same arguments, for inspecting the compiled step."""
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+
+    def __call__(self, state: TrainState, batch):
+        return self.jitted(state._replace(pending={}), state.pending, batch)
+
+    def lower(self, state: TrainState, batch):
+        return self.jitted.lower(state._replace(pending={}), state.pending, batch)
 
 
 def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, vocab: int) -> jax.Array:

@@ -77,7 +77,31 @@ def test_async_differs_from_sync_and_is_one_step_stale(cfg_of):
     assert not np.allclose(np.asarray(a_state.tables["items"]), np.asarray(s_state.tables["items"]))
     assert not bool(a_metrics[0]["emb/valid_step"]) and bool(a_metrics[1]["emb/valid_step"])
     assert all(bool(m["emb/valid_step"]) for m in s_metrics)
-    assert int(a_metrics[1]["emb/stale_rows"]) > 0  # hot ids repeat: rows read while their update waited
+
+
+def test_stale_rows_counted_on_logged_steps(cfg_of):
+    """``emb/stale_rows``: rows a batch reads whose previous-step update is still pending, i.e. the ids
+    batch t shares with batch t-1; computed on the steps the loop logs (every 2nd and the last), -1 else."""
+    steps = 5
+    program, data, _ = build(cfg_of(["optimizer=async_sgd", "async_emb=on", "trainer.log_interval=2",
+                                     f"trainer.steps={steps}"]))
+    _, _, _, metrics = run_steps(program, data, steps)
+    B = program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
+
+    def unique_ids(t):
+        batch = {k: jnp.asarray(v) for k, v in data.batch(t, B).items() if k in program.model_keys}
+        return {n: set(np.unique(np.asarray(ids)).tolist()) - {0} for n, ids in program.model.table_ids(batch).items()}
+
+    seen = [unique_ids(t) for t in range(steps)]
+    for t, m in enumerate(metrics):
+        logged = (t + 1) % 2 == 0 or t + 1 == steps
+        if not logged:
+            assert int(m["emb/stale_rows"]) == -1
+            continue
+        want = {n: len(ids & seen[t - 1][n]) if t > 0 else 0 for n, ids in seen[t].items()}
+        for n, w in want.items():
+            assert int(m[f"emb/stale_rows/{n}"]) == w, (t, n)
+        assert int(m["emb/stale_rows"]) == sum(want.values()) > 0  # hot ids repeat batch to batch
 
 
 def test_every_update_applied_exactly_once_after_flush(cfg_of):
