@@ -46,7 +46,7 @@ class AsyncRowwiseAdagrad(FusedEmbOptimizer):
             factor = jnp.power(jnp.float32(self.decay), (rc.step - state.last_step).astype(jnp.float32))
         else:
             factor = jnp.float32(self.decay)
-        accum = state.accum * factor + rc.width_sum(grad * grad) / rc.emb_width
+        accum = state.accum * factor + rc.grad_sq_sum() / rc.emb_width
         scale = 1.0 / (jnp.sqrt(accum) + self.eps)
         new_rows = rows - self.learning_rate * (grad * scale[:, None] + self.weight_decay * rows)
         return new_rows, RowwiseAdagradRows(accum, jnp.broadcast_to(rc.step, state.last_step.shape))

@@ -123,6 +123,7 @@ class RowContext(NamedTuple):
     step: jax.Array  # int32, 1-based count of this update
     emb_width: int  # full width of a row, even when this shard holds a slice of it
     width_sum: Callable[[jax.Array], jax.Array]  # sum over the full width (reduced across width shards)
+    grad_sq_sum: Callable[[], jax.Array]  # [rows]: sum of grad**2 over the full width (shared with the norm)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -199,7 +200,8 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
         local = ids
         owned = ids < ctx.vocab
     g = segment_sum(update.grads, seg, ctx.num_unique)  # [U, width or width/n]
-    sq = jnp.sum(g * g)
+    row_sq = jnp.sum(g * g, axis=-1)  # one pass over g serves the norm and any rule that needs sum(g**2)
+    sq = jnp.sum(row_sq)
     if axis is not None:
         sq = lax.psum(sq, axis)  # each shard summed its own rows (row layout) or columns (column layout)
     norm = jnp.sqrt(sq)
@@ -208,14 +210,17 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     n_local = table.shape[0]
     local = jnp.where(owned, local, n_local)  # out of range: gathers fill, scatters drop
 
-    def width_sum(x):
-        s = jnp.sum(x, axis=-1)
+    def across_width(s):
         return lax.psum(s, axis) if axis is not None and ctx.layout == COLUMN else s
+
+    def width_sum(x):
+        return across_width(jnp.sum(x, axis=-1))
 
     step = state.count + 1
     rows = table.at[local].get(mode="fill", fill_value=0, unique_indices=True).astype(jnp.float32)
     row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True), state.rows)
-    new_rows, new_row_state = opt.update_rows(rows, row_state, g, RowContext(step, ctx.emb_width, width_sum))
+    rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq))
+    new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
 
     # Invalid or not ours: an index past the end (n_local or n_local + 1, after the gate), nothing is written.
     write = jnp.where(valid & owned, local, n_local + _gate_bit(gate))
