@@ -25,24 +25,53 @@ from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 # ----------------------------------------------------------------------------------------------------
 # Dedupe and the update record
 # ----------------------------------------------------------------------------------------------------
-def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0) -> tuple[jax.Array, jax.Array]:
+_INT32_MAX = 2**31 - 1
+
+
+def dedupe_method(num_tokens: int, vocab: int) -> str:
+    """``"packed"`` when every (id, position) pair fits one int32 key, else ``"search"``."""
+    return "packed" if (vocab + 1) * max(num_tokens, 1) - 1 <= _INT32_MAX else "search"
+
+
+def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
+           method: str | None = None) -> tuple[jax.Array, jax.Array]:
     """Static-size unique of a batch's ids.
 
     Returns ``(unique_tokens [num_unique], segment_ids [n])``: sorted distinct ids padded with ``vocab``
     (out of range, so scatters drop it), and each token's index into them, -1 for padding tokens
-    (``pad_id``) and ids outside ``[0, vocab)``. A keys-only sort, run starts and a scan searchsorted are
-    used instead of ``jnp.unique(return_inverse=True)``: same result, about 3x faster on XLA:CPU.
+    (``pad_id``) and ids outside ``[0, vocab)``. Both methods do one keys-only sort and find run starts
+    (``jnp.unique(return_inverse=True)`` lowers to a two-operand sort, about 3x slower on XLA:CPU):
+
+    - ``"search"``: sort the ids, then a scan ``searchsorted`` maps each token to its run;
+    - ``"packed"`` (when ``(vocab + 1) * n`` fits in int32, e.g. small tables): sort ``id * n + position``,
+      so each sorted key also says which token it came from and one scatter writes the segment ids
+      (about 25% faster at 16K tokens). The default picks it whenever it fits; results are identical.
     """
     ids = ids.reshape(-1).astype(jnp.int32)
+    n = ids.shape[0]
+    method = method or dedupe_method(n, vocab)
     valid = (ids >= 0) & (ids < vocab)
     if pad_id is not None:
         valid &= ids != pad_id
     keys = jnp.where(valid, ids, vocab)
-    s = jnp.sort(keys)
+    if method == "packed":
+        if dedupe_method(n, vocab) != "packed":
+            raise ValueError(f"dedupe method 'packed' needs (vocab + 1) * tokens <= 2**31: vocab={vocab}, tokens={n}")
+        packed = jnp.sort(keys * n + jnp.arange(n, dtype=jnp.int32))
+        s = packed // n
+        position = packed - s * n
+    elif method == "search":
+        s = jnp.sort(keys)
+    else:
+        raise ValueError(f"unknown dedupe method {method!r} (packed or search)")
     starts = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
-    slot = jnp.where(starts, jnp.cumsum(starts) - 1, num_unique)
+    run = jnp.cumsum(starts) - 1
+    slot = jnp.where(starts, run, num_unique)
     unique = jnp.full((num_unique,), vocab, jnp.int32).at[slot].set(s, mode="drop", unique_indices=True)
-    seg = jnp.searchsorted(unique, keys, method="scan").astype(jnp.int32)
+    if method == "packed":
+        seg = jnp.zeros((n,), jnp.int32).at[position].set(run.astype(jnp.int32), unique_indices=True)
+    else:
+        seg = jnp.searchsorted(unique, keys, method="scan").astype(jnp.int32)
     return unique, jnp.where(valid, seg, -1)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import optimizers
 
-dedupe = jax.jit(optimizers.dedupe, static_argnums=(1, 2, 3))
+dedupe = jax.jit(optimizers.dedupe, static_argnums=(1, 2, 3, 4))
 
 
 def expected(ids: np.ndarray, vocab: int, pad_id: int | None):
@@ -43,11 +43,12 @@ def draw(kind: str, tokens: int, vocab: int, rng) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["random", "zipf", "all_padding", "all_distinct"])
 @pytest.mark.parametrize("tokens,vocab", [(24, 1000), (40, 16), (16, 17)])
 @pytest.mark.parametrize("pad_id", [0, None])
-def test_dedupe_matches_np_unique(kind, tokens, vocab, pad_id):
+@pytest.mark.parametrize("method", ["packed", "search"])
+def test_dedupe_matches_np_unique(kind, tokens, vocab, pad_id, method):
     rng = np.random.default_rng(tokens * vocab)
     ids = draw(kind, tokens, vocab, rng).reshape(4, -1).astype(np.int32)
     size = optimizers.num_unique_for(tokens, vocab)
-    unique, segments = dedupe(jnp.asarray(ids), vocab, size, pad_id)
+    unique, segments = dedupe(jnp.asarray(ids), vocab, size, pad_id, method)
 
     want_unique, want_segments = expected(ids, vocab, pad_id)
     assert unique.shape == (size,) and unique.dtype == jnp.int32
@@ -90,3 +91,22 @@ def test_make_update_and_empty_update_share_shapes():
     np.testing.assert_array_equal(np.asarray(empty.unique_tokens), np.full(ctx.num_unique, 20))
     np.testing.assert_array_equal(np.asarray(empty.segment_ids), np.full(12, -1))
     assert not bool(optimizers.make_update(ctx, ids, grads, pending=False).pending)
+
+
+@pytest.mark.parametrize("vocab", [2**31 // 1024 - 1, 2**31 // 1024, 10_000_000])
+def test_packed_keys_never_overflow(vocab):
+    """The default picks "packed" only while (vocab + 1) * tokens fits in int32; ids at the top of the
+    vocabulary, out of range and padding still come out exactly as np.unique says, on either side of the line."""
+    tokens = 1024
+    fits = (vocab + 1) * tokens - 1 <= 2**31 - 1
+    assert optimizers.fused.dedupe_method(tokens, vocab) == ("packed" if fits else "search")
+    rng = np.random.default_rng(vocab)
+    ids = np.concatenate([rng.integers(vocab - 40, vocab + 3, size=tokens - 24), [0] * 8, [-1] * 8,
+                          rng.integers(1, 50, size=8)]).astype(np.int32)
+    unique, segments = dedupe(jnp.asarray(ids), vocab, optimizers.num_unique_for(tokens, vocab), 0, None)
+    want_unique, want_segments = expected(ids, vocab, 0)
+    np.testing.assert_array_equal(np.asarray(unique), want_unique)
+    np.testing.assert_array_equal(np.asarray(segments), want_segments)
+    if not fits:
+        with pytest.raises(ValueError, match="needs \\(vocab \\+ 1\\) \\* tokens <= 2\\*\\*31"):
+            dedupe(jnp.asarray(ids), vocab, optimizers.num_unique_for(tokens, vocab), 0, "packed")
