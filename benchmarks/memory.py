@@ -85,14 +85,18 @@ def run(quick: bool, out: Path) -> dict:
         print(f"V={r['vocab']:>10,} {r['opt']:<22} {r['dtype']:<8} x{r.get('devices', 1)}  table+state "
               f"{r['data_bytes'] / 2**20:,.0f} MB  peak-base {(r['peak'] - r['base']) / 2**20:,.0f} MB  "
               f"overhead {100 * r['overhead']:+.1f}%", flush=True)
-    # The worst fused configuration over every vocabulary; on small tables the batch's fixed working set
-    # (its rows, gradients, segment sums: tens of MB at B=16,384) is what shows as a percentage.
+    # Two readings of the 15% target, both reported: at the largest vocabulary, where a table-sized
+    # temporary would show, and over every vocabulary, where on a small table the batch's fixed working
+    # set (its rows, gradients, segment sums, XLA's temporaries: tens of MB at B=16,384) shows as well.
     fused = [r for r in results if r["opt"].startswith("async_")]
-    worst = max(fused, key=lambda r: r["overhead"])
-    data = {"config": {k: v for k, v in cfg.items() if k != "configs"}, "results": results, "targets": [
-        common.target(f"peak RSS above table + state, worst fused config ({worst['opt']} {worst['dtype']} "
-                      f"V={worst['vocab']:,} x{worst.get('devices', 1)}) (%)", 100 * worst["overhead"], 15.0,
-                      "lower")]}
+    big = max(r["vocab"] for r in fused)
+    targets = []
+    for label, pool in ((f"at V={big:,}", [r for r in fused if r["vocab"] == big]), ("at any V", fused)):
+        worst = max(pool, key=lambda r: r["overhead"])
+        targets.append(common.target(f"peak RSS above table + state, worst fused config {label} ({worst['opt']} "
+                                     f"{worst['dtype']} V={worst['vocab']:,} x{worst.get('devices', 1)}) (%)",
+                                     100 * worst["overhead"], 15.0, "lower"))
+    data = {"config": {k: v for k, v in cfg.items() if k != "configs"}, "results": results, "targets": targets}
     report(out, data)
     return data
 
@@ -109,14 +113,15 @@ def report(out: Path, data: dict) -> None:
             for r in data["results"]]
     head = ["V", "optimizer", "table dtype", "devices", "table MB", "state MB", "process baseline MB",
             "peak after init - baseline MB", "peak after steps - baseline MB", "init overhead", "overhead"]
-    t = data["targets"][0]
     body = (f"B = {data['config']['batch']:,} lookups per step, D = {data['config']['width']}, "
             f"{data['config']['steps']} donated update steps; each row is its own fresh process. The batch's own "
             f"working set (looked-up rows, per-token gradients, segment sums, updated rows) is a fixed few tens "
             f"of MB whatever the vocabulary, so it shows as a percentage only on small tables. "
             f"{common.machine_line()}.\n\n" + common.md_table(head, rows)
-            + f"\n\n## Target\n\n{t['target']}: {t['measured']:.1f} (wanted <= {t['threshold']:.0f}): "
-            f"{'met' if t['met'] else 'NOT met'}\n\n![memory](memory.png)\n")
+            + "\n\n## Targets\n\n" + "\n".join(f"- {t['target']}: {t['measured']:.1f} (wanted <= "
+                                                   f"{t['threshold']:.0f}): {'met' if t['met'] else 'NOT met'}"
+                                                   for t in data["targets"])
+            + "\n\n![memory](memory.png)\n")
     common.write_result(out, "memory", "Peak memory against table + optimizer state", body, data)
     labels = [f"{r['opt'].replace('async_', '')} {r['dtype'][:4]} {r['vocab'] // 1000:,}K x{r.get('devices', 1)}"
               for r in data["results"]]
