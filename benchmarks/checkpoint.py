@@ -13,8 +13,6 @@ Sizes are the step directory on disk against the state's bytes; peak RSS is the 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import tempfile
 import time
@@ -174,15 +172,7 @@ def report(out: Path, data: dict) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=common.RESULTS)
-    p.add_argument("--child", help="(internal) run the measurement given as JSON")
-    a = p.parse_args(argv)
-    if a.child:
-        common.answer(child(json.loads(a.child)))
-    else:
-        run(a.quick, a.out)
+    common.main(__doc__, run, child, argv)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,25 @@ def set_cpu_devices(n: int) -> None:
     jax.config.update("jax_platforms", "cpu")
 
 
+# ----- command line --------------------------------------------------------------------------------------
+def main(doc: str, run: Callable[[bool, Path], Any], child: Callable[[dict], Any] | None = None,
+         argv: Sequence[str] | None = None) -> None:
+    """Every benchmark module's ``python -m benchmarks.<name> [--quick] [--out DIR]``; with ``child``, also
+    the internal ``--child '<json>'`` that measures one configuration in a fresh process."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    if child is not None:
+        p.add_argument("--child", help="(internal) run the measurement given as JSON")
+    a = p.parse_args(argv)
+    if getattr(a, "child", None):
+        answer(child(json.loads(a.child)))
+    else:
+        run(a.quick, a.out)
+
+
 # ----- output --------------------------------------------------------------------------------------------
 def ms(s: float) -> str:
     return f"{s * 1e3:.3g}" if s < 1 else f"{s * 1e3:,.0f}"

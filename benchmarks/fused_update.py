@@ -13,7 +13,6 @@ so "x floor" and "x smallest V" are ratios taken round by round.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 from pathlib import Path
 
@@ -182,11 +181,7 @@ def report(out: Path, data: dict, sizes) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=common.RESULTS)
-    a = p.parse_args(argv)
-    run(a.quick, a.out)
+    common.main(__doc__, run, None, argv)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ update steps, note the peak again. "Overhead" is (peak - baseline) / (table + st
 """
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 from . import common
@@ -131,15 +129,7 @@ def report(out: Path, data: dict) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=common.RESULTS)
-    p.add_argument("--child", help="(internal) measure one configuration given as JSON")
-    a = p.parse_args(argv)
-    if a.child:
-        common.answer(child(json.loads(a.child)))
-    else:
-        run(a.quick, a.out)
+    common.main(__doc__, run, child, argv)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@ unique rows updated per second. The three layouts take turns every round; ratios
 """
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 from . import common
@@ -111,15 +109,7 @@ def run(quick: bool, out: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=common.RESULTS)
-    p.add_argument("--child", help="(internal) run the measurement given as JSON")
-    a = p.parse_args(argv)
-    if a.child:
-        common.answer(child(json.loads(a.child)))
-    else:
-        run(a.quick, a.out)
+    common.main(__doc__, run, child, argv)
 
 
 if __name__ == "__main__":

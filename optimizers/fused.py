@@ -99,8 +99,9 @@ def segment_sum(grads: jax.Array, segment_ids: jax.Array, num_unique: int) -> ja
     return jax.ops.segment_sum(grads.astype(jnp.float32), seg, num_segments=num_unique)
 
 
-def _mix32(x: jax.Array) -> jax.Array:
-    """A 32-bit integer finaliser (xor-shift-multiply): every input bit flips about half the output bits."""
+def mix32(x: jax.Array) -> jax.Array:
+    """A 32-bit integer finaliser (xor-shift-multiply): every input bit flips about half the output bits.
+    Shared by stochastic rounding and the runner's table initialisation."""
     x = x ^ (x >> 16)
     x = x * jnp.uint32(0x7FEB352D)
     x = x ^ (x >> 15)
@@ -110,8 +111,8 @@ def _mix32(x: jax.Array) -> jax.Array:
 
 def rounding_bits(rows: jax.Array, cols: jax.Array, count: jax.Array) -> jax.Array:
     """uint32 [len(rows), len(cols)]: a hash of (row id, column, update count), the same on any layout."""
-    r = _mix32(rows.astype(jnp.uint32) * jnp.uint32(0x9E3779B1) + jnp.asarray(count).astype(jnp.uint32))
-    return _mix32(r[:, None] ^ (cols.astype(jnp.uint32) * jnp.uint32(0x85EBCA77) + jnp.uint32(0x6A09E667))[None, :])
+    r = mix32(rows.astype(jnp.uint32) * jnp.uint32(0x9E3779B1) + jnp.asarray(count).astype(jnp.uint32))
+    return mix32(r[:, None] ^ (cols.astype(jnp.uint32) * jnp.uint32(0x85EBCA77) + jnp.uint32(0x6A09E667))[None, :])
 
 
 def stochastic_round_bf16(x: jax.Array, bits: jax.Array) -> jax.Array:
