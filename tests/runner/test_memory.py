@@ -47,3 +47,15 @@ def test_table_init_fills_in_place(mesh):
     lowered = jax.jit(lambda k: init_table(spec, k, sharding)).lower(jax.random.key(0))
     temp = lowered.compile().memory_analysis().temp_size_in_bytes
     assert temp < shard_bytes / 2, f"init: {temp} bytes of temporaries for a {shard_bytes}-byte table shard"
+
+
+@pytest.mark.parametrize("mesh", ["single", "table8"])
+def test_async_step_does_not_copy_the_deferred_update(mesh):
+    """The deferred update is not donated, so XLA writes the new one into a fresh buffer instead of copying
+    the old and the new per-token gradients (it did, four copies per table per step, while it was donated)."""
+    step, _, _, program, _ = compiled(["async_emb=on", "optimizer=async_sgd", *MESHES[mesh]])
+    hlo = step.as_text()
+    for name, ctx in program.contexts.items():
+        grads = f"f32[{ctx.tokens_per_batch},{ctx.shard_width}]"
+        copies = [line for line in hlo.splitlines() if " copy(" in line and f"= {grads}" in line]
+        assert not copies, f"{name}: {copies[:2]}"
