@@ -28,11 +28,10 @@ def available() -> list[str]:
 
 
 def start(name: str, quick: bool, out: Path) -> subprocess.Popen:
-    env = {**os.environ, **common.HUGE_PAGES_ENV, "PYTHONPATH": str(common.ROOT)}
     cmd = [sys.executable, "-m", f"benchmarks.{name}", "--out", str(out)] + (["--quick"] if quick else [])
     # Quick runs overlap, so their output is collected and shown whole; full runs stream theirs.
     pipe = subprocess.PIPE if quick else None
-    return subprocess.Popen(cmd, cwd=common.ROOT, env=env, stdout=pipe, stderr=subprocess.STDOUT if quick else None,
+    return subprocess.Popen(cmd, cwd=common.ROOT, env=common.child_env(), stdout=pipe, stderr=subprocess.STDOUT if quick else None,
                             text=True)
 
 
@@ -67,8 +66,7 @@ def summary(out: Path, took: dict[str, list], quick: bool, wall: float) -> str:
             continue
         data = json.loads(f.read_text()) if took[name][1] == 0 else {}
         for t in data.get("targets", []):
-            rows.append([t["target"], f"{t['measured']:.2f}", f"{'<=' if t['better'] == 'lower' else '>='} "
-                         f"{t['threshold']}", "met" if t["met"] else "NOT met", f"[{name}]({name}.md)"])
+            rows.append([*common.target_row(t), f"[{name}]({name}.md)"])
         secs, rc = took[name]
         parts.append([f"[{name}]({name}.md)", f"{secs:.0f}", "ok" if rc == 0 else f"failed (exit {rc})"])
     note = " Quick mode: tiny sizes, a smoke test; its ratios say nothing about the targets." if quick else ""

@@ -19,19 +19,10 @@ import time
 from pathlib import Path
 
 from . import common
+from .trainer import compose
 
 FULL = dict(vocab=10_000_000, width=64, batch=1024, rounds=3)
 QUICK = dict(vocab=200_000, width=16, batch=256, rounds=2)
-
-
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    from runner.config import register
-
-    register()
-    with initialize_config_dir(config_dir=str(common.ROOT / "conf"), version_base="1.3", job_name="bench"):
-        return compose("config", overrides=overrides)
 
 
 def _du(path: Path) -> int:
@@ -41,8 +32,8 @@ def _du(path: Path) -> int:
 def _program(cfg: dict, work: Path, extra: list[str]):
     from runner.build import build
 
-    conf = _compose([
-        "optimizer=async_rowwise_adagrad", "async_emb=on", "logger=none", f"model.emb_width={cfg['width']}",
+    conf = compose([
+        "optimizer=async_rowwise_adagrad", "async_emb=on", f"model.emb_width={cfg['width']}",
         f"model.tables.items.vocab={cfg['vocab']}", f"trainer.batch_size={cfg['batch']}", "checkpoint.interval=1",
         "checkpoint.keep=10", f"checkpoint.dir={work / 'ck'}", *extra])
     return (conf, *build(conf))

@@ -83,12 +83,16 @@ def tree_bytes(tree: Any) -> int:
 
 
 # ----- child processes ---------------------------------------------------------------------------------
+def child_env() -> dict[str, str]:
+    """The environment every benchmark process runs in: huge pages on, this checkout importable."""
+    return {**os.environ, **HUGE_PAGES_ENV, "PYTHONPATH": str(ROOT)}
+
+
 def start_child(module: str, payload: Mapping[str, Any]) -> subprocess.Popen:
     """Start ``python -m benchmarks.<module> --child '<json>'`` in a fresh process (a clean peak RSS, its
     own JAX device count); ``child_answer`` waits for it."""
-    env = {**os.environ, **HUGE_PAGES_ENV, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", f"benchmarks.{module}", "--child", json.dumps(payload)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.payload = (module, payload)
     return proc
 
@@ -139,10 +143,6 @@ def main(doc: str, run: Callable[[bool, Path], Any], child: Callable[[dict], Any
 
 
 # ----- output --------------------------------------------------------------------------------------------
-def ms(s: float) -> str:
-    return f"{s * 1e3:.3g}" if s < 1 else f"{s * 1e3:,.0f}"
-
-
 def spread(st: Mapping[str, float], scale: float = 1e3, fmt: str = "{:.3g}") -> str:
     """'median (min-max)' of a stats dict, scaled (default: seconds -> ms)."""
     f = lambda v: fmt.format(v * scale)  # noqa: E731
@@ -176,6 +176,12 @@ def target(name: str, measured: float, threshold: float, better: str) -> dict[st
     """One of the issue's targets: ``better`` is 'lower' or 'higher' than ``threshold``."""
     met = measured <= threshold if better == "lower" else measured >= threshold
     return {"target": name, "measured": measured, "threshold": threshold, "better": better, "met": bool(met)}
+
+
+def target_row(t: Mapping[str, Any]) -> list[str]:
+    """A target as table cells: name, measured, wanted, met or not."""
+    wanted = f"{'<=' if t['better'] == 'lower' else '>='} {t['threshold']}"
+    return [t["target"], f"{t['measured']:.2f}", wanted, "met" if t["met"] else "NOT met"]
 
 
 def bar_chart(path: Path, title: str, groups: Sequence[str], series: Mapping[str, Sequence[float]],

@@ -144,9 +144,6 @@ def targets(results, sizes) -> list[dict]:
     return out
 
 
-def _ratio(st: dict) -> str:
-    return f"{st['median']:.2f} ({st['min']:.2f}-{st['max']:.2f})"
-
 
 def report(out: Path, data: dict, sizes) -> None:
     head = ["V", "optimizer", "table dtype", "step ms median (min-max)", "x numpy floor", f"x same at V={sizes[0]:,}",
@@ -155,14 +152,13 @@ def report(out: Path, data: dict, sizes) -> None:
     for r in data["results"]:
         fused = r["kind"] == "fused"
         rows.append([f"{r['vocab']:,}", r["optimizer"], r["dtype"], common.spread(r["step"]),
-                     _ratio(r["x_floor"]) if fused else "",
+                     common.spread(r["x_floor"], 1, "{:.2f}") if fused else "",
                      f"{r['x_smallest']['median']:.2f}" if fused and r["x_smallest"] else "",
                      f"{r['unique_rows']:,.0f}", f"{r['bytes'] / 2**20:,.0f}"])
     floors = {r["vocab"]: r["floor"] for r in data["results"] if r["kind"] == "fused"}
     for V, st in floors.items():
         rows.append([f"{V:,}", "numpy gather+scatter floor", "float32", common.spread(st), "1.00", "", "", ""])
-    t_rows = [[t["target"], f"{t['measured']:.2f}", f"{'<=' if t['better'] == 'lower' else '>='} {t['threshold']}",
-               "met" if t["met"] else "NOT met"] for t in data["targets"]]
+    t_rows = [common.target_row(t) for t in data["targets"]]
     c = data["config"]
     body = (f"B = {c['batch']:,} Zipf(1.1) lookups per step, D = {c['width']}; {c['rounds']} interleaved rounds after "
             f"{c['warmup']} warm-up steps; medians with (min-max). {common.machine_line()}.\n\n"

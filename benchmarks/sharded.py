@@ -92,8 +92,7 @@ def run(quick: bool, out: Path) -> dict:
     data = {"config": cfg, **res}
     head = ["optimizer", "layout", "devices", "step ms median (min-max)", "rows/s", "speed vs 1 device (x)"]
     rows = [[r["optimizer"], r["layout"], 1 if r["layout"] == "single" else 8, common.spread(r["step"]),
-             f"{r['rows_per_s']:,.0f}", f"{r['vs_single']['median']:.2f} ({r['vs_single']['min']:.2f}-"
-             f"{r['vs_single']['max']:.2f})"] for r in res["results"]]
+             f"{r['rows_per_s']:,.0f}", common.spread(r["vs_single"], 1, "{:.2f}")] for r in res["results"]]
     body = (f"V = {cfg['vocab']:,} rows, D = {cfg['width']}, B = {cfg['batch']:,} Zipf(1.1) ids per step "
             f"({res['unique_rows']:,.0f} unique on average); {cfg['rounds']} interleaved rounds after "
             f"{cfg['warmup']} warm-up steps. The 8 devices are virtual CPU devices on the same cores, so this "

@@ -110,9 +110,6 @@ def run(quick: bool, out: Path) -> dict:
     return data
 
 
-def _ratio(st: dict) -> str:
-    return f"{st['median']:.2f} ({st['min']:.2f}-{st['max']:.2f})"
-
 
 def report(out: Path, data: dict) -> None:
     rows = []
@@ -120,7 +117,7 @@ def report(out: Path, data: dict) -> None:
         e = r["examples_per_s"]
         rows.append([r["mesh"], r["optimizer"], r["mode"], f"{e['median']:,.0f} ({e['min']:,.0f}-{e['max']:,.0f})",
                      common.spread(r["step"]),
-                     _ratio(r["async_speedup"]) if "async_speedup" in r else "",
+                     common.spread(r["async_speedup"], 1, "{:.2f}") if "async_speedup" in r else "",
                      f"{r['vs_1_device']:.2f}" if "vs_1_device" in r else ""])
     head = ["mesh", "optimizer", "mode", "examples/s median (min-max)", "step ms", "async speed-up vs sync (x)",
             "vs 1 device (x)"]
