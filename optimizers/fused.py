@@ -100,8 +100,7 @@ def segment_sum(grads: jax.Array, segment_ids: jax.Array, num_unique: int) -> ja
 
 
 def mix32(x: jax.Array) -> jax.Array:
-    """A 32-bit integer finaliser (xor-shift-multiply): every input bit flips about half the output bits.
-    Shared by stochastic rounding and the runner's table initialisation."""
+    """A 32-bit integer finaliser (xor-shift-multiply): every input bit flips about half the output bits."""
     x = x ^ (x >> 16)
     x = x * jnp.uint32(0x7FEB352D)
     x = x ^ (x >> 15)
@@ -109,10 +108,17 @@ def mix32(x: jax.Array) -> jax.Array:
     return x ^ (x >> 16)
 
 
+def hash2d(rows: jax.Array, cols: jax.Array, row_key: Any, col_key: Any) -> jax.Array:
+    """uint32 [len(rows), len(cols)]: a hash of (row id, column) under two keys, the same on any layout.
+    Shared by stochastic rounding and the runner's table initialisation."""
+    r = mix32(rows.astype(jnp.uint32) * jnp.uint32(0x9E3779B1) + jnp.asarray(row_key).astype(jnp.uint32))
+    c = cols.astype(jnp.uint32) * jnp.uint32(0x85EBCA77) + jnp.asarray(col_key).astype(jnp.uint32)
+    return mix32(r[:, None] ^ c[None, :])
+
+
 def rounding_bits(rows: jax.Array, cols: jax.Array, count: jax.Array) -> jax.Array:
     """uint32 [len(rows), len(cols)]: a hash of (row id, column, update count), the same on any layout."""
-    r = mix32(rows.astype(jnp.uint32) * jnp.uint32(0x9E3779B1) + jnp.asarray(count).astype(jnp.uint32))
-    return mix32(r[:, None] ^ (cols.astype(jnp.uint32) * jnp.uint32(0x85EBCA77) + jnp.uint32(0x6A09E667))[None, :])
+    return hash2d(rows, cols, count, jnp.uint32(0x6A09E667))
 
 
 def stochastic_round_bf16(x: jax.Array, bits: jax.Array) -> jax.Array:
