@@ -226,16 +226,7 @@ class _CountingTracker:
         self.inner.log(metrics, step)
         self.owner.rows += 1
 
-    def log_summary(self, metrics):
-        self.inner.log_summary(metrics)
-
-    def define_summary(self, name, goal="maximize"):
-        self.inner.define_summary(name, goal)
-
-    def finish(self, exit_code=0):
-        self.inner.finish(exit_code)
-
-    def __getattr__(self, name):  # anything else (e.g. ``trackers``) is the wrapped tracker's
+    def __getattr__(self, name):  # everything else (log_summary, finish, ...) is the wrapped tracker's
         return getattr(self.inner, name)
 
 

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -55,6 +56,7 @@ def run_id(cfg: DictConfig) -> str:
     return f"run-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
+@functools.cache
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for dist in ("recsys-runner", "jax", "jaxlib", "optax", "orbax-checkpoint", "tensorstore"):
@@ -95,9 +97,9 @@ def digests(state: Any, tables: Mapping[str, Mapping[str, Any]]) -> dict[str, in
 def describe(cfg: DictConfig, program: Any, state: Any, *, step: int, metrics_rows: int, run: str,
              output_dir: str, mesh: str) -> dict[str, Any]:
     tables = tables_of(program)
-    sums = digests(state, tables)
-    arrays = {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]}
-              for k, x, r in leaves(state, tables)}
+    info = leaves(state, tables)
+    sums = checkpoint_digest.digests(info)
+    arrays = {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r in info}
     return {"format": FORMAT, "step": step, "data_step": step, "metrics_rows": metrics_rows, "run_id": run,
             "output_dir": output_dir, "mesh": mesh, "async_emb": bool(program.async_emb), "tables": tables,
             "arrays": arrays, "versions": versions(), "config": OmegaConf.to_container(cfg, resolve=True)}

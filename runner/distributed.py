@@ -195,25 +195,24 @@ def batch_shard(mesh, batch_size: int) -> tuple[int, int]:
     return lo // per, batch_size // per
 
 
-def put_local(mesh, host: Mapping[str, np.ndarray], batch_size: int) -> dict[str, jax.Array]:
-    """This process's rows (from ``batch_shard``) -> global arrays with the leading dim split over the mesh."""
+def put_local(mesh, host: Mapping[str, np.ndarray], batch_size: int | None = None) -> dict[str, jax.Array]:
+    """This process's rows (from ``batch_shard``) of a global batch of ``batch_size`` -> global arrays with the
+    leading dim split over the mesh. ``batch_size=None``: ``host`` is the whole global batch, identical on
+    every process, and each process slices out the rows its devices hold."""
     out = {}
     for k, v in host.items():
         sharding = mesh_lib.batch_sharding(mesh, v)
         if jax.process_count() == 1:
             out[k] = jax.device_put(v, sharding)
         else:
-            out[k] = jax.make_array_from_process_local_data(sharding, v, (batch_size, *np.shape(v)[1:]))
+            rows = np.shape(v)[0] if batch_size is None else batch_size
+            out[k] = jax.make_array_from_process_local_data(sharding, v, (rows, *np.shape(v)[1:]))
     return out
 
 
 def put_global(mesh, host: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
     """The whole global batch, identical on every process -> global arrays (each process keeps its rows)."""
-    if jax.process_count() == 1:
-        return {k: jax.device_put(v, mesh_lib.batch_sharding(mesh, v)) for k, v in host.items()}
-    # global_shape == the data's shape: every process slices out the rows its devices hold
-    return {k: jax.make_array_from_process_local_data(mesh_lib.batch_sharding(mesh, v), v, np.shape(v))
-            for k, v in host.items()}
+    return put_local(mesh, host)
 
 
 def fetch(tree: Any) -> Any:
