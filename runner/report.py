@@ -99,7 +99,7 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
     return records, bad
 
 
-def _read_overrides(trial_dir: Path) -> list[str]:
+def read_overrides(trial_dir: Path) -> list[str]:
     path = trial_dir / OVERRIDES_FILE
     if not path.is_file():
         return []
@@ -200,7 +200,7 @@ def load_trial(trial_dir: Path, label: str | None = None) -> Trial:
     return Trial(
         path=trial_dir,
         label=label if label is not None else trial_dir.name,
-        overrides=_read_overrides(trial_dir),
+        overrides=read_overrides(trial_dir),
         records=records,
         bad_lines=bad,
         summary=summary,

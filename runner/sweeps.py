@@ -35,7 +35,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from .report import FAILED_MARKER, OVERRIDES_FILE, SUMMARY_FILE
+from .report import FAILED_MARKER, OVERRIDES_FILE, SUMMARY_FILE, read_overrides
 
 log = logging.getLogger("runner.sweeps")
 
@@ -158,9 +158,7 @@ def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple
     failed = []
     for d in trials:
         if (d / FAILED_MARKER).is_file():
-            overrides = [ln[2:].strip() for ln in (d / OVERRIDES_FILE).read_text().splitlines()
-                         if ln.startswith("- ")]
-            failed.append((d, " ".join(overrides), _first_line(d / FAILED_MARKER)))
+            failed.append((d, " ".join(read_overrides(d)), _first_line(d / FAILED_MARKER)))
     return trials, failed
 
 
