@@ -42,8 +42,7 @@ class SequentialModel:
     num_heads: int = 1
     ffn_mult: int = 4
     dropout: float = 0.0
-    loss_kind: str = "sampled_softmax"
-    num_negatives: int = 128
+    loss_kind: str = "sampled_softmax"  # sampled: the negatives come with the batch (batch["negatives"])
     catalog_per_example: int = 0  # full_softmax: catalog ids carried by each example
     l2_norm: bool = False
     temperature: float = 1.0

@@ -120,8 +120,8 @@ class SequentialTask:
 
     def make_model(self, specs, m: DictConfig) -> SequentialModel:
         return SequentialModel(specs["items"], self.data.num_items, self.data.max_len, m.num_blocks, m.num_heads,
-                               m.ffn_mult, m.dropout, m.loss, max(self.num_negatives, 1), self.catalog_per_example,
-                               m.l2_norm, m.temperature)
+                               m.ffn_mult, m.dropout, m.loss, catalog_per_example=self.catalog_per_example,
+                               l2_norm=m.l2_norm, temperature=m.temperature)
 
     def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
         """Rows [shard*B/n, (shard+1)*B/n) of the global batch of ``step``: a pure function of (seed, step)."""

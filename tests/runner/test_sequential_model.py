@@ -14,7 +14,7 @@ N, L, D, K, B = 30, 6, 8, 5, 4
 def make(loss="sampled_softmax", **kw):
     c = -(-N // B) if loss == "full_softmax" else 0
     spec = TableSpec("items", N + 1, D, L + c if c else 2 * L + K, rows=N + 1)
-    model = SequentialModel(spec, N, L, num_blocks=2, num_heads=2, loss_kind=loss, num_negatives=K,
+    model = SequentialModel(spec, N, L, num_blocks=2, num_heads=2, loss_kind=loss,
                             catalog_per_example=c, **kw)
     params = model.init(jax.random.key(0))
     table = np.random.default_rng(1).normal(0, 0.3, (N + 1, D)).astype(np.float32)
