@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from . import distributed
-from .step import TrainProgram
+from .step import TrainProgram, is_log_step
 from .tracking import Tracker
 
 
@@ -54,7 +54,7 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
         if one_at_a_time:
             jax.block_until_ready(metrics["train/loss"])
         n_window += 1
-        if (step + 1) % trainer.log_interval == 0 or done:
+        if is_log_step(step + 1, trainer.log_interval, trainer.steps):
             m = distributed.fetch(metrics)
             elapsed = time.perf_counter() - t_window
             row = {k: _scalar(v) for k, v in m.items() if k != "outputs"}

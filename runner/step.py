@@ -156,8 +156,7 @@ class TrainProgram:
         return new_state, metrics
 
     def _detail_step(self, step: jax.Array) -> jax.Array:
-        """True on the steps whose metrics the loop logs (1-based ``step``)."""
-        return (step % self.detail_interval == 0) | (step == self.detail_last)
+        return is_log_step(step, self.detail_interval, self.detail_last)
 
     def flush(self, state: TrainState) -> TrainState:
         """Apply every pending deferred update now; afterwards nothing is pending."""
@@ -187,6 +186,11 @@ class TrainProgram:
         flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=s_sh, donate_argnums=0, compiler_options=opts)
         predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh), compiler_options=opts)
         return step, flush, predict
+
+
+def is_log_step(step, interval: int, last: int):
+    """Whether the loop logs 1-based ``step``: every ``interval``-th and the last. Python ints or jax arrays."""
+    return (step % interval == 0) | (step == last)
 
 
 class StepFn:
