@@ -46,9 +46,9 @@ def child(cfg: dict) -> dict:
     import jax
     import numpy as np
 
-    from runner import checkpoint_meta
+    from runner.checkpoint import meta as checkpoint_meta
     from runner.checkpoint import open_checkpoints
-    from runner.loop import to_device
+    from runner.core.loop import to_device
 
     work, phase = Path(cfg["work"]), cfg["phase"]
     if phase != "save":

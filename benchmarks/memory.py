@@ -2,7 +2,7 @@
 of the table + state themselves. Each configuration runs in a fresh process, so its peak RSS is its own.
 
 In the child: compile the update step from abstract shapes, note the RSS (the process baseline: Python,
-JAX, compiled code), initialise the table (``runner.embeddings.init_table``, as the trainer does) and the
+JAX, compiled code), initialise the table (``runner.core.embeddings.init_table``, as the trainer does) and the
 optimizer state (``opt.init`` under jit, as ``TrainProgram.init_state`` does), note the peak, run donated
 update steps, note the peak again. "Overhead" is (peak - baseline) / (table + state bytes) - 1.
 """
@@ -34,7 +34,7 @@ def child(cfg: dict) -> dict:
     from jax.sharding import Mesh, NamedSharding
 
     import optimizers
-    from runner.embeddings import TableSpec, init_table
+    from runner.core.embeddings import TableSpec, init_table
 
     from .fused_update import update_step
 

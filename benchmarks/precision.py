@@ -26,7 +26,7 @@ def child(p: dict) -> dict:
     import jax
 
     from runner.build import build
-    from runner.loop import to_device
+    from runner.core.loop import to_device
 
     dtype_overrides = [f"model.tables.{t}.dtype={p['dtype']}" for t in TABLES]
     cfg = compose([*p["overrides"], *dtype_overrides, f"trainer.seed={p['seed']}"])

@@ -38,7 +38,7 @@ def child(p: dict) -> dict:
     import jax
 
     from runner.build import build
-    from runner.loop import to_device
+    from runner.core.loop import to_device
 
     runs, meta = {}, {}
     for opt in p["optimizers"]:

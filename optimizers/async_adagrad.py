@@ -1,6 +1,7 @@
 """Element-wise Adagrad with a fused table update: ``accum += g**2``, ``row -= lr * g / (sqrt(accum) + eps)``.
 
-Decoupled weight decay on touched rows only.
+The algorithm is Adagrad (Duchi, Hazan & Singer, 2011), applied lazily: only touched rows accumulate and
+move. Decoupled weight decay on touched rows only.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .fused import FusedEmbOptimizer, RowContext
+from .hparams import hparam
 
 
 class AdagradRows(NamedTuple):
@@ -19,10 +21,11 @@ class AdagradRows(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class AsyncAdagrad(FusedEmbOptimizer):
-    learning_rate: float = 0.05
-    eps: float = 1e-10
-    initial_accumulator_value: float = 0.1
-    weight_decay: float = 0.0
+    learning_rate: float = hparam(0.05, "step size", low=0.0, low_open=True)
+    eps: float = hparam(1e-10, "added to sqrt(accumulator): keeps the step finite for a zero gradient",
+                        low=0.0, low_open=True)
+    initial_accumulator_value: float = hparam(0.1, "every element's accumulator before its first touch", low=0.0)
+    weight_decay: float = hparam(0.0, "decay of a touched row, times the learning rate", low=0.0)
 
     def init_rows(self, num_rows: int, width: int) -> AdagradRows:
         return AdagradRows(jnp.full((num_rows, width), self.initial_accumulator_value, jnp.float32))

@@ -1,8 +1,10 @@
-"""Lazy Adam with a fused table update.
+"""Lazy (sparse) Adam with a fused table update.
 
-Only the rows a batch touches move their moments. Each row counts its own updates and bias-corrects with
-that count, so a row's trajectory equals ``optax.adam`` run on that row's own gradient stream. Weight
-decay is decoupled (AdamW) and applied to touched rows only.
+The algorithm is Adam (Kingma & Ba, 2015, "Adam: A Method for Stochastic Optimization") applied lazily, as
+TensorFlow's ``LazyAdamOptimizer`` and PyTorch's ``SparseAdam`` do for embeddings: only the rows a batch
+touches move their moments. Each row counts its own updates and bias-corrects with that count, so a row's
+trajectory equals ``optax.adam`` run on that row's own gradient stream. Weight decay is decoupled (AdamW,
+Loshchilov & Hutter, 2019) and applied to touched rows only, as they are touched.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .fused import FusedEmbOptimizer, RowContext
+from .hparams import hparam
 
 
 class AdamRows(NamedTuple):
@@ -23,11 +26,13 @@ class AdamRows(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class AsyncAdam(FusedEmbOptimizer):
-    learning_rate: float = 1e-3
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    learning_rate: float = hparam(1e-3, "step size", low=0.0, low_open=True)
+    b1: float = hparam(0.9, "decay of the first-moment (mean) estimate", low=0.0, high=1.0, high_open=True)
+    b2: float = hparam(0.999, "decay of the second-moment estimate", low=0.0, high=1.0, high_open=True)
+    eps: float = hparam(1e-8, "added to sqrt(second moment): keeps the step finite for a zero gradient",
+                        low=0.0, low_open=True)
+    weight_decay: float = hparam(0.0, "decoupled (AdamW) decay of a touched row, times the learning rate",
+                                 low=0.0)
 
     def init_rows(self, num_rows: int, width: int) -> AdamRows:
         return AdamRows(jnp.zeros((num_rows, width), jnp.float32), jnp.zeros((num_rows, width), jnp.float32),

@@ -1,5 +1,9 @@
 """Row-wise Adagrad with a fused table update: one fp32 accumulator per row.
 
+The algorithm is Adagrad (Duchi, Hazan & Singer, 2011) with one accumulator per embedding row instead of
+one per element, as FBGEMM's ``EXACT_ROWWISE_ADAGRAD`` and TorchRec's fused row-wise Adagrad do: the
+state is 4 bytes a row, and every element of a row takes the same adaptive step.
+
 ``accum = accum * decay**k + mean(g**2 over the width)``, then ``row -= lr * (g / (sqrt(accum) + eps)
 + weight_decay * row)``. ``decay = exp(-ln2 / half_life_steps)`` (1 when ``half_life_steps <= 0``);
 ``k`` is 1 per touch, or with ``lazy_decay`` the number of updates since the row was last touched, so a
@@ -15,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from .fused import FusedEmbOptimizer, RowContext
+from .hparams import hparam
 
 
 class RowwiseAdagradRows(NamedTuple):
@@ -24,12 +29,15 @@ class RowwiseAdagradRows(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class AsyncRowwiseAdagrad(FusedEmbOptimizer):
-    learning_rate: float = 0.1
-    eps: float = 1e-10
-    initial_accumulator_value: float = 0.0
-    half_life_steps: float = 0.0
-    lazy_decay: bool = True
-    weight_decay: float = 0.0
+    learning_rate: float = hparam(0.1, "step size", low=0.0, low_open=True)
+    eps: float = hparam(1e-10, "added to sqrt(accumulator): keeps the step finite for a zero gradient",
+                        low=0.0, low_open=True)
+    initial_accumulator_value: float = hparam(0.0, "every row's accumulator before its first touch", low=0.0)
+    half_life_steps: float = hparam(0.0, "the accumulator halves every this many touches (or steps, with "
+                                         "lazy_decay); 0 = no decay", low=0.0)
+    lazy_decay: bool = dataclasses.field(default=True, metadata={
+        "doc": "decay by the updates since the row's last touch, not once per touch"})
+    weight_decay: float = hparam(0.0, "decay of a touched row, times the learning rate", low=0.0)
 
     @property
     def decay(self) -> float:

@@ -1,4 +1,8 @@
-"""Plain SGD with a fused table update: ``row -= lr * (g + weight_decay * row)`` on touched rows."""
+"""Plain SGD with a fused table update: ``row -= lr * (g + weight_decay * row)`` on touched rows.
+
+Stochastic gradient descent (Robbins & Monro, 1951) on the rows a batch touches; with ``weight_decay`` the
+L2 penalty is applied lazily, to touched rows only.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +11,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from .fused import FusedEmbOptimizer, RowContext
+from .hparams import hparam
 
 
 class SGDRows(NamedTuple):
@@ -15,8 +20,8 @@ class SGDRows(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class AsyncSGD(FusedEmbOptimizer):
-    learning_rate: float = 0.1
-    weight_decay: float = 0.0
+    learning_rate: float = hparam(0.1, "step size", low=0.0, low_open=True)
+    weight_decay: float = hparam(0.0, "decay of a touched row, times the learning rate", low=0.0)
 
     def init_rows(self, num_rows: int, width: int) -> SGDRows:
         return SGDRows()

@@ -15,6 +15,7 @@ import optax
 
 from .context import AsyncEmbContext
 from .fused import segment_sum
+from .hparams import hparam
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 
 
@@ -43,11 +44,13 @@ class OptaxEmbOptimizer(AsyncEmbOptimizer):
 
 @dataclasses.dataclass(frozen=True)
 class Adam(OptaxEmbOptimizer):
-    learning_rate: float = 1e-3
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    """``optax.adamw`` over the whole table (Kingma & Ba, 2015; decoupled decay, Loshchilov & Hutter, 2019)."""
+
+    learning_rate: float = hparam(1e-3, "step size", low=0.0, low_open=True)
+    b1: float = hparam(0.9, "decay of the first-moment (mean) estimate", low=0.0, high=1.0, high_open=True)
+    b2: float = hparam(0.999, "decay of the second-moment estimate", low=0.0, high=1.0, high_open=True)
+    eps: float = hparam(1e-8, "added to sqrt(second moment)", low=0.0, low_open=True)
+    weight_decay: float = hparam(0.0, "decoupled decay of every row, times the learning rate", low=0.0)
 
     def transform(self):
         return optax.adamw(self.learning_rate, self.b1, self.b2, self.eps, weight_decay=self.weight_decay)
@@ -55,9 +58,11 @@ class Adam(OptaxEmbOptimizer):
 
 @dataclasses.dataclass(frozen=True)
 class Adagrad(OptaxEmbOptimizer):
-    learning_rate: float = 0.05
-    initial_accumulator_value: float = 0.1
-    eps: float = 1e-7
+    """``optax.adagrad`` over the whole table (Duchi, Hazan & Singer, 2011)."""
+
+    learning_rate: float = hparam(0.05, "step size", low=0.0, low_open=True)
+    initial_accumulator_value: float = hparam(0.1, "every element's accumulator at the start", low=0.0)
+    eps: float = hparam(1e-7, "added to sqrt(accumulator)", low=0.0, low_open=True)
 
     def transform(self):
         return optax.adagrad(self.learning_rate, self.initial_accumulator_value, self.eps)

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import distributed
 from .build import build
 from .checkpoint import open_checkpoints
-from .loop import train
+from .core.loop import train
 from .sweeps import write_run_info
 from .tracking import make_tracker
 
@@ -24,8 +24,9 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
     """metrics.jsonl + summary.json, and a W&B run unless ``logger=none`` (its id/group/tags: wandb_run.json).
     With ``run_id`` (a checkpointed run) the W&B run has that id and a re-launch resumes it."""
     lg = cfg.logger
+    names = ["jsonl"] + ([] if lg.kind == "none" else [lg.kind])  # metrics.jsonl always: sweeps and report read it
     tracker = make_tracker(
-        "jsonl" if lg.kind == "none" else "jsonl,wandb", process_index=process_index, output_dir=out,
+        names, process_index=process_index, output_dir=out,
         config=OmegaConf.to_container(cfg, resolve=True), project=lg.project, mode=lg.mode, name=lg.name,
         group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity, run_id=run_id,
         resume="allow" if run_id else None)

@@ -15,9 +15,9 @@ from optimizers import AsyncEmbContext
 
 from . import preflight
 from .config import TableConfig
-from .embeddings import TableSpec
-from .mesh import MeshPlan, build_mesh, resolve_axes
-from .step import TrainProgram
+from .core.embeddings import TableSpec
+from .core.mesh import MeshPlan, build_mesh, resolve_axes
+from .core.step import TrainProgram
 from .tasks import make_task
 
 

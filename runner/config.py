@@ -78,7 +78,7 @@ class SyntheticDataConfig:
 
 @dataclass
 class MovieLensDataConfig:
-    """Leave-one-out next-item sequences from an interaction file (``runner/tasks/sequential.py``)."""
+    """Leave-one-out next-item sequences from an interaction file (``runner/tasks/sequential/task.py``)."""
 
     name: str = "movielens"
     path: Optional[str] = None  # u.data, ratings.dat, ratings.csv, *.inter, csv/parquet, or a folder holding one
@@ -91,7 +91,7 @@ class MovieLensDataConfig:
 
 @dataclass
 class SyntheticSequencesDataConfig(MovieLensDataConfig):
-    """Cluster-Markov item sequences with a planted next-item pattern (``runner/synthetic_sequences.py``)."""
+    """Cluster-Markov item sequences with a planted next-item pattern (``runner/tasks/sequential/synthetic.py``)."""
 
     name: str = "synthetic_sequences"
     max_len: int = 50
@@ -161,7 +161,7 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Checkpoints and exact resume (``runner/checkpoint.py``); off while ``interval`` is 0."""
+    """Checkpoints and exact resume (``runner/checkpoint/manager.py``); off while ``interval`` is 0."""
 
     interval: int = 0  # save every this many steps and at the end; 0 = no checkpoints
     dir: Optional[str] = None  # None = outputs/checkpoints/<run id>, found again by a re-launch

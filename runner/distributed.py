@@ -29,8 +29,8 @@ import numpy as np
 from jax._src.distributed import global_state  # the settings jax.distributed runs with (slurm: detected)
 from jax.experimental import multihost_utils
 
-from . import mesh as mesh_lib
-from .mesh import MeshPlan
+from .core import mesh as mesh_lib
+from .core.mesh import MeshPlan
 from .preflight import PreflightError
 
 log = logging.getLogger("runner")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from optimizers import COLUMN, ROW, no_fused_update_message, supports_async_emb
+from optimizers import supports_async_emb
+from optimizers.context import COLUMN, ROW
+from optimizers.protocol import no_fused_update_message
 
-from .mesh import MeshPlan
+from .core.mesh import MeshPlan
 
 
 class PreflightError(ValueError):

@@ -32,10 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-FAILED_MARKER = "FAILED"
-OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
+from .outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE, read_overrides
+
 LOSS_KEY = "train/loss"
 DEFAULT_METRIC = "eval/auc_mean"
 
@@ -97,24 +95,6 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
         else:
             bad += 1
     return records, bad
-
-
-def read_overrides(trial_dir: Path) -> list[str]:
-    path = trial_dir / OVERRIDES_FILE
-    if not path.is_file():
-        return []
-    text = path.read_text(encoding="utf-8", errors="replace")
-    try:
-        import yaml
-
-        data = yaml.safe_load(text)
-        if isinstance(data, list):
-            return [str(x) for x in data]
-        if data is None:
-            return []
-    except Exception:  # noqa: BLE001 - fall through to a line-based parse
-        pass
-    return [ln.strip()[2:].strip() for ln in text.splitlines() if ln.strip().startswith("- ")]
 
 
 def _read_summary(trial_dir: Path) -> dict[str, Any]:

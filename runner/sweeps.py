@@ -35,11 +35,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from .report import FAILED_MARKER, OVERRIDES_FILE, SUMMARY_FILE, read_overrides
+from .outputs import FAILED_MARKER, OVERRIDES_FILE, RUN_INFO_FILE, SUMMARY_FILE, read_overrides
 
 log = logging.getLogger("runner.sweeps")
 
-RUN_INFO_FILE = "wandb_run.json"
 MAX_TAG = 64  # W&B rejects longer tags
 
 

@@ -1,36 +1,60 @@
 """Tasks: a data source, the model trained on it, and how it is evaluated.
 
-The train step and loop know nothing of features or metrics; a task gives them:
+The trainer core (``runner.core``) knows nothing of features or metrics; a :class:`Task` gives it what it
+needs. A task is registered under the data source it reads (``data.name``) in :data:`TASKS`; adding one is
+a package here with a ``task.py`` whose factory is decorated ``@TASKS.register("<data name>")``.
 
-- ``tables() -> {name: (id_range, tokens_per_example)}``: the embedding tables the task needs;
-- ``make_model(specs, model_cfg)``: a model with ``table_ids(batch)``, ``init(key)``,
-  ``loss(params, embs, batch) -> (loss, outputs)`` and ``predict(params, embs, batch, tables)``;
-- ``model_keys``: the batch keys the device needs;
-- ``batch(step, batch_size, shard=0, num_shards=1)``: host numpy arrays, deterministic in (seed, step);
-- ``train_metrics(host_batch, outputs)`` and ``evaluate(predict, state, put, batch_size)``: floats to log;
-- ``objective``: the metric a sweep maximises; ``summary_lines(summary)``: what the run prints at the end.
+- ``ranking/``: multi-action ranking on the synthetic generator, per-action AUC against the Bayes limit.
+- ``sequential/``: next-item prediction on MovieLens-style files or synthetic sequences, full ranking.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
+import numpy as np
 from omegaconf import DictConfig
 
+from ..preflight import PreflightError
+from ..registry import Registry, UnknownName
 
-def make_task(cfg: DictConfig) -> Any:
-    name = cfg.data.name
-    if name == "synthetic":
-        from .ranking import RankingTask
 
-        if cfg.model.name != "ranking":
-            from ..preflight import PreflightError
+@runtime_checkable
+class Task(Protocol):
+    """What the train loop and step need from a task."""
 
-            raise PreflightError(f"data=synthetic is the multi-action ranking source, but model={cfg.model.name}; "
-                                 f"use model=ranking, or data=synthetic_sequences / data=movielens for "
-                                 f"model={cfg.model.name}")
-        return RankingTask.from_config(cfg)
-    if name in ("movielens", "synthetic_sequences"):
-        from .sequential import SequentialTask
+    model_keys: tuple[str, ...]  # the batch keys the device needs
+    objective: str  # the metric a sweep maximises, e.g. "eval/auc_mean"
 
-        return SequentialTask.from_config(cfg)
-    raise ValueError(f"unknown data source {name!r}")
+    def tables(self) -> dict[str, tuple[int, int]]:
+        """The embedding tables: ``{name: (id_range, tokens_per_example)}``."""
+
+    def make_model(self, specs: Mapping[str, Any], model_cfg: DictConfig) -> Any:
+        """A model with ``table_ids(batch)``, ``init(key)``, ``loss(params, embs, batch) -> (loss, outputs)``
+        and ``predict(params, embs, batch, tables)``."""
+
+    def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
+        """Rows ``[shard*B/n, (shard+1)*B/n)`` of step's global batch: host arrays, a pure function of
+        (seed, step)."""
+
+    def train_metrics(self, host_batch: Mapping[str, np.ndarray], outputs: Mapping[str, Any]) -> dict[str, float]:
+        """Metrics of a logged training batch, from the step's outputs."""
+
+    def evaluate(self, predict: Callable, state: Any, put: Callable, batch_size: int) -> dict[str, float]:
+        """Score the state on the task's evaluation data."""
+
+    def summary_lines(self, summary: Mapping[str, Any]) -> list[str]:
+        """What the run prints at the end."""
+
+
+TASKS: Registry[Callable[[DictConfig], Task]] = Registry("task", "data.name")
+
+
+def make_task(cfg: DictConfig) -> Task:
+    """The task registered for ``cfg.data.name``, built from the whole config."""
+    from . import ranking, sequential  # noqa: F401 - their task modules register themselves
+
+    try:
+        factory = TASKS.get(cfg.data.name)
+    except UnknownName as e:
+        raise PreflightError(str(e)) from None
+    return factory(cfg)

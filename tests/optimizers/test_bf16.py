@@ -16,6 +16,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 
 import optimizers
+from optimizers import context
 from optimizers.fused import compiler_options, rounding_bits, stochastic_round_bf16
 from tests.optimizers.reference import reference_for
 from tests.optimizers.test_contract import CASES, CTX, TOKENS, VOCAB, WIDTH, batch, build_update, case_id
@@ -124,7 +125,7 @@ def test_rounding_depends_on_row_column_and_update_count():
     assert 0.4 < (a != b).mean() < 0.6  # another update count: fresh bits
 
 
-@pytest.mark.parametrize("layout", [optimizers.ROW, optimizers.COLUMN])
+@pytest.mark.parametrize("layout", [context.ROW, context.COLUMN])
 @pytest.mark.parametrize("name", ["async_rowwise_adagrad", "async_adam"])
 def test_sharded_bf16_equals_unsharded_bit_for_bit(name, layout):
     opt = optimizers.create(name, learning_rate=0.01)

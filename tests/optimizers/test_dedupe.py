@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import optimizers
+from optimizers import context, fused
 
-dedupe = jax.jit(optimizers.dedupe, static_argnums=(1, 2, 3, 4))
+dedupe = jax.jit(fused.dedupe, static_argnums=(1, 2, 3, 4))
 
 
 def expected(ids: np.ndarray, vocab: int, pad_id: int | None):
@@ -18,7 +19,7 @@ def expected(ids: np.ndarray, vocab: int, pad_id: int | None):
     if pad_id is not None:
         valid &= flat != pad_id
     distinct = np.unique(flat[valid])
-    size = optimizers.num_unique_for(flat.size, vocab)
+    size = context.num_unique_for(flat.size, vocab)
     unique = np.full(size, vocab, np.int64)
     unique[: distinct.size] = distinct
     segments = np.where(valid, np.searchsorted(distinct, flat), -1)
@@ -47,7 +48,7 @@ def draw(kind: str, tokens: int, vocab: int, rng) -> np.ndarray:
 def test_dedupe_matches_np_unique(kind, tokens, vocab, pad_id, method):
     rng = np.random.default_rng(tokens * vocab)
     ids = draw(kind, tokens, vocab, rng).reshape(4, -1).astype(np.int32)
-    size = optimizers.num_unique_for(tokens, vocab)
+    size = context.num_unique_for(tokens, vocab)
     unique, segments = dedupe(jnp.asarray(ids), vocab, size, pad_id, method)
 
     want_unique, want_segments = expected(ids, vocab, pad_id)
@@ -63,7 +64,7 @@ def test_every_id_distinct_fills_the_buffer():
     """tokens >= vocab and every id present (no padding id): all vocab slots used, one padding slot left."""
     vocab = 12
     ids = np.random.default_rng(0).permutation(np.concatenate([np.arange(vocab), np.arange(vocab)]))
-    size = optimizers.num_unique_for(ids.size, vocab)
+    size = context.num_unique_for(ids.size, vocab)
     assert size == vocab + 1
     unique, segments = dedupe(jnp.asarray(ids, jnp.int32), vocab, size, None)
     np.testing.assert_array_equal(np.asarray(unique), np.append(np.arange(vocab), vocab))
@@ -71,8 +72,8 @@ def test_every_id_distinct_fills_the_buffer():
 
 
 def test_num_unique_for_fits_every_distinct_id_plus_padding():
-    assert optimizers.num_unique_for(5, 100) == 6
-    assert optimizers.num_unique_for(200, 10) == 11
+    assert context.num_unique_for(5, 100) == 6
+    assert context.num_unique_for(200, 10) == 11
 
 
 def test_make_update_and_empty_update_share_shapes():
@@ -103,10 +104,10 @@ def test_packed_keys_never_overflow(vocab):
     rng = np.random.default_rng(vocab)
     ids = np.concatenate([rng.integers(vocab - 40, vocab + 3, size=tokens - 24), [0] * 8, [-1] * 8,
                           rng.integers(1, 50, size=8)]).astype(np.int32)
-    unique, segments = dedupe(jnp.asarray(ids), vocab, optimizers.num_unique_for(tokens, vocab), 0, None)
+    unique, segments = dedupe(jnp.asarray(ids), vocab, context.num_unique_for(tokens, vocab), 0, None)
     want_unique, want_segments = expected(ids, vocab, 0)
     np.testing.assert_array_equal(np.asarray(unique), want_unique)
     np.testing.assert_array_equal(np.asarray(segments), want_segments)
     if not fits:
         with pytest.raises(ValueError, match="needs \\(vocab \\+ 1\\) \\* tokens <= 2\\*\\*31"):
-            dedupe(jnp.asarray(ids), vocab, optimizers.num_unique_for(tokens, vocab), 0, "packed")
+            dedupe(jnp.asarray(ids), vocab, context.num_unique_for(tokens, vocab), 0, "packed")

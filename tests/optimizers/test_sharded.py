@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 
 import optimizers
+from optimizers import context
 from tests.optimizers.test_contract import CASES, CTX, DRAWN, TOKENS, VOCAB, WIDTH, batch, build_update, case_id, \
     fused_step, initial_table, library
 
@@ -51,7 +52,7 @@ def unsharded_run(case):
     return out
 
 
-@pytest.mark.parametrize("layout", [optimizers.ROW, optimizers.COLUMN])
+@pytest.mark.parametrize("layout", [context.ROW, context.COLUMN])
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 @pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES if c[1]])
 def test_sharded_equals_unsharded(case, mesh_name, layout):

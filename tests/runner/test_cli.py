@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runner.conftest import CONF
+from tests.runner.support import CONF
 
 SCRIPT = Path(sys.executable).with_name("runner")
 INSTALL_HINT = f"console script {SCRIPT} missing: run `{sys.executable} -m pip install -e .` (make install does)"

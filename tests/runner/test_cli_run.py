@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.runner.conftest import TINY
+from tests.runner.support import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(tmp_path, *overrides):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    args = [a for a in TINY if not a.startswith(("trainer.steps", "logger", "trainer.log_interval"))]
+    args = [*TINY, "logger=wandb"]  # the tiny run, with the default logger
     proc = subprocess.run([sys.executable, "-m", "runner", *args, f"hydra.run.dir={tmp_path}", *overrides],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from tests.runner.conftest import CONF, compose_config
+from tests.runner.support import CONF, compose_config
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("hydra", "hparams_search",
-                                                                                 "experiment"))
+                                                                                 "experiment", "debug"))
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 
 
@@ -20,6 +20,15 @@ def test_every_option_composes(group, option):
     cfg = compose_config([f"{group}={option}"], tiny=False)
     assert cfg[group] is not None
     assert cfg.trainer.steps > 0
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "debug").glob("*.yaml")))
+def test_every_debug_option_shrinks_the_run_and_yields_to_the_command_line(option):
+    full = compose_config(tiny=False)
+    cfg = compose_config([f"debug={option}"], tiny=False)
+    assert cfg.trainer.steps < full.trainer.steps and cfg.logger.kind == "none"
+    cfg = compose_config([f"debug={option}", "trainer.steps=7", "logger=wandb"], tiny=False)
+    assert cfg.trainer.steps == 7 and cfg.logger.kind == "wandb"
 
 
 def test_defaults():

@@ -18,11 +18,10 @@ from runner.app import run
 from runner.build import build
 from runner.checkpoint import open_checkpoints
 from runner.launch import free_port, supervise
-from tests.runner.conftest import TINY, compose_config
+from tests.runner.support import TINY, compose_config
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = [o for o in TINY if not o.startswith(("trainer.steps", "trainer.log_interval", "trainer.eval_interval",
-                                              "logger"))]
+SMALL = TINY + ["logger=wandb"]  # the tiny run with the default logger; each test sets its steps and intervals
 BASE = SMALL + ["trainer.steps=4", "trainer.log_interval=1", "trainer.eval_interval=2", "distributed.dump_state=true"]
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
 # sync: tables row-sharded inside each process; async: 8 column shards spanning both processes
@@ -124,8 +123,8 @@ import numpy as np
 from omegaconf import OmegaConf
 from runner import distributed
 from runner.config import DistributedConfig
-from runner.data import SyntheticRanking, SyntheticSpec
-from runner.mesh import MeshPlan, build_mesh
+from runner.tasks.ranking.synthetic import SyntheticRanking, SyntheticSpec
+from runner.core.mesh import MeshPlan, build_mesh
 
 pid, port = int(sys.argv[1]), sys.argv[2]
 jax.config.update("jax_num_cpu_devices", 4)
@@ -171,7 +170,7 @@ def _runner(tmp_path: Path, pid: int, port: int, *extra: str) -> subprocess.Pope
     return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
 
 
-LONG = SMALL + ["logger=none", "mesh=data", "trainer.steps=100000", "trainer.log_interval=5",
+LONG = TINY + ["mesh=data", "trainer.steps=100000", "trainer.log_interval=5",
                 "trainer.eval_interval=100000"]
 
 

@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from runner import distributed
 from runner.config import register
 from runner.launch import child_commands, free_port, supervise
-from runner.mesh import MeshPlan, batch_sharding, build_mesh
-from tests.runner.conftest import CONF, compose_config
+from runner.core.mesh import MeshPlan, batch_sharding, build_mesh
+from tests.runner.support import CONF, compose_config
 
 
 def dist(*overrides):

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from runner import sweeps
 from runner.preflight import PreflightError
-from tests.runner.conftest import CONF, TINY, compose_config
+from tests.runner.support import CONF, TINY, compose_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -258,7 +258,7 @@ def test_searches_are_optuna_over_existing_keys_and_async_optimizers(name):
 
 def runner_cli(*args, cwd=ROOT, timeout=900):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "0"}
-    tiny = [a for a in TINY if not a.startswith("logger")]
+    tiny = TINY + ([] if any(a.startswith("logger=") for a in args) else ["logger=wandb"])  # the default logger
     return subprocess.run([sys.executable, "-m", "runner", *args, *tiny], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

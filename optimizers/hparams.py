@@ -1,0 +1,68 @@
+"""Hyperparameters declared once, beside their field: meaning, valid range, default.
+
+Each optimizer dataclass declares its fields with :func:`hparam`; :func:`problems` checks an instance
+against those ranges (the runner's preflight calls it for built-in and ``_target_`` optimizers alike) and
+:func:`describe` renders the table a docstring or ``--help`` shows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+INF = math.inf
+
+
+class Range(NamedTuple):
+    low: float = -INF
+    high: float = INF
+    low_open: bool = False  # True: the low end itself is not allowed (x > low)
+    high_open: bool = False  # True: the high end itself is not allowed (x < high)
+
+    def contains(self, x: float) -> bool:
+        if not isinstance(x, (int, float)) or isinstance(x, bool) or math.isnan(x):
+            return False
+        above = x > self.low if self.low_open else x >= self.low
+        below = x < self.high if self.high_open else x <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        lo = "(" if self.low_open else "["
+        hi = ")" if self.high_open else "]"
+        return f"{lo}{_num(self.low)}, {_num(self.high)}{hi}"
+
+
+def _num(x: float) -> str:
+    return "inf" if x == INF else "-inf" if x == -INF else f"{x:g}"
+
+
+def hparam(default: Any, doc: str, *, low: float = -INF, high: float = INF, low_open: bool = False,
+           high_open: bool = False) -> Any:
+    """A dataclass field with its meaning and valid range; ``low``/``high`` are inclusive unless ``*_open``.
+    Infinite ends are always open: a hyperparameter must be finite."""
+    rng = Range(low, high, low_open or low == -INF, high_open or high == INF)
+    return dataclasses.field(default=default, metadata={"doc": doc, "range": rng})
+
+
+def ranges(obj_or_cls: Any) -> dict[str, Range]:
+    """``{field: Range}`` for every field declared with :func:`hparam`."""
+    if not dataclasses.is_dataclass(obj_or_cls):
+        return {}
+    return {f.name: f.metadata["range"] for f in dataclasses.fields(obj_or_cls) if "range" in f.metadata}
+
+
+def problems(obj: Any, prefix: str = "") -> list[str]:
+    """One line per hyperparameter outside its range: ``<prefix><name>=<value> is outside <range>: <doc>``."""
+    out = []
+    fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
+    for name, rng in ranges(obj).items():
+        value = getattr(obj, name)
+        if not rng.contains(value):
+            out.append(f"{prefix}{name}={value!r} is outside {rng} ({fields[name].metadata['doc']})")
+    return out
+
+
+def describe(cls: type) -> str:
+    """``name (default, range): meaning`` per hyperparameter, one a line."""
+    return "\n".join(f"{f.name} (default {f.default!r}, range {f.metadata['range']}): {f.metadata['doc']}"
+                     for f in dataclasses.fields(cls) if "range" in f.metadata)

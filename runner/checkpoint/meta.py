@@ -1,0 +1,267 @@
+"""What a checkpoint records beside its arrays, and the checks a resume runs on it.
+
+- ``run_id(cfg)``: ``trainer.run_id``, else a short hash of the resolved config minus the keys that do not
+  change what is trained (``VOLATILE``), so a re-launch of the same command finds the same checkpoints.
+- ``describe(...)``: the meta record of one checkpoint: step, data position, metrics rows, run id, the
+  config and the library versions that wrote it, each table's layout, and every array's shape, dtype and
+  digest (``runner.checkpoint.digest``, checked after each restore).
+- ``check_compatible`` / ``restore_target``: refuse a checkpoint this config cannot continue (a
+  ``PreflightError`` naming the field and both values) and build the abstract target the arrays are read
+  into: this run's shapes and shardings, so a checkpoint reshards onto any mesh and table layout.
+- ``check_settings`` / ``check_writable`` / ``resume_source``: the checkpoint settings, checked before
+  anything compiles; ``carry_metrics``: a resumed run's metrics.jsonl continues the history, no step twice.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from . import digest as checkpoint_digest
+from ..outputs import METRICS_FILE
+from ..preflight import PreflightError
+
+log = logging.getLogger("runner")
+FORMAT = 1
+VOLATILE = ("logger", "checkpoint", "mesh", "distributed", "hydra")  # where/how it runs, not what it learns
+VOLATILE_TRAINER = ("run_id", "stop_after", "log_interval", "eval_interval", "eval_batches", "objective")
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+UNIQUE_TOKENS = "unique_tokens"  # the deferred update's id list: resized and re-padded on restore
+
+
+def identity_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config without the volatile keys: what defines the run."""
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg))
+    for key in VOLATILE:
+        c.pop(key, None)
+    for key in VOLATILE_TRAINER:
+        c.get("trainer", {}).pop(key, None)
+    return c
+
+
+def run_id(cfg: DictConfig) -> str:
+    if cfg.trainer.get("run_id"):
+        return str(cfg.trainer.run_id)
+    blob = json.dumps(identity_config(cfg), sort_keys=True, default=str)
+    return f"run-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+@functools.cache
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("recsys-runner", "jax", "jaxlib", "optax", "orbax-checkpoint", "tensorstore"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "unknown"
+    return out
+
+
+def tables_of(program: Any) -> dict[str, dict[str, Any]]:
+    return {n: {"vocab": s.vocab, "rows": s.rows, "width": s.width, "dtype": s.dtype,
+                "optimizer": type(program.emb_optimizers[n]).__name__,
+                "tokens_per_batch": program.contexts[n].tokens_per_batch}
+            for n, s in sorted(program.tables.items())}
+
+
+# ----- array facts and digests --------------------------------------------------------------------------
+def logical_rows(path: tuple, shape: tuple, tables: Mapping[str, Mapping[str, Any]]) -> int | None:
+    """For a table or per-row state leaf (leading dim = stored rows): the table's vocab; else None."""
+    if len(path) >= 2 and getattr(path[0], "name", None) in ("tables", "emb_states"):
+        t = tables[path[1].key]
+        if len(shape) >= 1 and shape[0] == t["rows"]:
+            return t["vocab"]
+    return None
+
+
+def leaves(state: Any, tables: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, Any, int | None]]:
+    """(key, leaf, logical rows or None) for every array of the state, in pytree order."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(state)
+    return [(jax.tree_util.keystr(p), x, logical_rows(p, tuple(x.shape), tables)) for p, x in flat]
+
+
+def digests(state: Any, tables: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    return checkpoint_digest.digests(leaves(state, tables))
+
+
+def describe(cfg: DictConfig, program: Any, state: Any, *, step: int, metrics_rows: int, run: str,
+             output_dir: str, mesh: str) -> dict[str, Any]:
+    tables = tables_of(program)
+    info = leaves(state, tables)
+    sums = checkpoint_digest.digests(info)
+    arrays = {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r in info}
+    return {"format": FORMAT, "step": step, "data_step": step, "metrics_rows": metrics_rows, "run_id": run,
+            "output_dir": output_dir, "mesh": mesh, "async_emb": bool(program.async_emb), "tables": tables,
+            "arrays": arrays, "versions": versions(), "config": OmegaConf.to_container(cfg, resolve=True)}
+
+
+# ----- compatibility ------------------------------------------------------------------------------------
+def _field_names(name: str) -> dict[str, str]:
+    return {"vocab": f"model.tables.{name}.vocab (or the data's id range)",
+            "width": f"model.tables.{name}.width / model.emb_width", "dtype": f"model.tables.{name}.dtype",
+            "optimizer": f"optimizer / table_optimizers.{name}",
+            "tokens_per_batch": "trainer.batch_size x tokens per example (the deferred update's shape)"}
+
+
+def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
+    """Raise a PreflightError listing every field this config cannot continue from the checkpoint."""
+    problems = []
+    if meta.get("format") != FORMAT:
+        problems.append(f"checkpoint format: the checkpoint has {meta.get('format')!r}, this runner reads {FORMAT}")
+    if bool(meta["async_emb"]) != bool(program.async_emb):
+        problems.append(f"async_emb.enabled: the checkpoint has {meta['async_emb']}, this config has "
+                        f"{program.async_emb}")
+    ours, theirs = tables_of(program), meta["tables"]
+    if set(ours) != set(theirs):
+        problems.append(f"tables: the checkpoint has {sorted(theirs)}, this config has {sorted(ours)}")
+    for name in sorted(set(ours) & set(theirs)):
+        for key, label in _field_names(name).items():
+            if key == "tokens_per_batch" and not program.async_emb:
+                continue
+            if ours[name][key] != theirs[name][key]:
+                problems.append(f"table '{name}' {key} ({label}): the checkpoint has {theirs[name][key]!r}, "
+                                f"this config has {ours[name][key]!r}")
+    if problems:
+        raise PreflightError(incompatible(where, problems))
+
+
+def incompatible(where: str, problems: list[str]) -> str:
+    return (f"checkpoint {where} was written by an incompatible config:\n  - " + "\n  - ".join(problems)
+            + "\nResume it with the config that wrote it (stored in its meta/ item), or start a new run: "
+              "checkpoint.resume=never with another checkpoint.dir or trainer.run_id.")
+
+
+def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, replicated: Any, where: str):
+    """The abstract tree to read into: this run's shapes and shardings. Row-padded leaves may differ in
+    their row count (Orbax pads with zeros or truncates padding rows); the deferred update's id list is
+    read at its stored size and fixed up afterwards. Any other difference is refused by name."""
+    stored, problems = meta["arrays"], []
+    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    sh = jax.tree_util.tree_leaves(shardings)
+    out = []
+    for (path, x), s in zip(flat, sh):
+        key = jax.tree_util.keystr(path)
+        if key not in stored:
+            problems.append(f"array {key}: missing from the checkpoint (this config has shape {tuple(x.shape)})")
+            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
+            continue
+        shape, dtype, rows = tuple(stored[key]["shape"]), stored[key]["dtype"], stored[key]["rows"]
+        if dtype != str(x.dtype):
+            problems.append(f"array {key} dtype: the checkpoint has {dtype}, this config has {x.dtype}")
+        if shape == tuple(x.shape) or (rows is not None and shape[1:] == tuple(x.shape[1:])
+                                       and min(shape[0], x.shape[0]) >= rows):
+            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
+        elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == 1:
+            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))
+        else:
+            problems.append(f"array {key} shape: the checkpoint has {shape}, this config has {tuple(x.shape)}")
+            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
+    extra = sorted(set(stored) - {jax.tree_util.keystr(p) for p, _ in flat})
+    if extra:
+        problems.append(f"arrays {extra}: in the checkpoint but not in this config's state")
+    if problems:
+        raise PreflightError(incompatible(where, problems))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def refit_unique_tokens(ids: np.ndarray, vocab: int, old_pad: int, new_pad: int, size: int) -> np.ndarray:
+    """The deferred update's sorted id list for another padded row count: pad ids (``old_pad``) become
+    ``new_pad`` and the list is resized to ``size`` slots (only padding slots are added or dropped)."""
+    ids = np.asarray(ids)
+    real = ids[ids < old_pad]
+    if real.size > size - 1 or (real >= vocab).any():
+        raise ValueError(f"deferred update holds {real.size} ids (max {real.max(initial=0)}); cannot fit "
+                         f"{size} slots of a {vocab}-row table")
+    return np.concatenate([real, np.full(size - real.size, new_pad, ids.dtype)])
+
+
+def config_changes(old: Mapping[str, Any], cfg: DictConfig) -> list[str]:
+    """Keys whose values differ between the checkpoint's config and this one (volatile keys ignored)."""
+    a, b = _flat(identity_config(old)), _flat(identity_config(cfg))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+# ----- settings, the checkpoint directory and the metrics history ---------------------------------------
+def carry_metrics(target: Path, previous_output_dir: str | None, rows: int) -> dict:
+    """Start this launch's metrics.jsonl with the first ``rows`` rows of the run so far: those logged up to
+    the checkpoint. Rows logged after it (the steps about to be re-run) are dropped, so no step repeats.
+    Returns the last carried row with a train loss (the run's summary starts from it)."""
+    prev = Path(previous_output_dir) / METRICS_FILE if previous_output_dir else None
+    source = prev if prev is not None and prev.exists() else target
+    lines = source.read_text().splitlines(keepends=True) if source.exists() else []
+    if len(lines) < rows:
+        log.warning("metrics history %s has %d rows, the checkpoint counted %d; continuing from what is there",
+                    source, len(lines), rows)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text("".join(lines[:rows]))
+    os.replace(tmp, target)
+    train_rows = [r for r in map(json.loads, lines[:rows]) if "train/loss" in r]
+    return train_rows[-1] if train_rows else {}
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """checkpoint.* and the trainer keys that go with it; all problems together, one line each."""
+    c, t, errors = cfg.checkpoint, cfg.trainer, []
+    if c.interval < 0:
+        errors.append(f"checkpoint.interval={c.interval} must be >= 0 (0 turns checkpoints off)")
+    if c.keep < 1:
+        errors.append(f"checkpoint.keep={c.keep} must be >= 1")
+    if t.get("run_id") is not None and not RUN_ID.fullmatch(str(t.run_id)):
+        errors.append(f"trainer.run_id={t.run_id!r}: use 1-64 letters, digits, '.', '_' or '-' (it names a "
+                      f"directory and the W&B run)")
+    stop = t.get("stop_after")
+    if stop is not None and not 0 < stop <= t.steps:
+        errors.append(f"trainer.stop_after={stop} must be between 1 and trainer.steps={t.steps}")
+    if stop is not None and c.interval == 0:
+        errors.append(f"trainer.stop_after={stop} stops the run to be resumed later, which needs checkpoints: "
+                      f"set checkpoint.interval (e.g. {stop})")
+    if errors:
+        raise PreflightError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def check_writable(directory: Path) -> None:
+    """Fail now, not hours in, when the checkpoint directory cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-probe-{jax.process_index()}-{os.getpid()}"
+        probe.write_bytes(b"\0" * 65536)
+        probe.unlink()
+    except OSError as e:
+        raise PreflightError(
+            f"checkpoint.dir={directory} is not writable ({e.strerror or e}); point checkpoint.dir at a writable "
+            f"directory with free space, or turn checkpoints off with checkpoint.interval=0") from None
+
+
+def resume_source(path: Path) -> tuple[Path, list[int]]:
+    """checkpoint.resume=<path>: a step directory, or a checkpoint directory (its steps, newest first)."""
+    path = path.absolute()
+    if path.is_dir() and path.name.isdigit() and (path / "meta").is_dir():
+        return path.parent, [int(path.name)]
+    steps = [int(p.name) for p in path.iterdir() if p.name.isdigit() and (p / "meta").is_dir()] \
+        if path.is_dir() else []
+    if not steps:
+        raise PreflightError(
+            f"checkpoint.resume={path} is not a checkpoint (no step directory with a meta/ item there); use "
+            f"auto, never, or the path of a checkpoint step or checkpoint directory")
+    return path, steps

@@ -1,0 +1,217 @@
+"""The train step: a pure ``step(state, batch) -> (state, metrics)`` jitted once with explicit shardings and
+a donated state, plus the flush and eval functions that go with it.
+
+Sync mode (``async_emb=off``): look up rows, forward + backward, apply this step's embedding update through
+the fused kernels, update the dense parameters.
+
+Async mode (``async_emb=on``), step t:
+  1. look up the rows for batch t (they hold updates G_0..G_{t-2});
+  2. start applying the deferred update G_{t-1}, gated on the lookup so the writes follow the reads, while
+     the forward and backward pass of batch t run (nothing in them depends on the update);
+  3. finish it (norm, valid);
+  4. return G_t, deduplicated, as the new deferred update. Staleness is exactly one step.
+Both modes use the same fused kernels; ``flush`` applies the last deferred update.
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, supports_async_emb
+from optimizers.fused import compiler_options, dedupe
+
+from . import mesh as mesh_lib
+from .embeddings import TableSpec, init_table, lookup
+from .state import TrainState
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainProgram:
+    """Everything static about a run's step: model, tables, optimizers, mesh and mode."""
+
+    model: Any
+    tables: Mapping[str, TableSpec]
+    contexts: Mapping[str, AsyncEmbContext]
+    emb_optimizers: Mapping[str, Any]
+    dense_tx: optax.GradientTransformation
+    dense_schedule: Any
+    async_emb: bool
+    mesh: Mesh
+    model_keys: tuple[str, ...]
+    # Diagnostics that cost real work (async: rows read while their update was pending) are computed only
+    # on steps the loop logs: every ``detail_interval``-th step and the last one (``detail_last``); -1 else.
+    detail_interval: int = 1
+    detail_last: int = 0
+
+    # ----- state -------------------------------------------------------------------------------------
+    def state_shardings(self, state: TrainState) -> TrainState:
+        rep = mesh_lib.replicated(self.mesh)
+        ctxs = self.contexts
+        return TrainState(
+            step=rep,
+            params=jax.tree.map(lambda _: rep, state.params),
+            opt_state=jax.tree.map(lambda _: rep, state.opt_state),
+            tables={n: NamedSharding(self.mesh, ctxs[n].table_spec()) for n in state.tables},
+            emb_states={n: mesh_lib.named(self.mesh, ctxs[n].state_specs(s)) for n, s in state.emb_states.items()},
+            pending={n: mesh_lib.named(self.mesh, AsyncEmbGradientUpdate(
+                jax.sharding.PartitionSpec(), ctxs[n].grads_spec(), jax.sharding.PartitionSpec(),
+                jax.sharding.PartitionSpec())) for n in state.pending},
+            rng=rep,
+        )
+
+    def init_state(self, seed: int) -> TrainState:
+        key = jax.random.key(seed)
+        k_params, k_tables = jax.random.split(key)
+        rep = mesh_lib.replicated(self.mesh)
+        params = jax.jit(self.model.init, out_shardings=rep)(k_params)
+        opt_state = jax.jit(self.dense_tx.init, out_shardings=rep)(params)
+        tables, emb_states, pending = {}, {}, {}
+        for i, (name, spec) in enumerate(sorted(self.tables.items())):
+            ctx = self.contexts[name]
+            tables[name] = init_table(spec, jax.random.fold_in(k_tables, i),
+                                      NamedSharding(self.mesh, ctx.table_spec()))
+            opt = self.emb_optimizers[name]
+            shape = jax.eval_shape(lambda: opt.init(spec.rows, spec.width))
+            emb_states[name] = jax.jit(lambda o=opt, s=spec: o.init(s.rows, s.width),
+                                       out_shardings=mesh_lib.named(self.mesh, ctx.state_specs(shape)))()
+            if self.async_emb:
+                pending[name] = empty_update(ctx)
+        state = TrainState(jnp.zeros((), jnp.int32), params, opt_state, tables, emb_states, pending,
+                           jax.random.key_data(jax.random.key(seed + 1)))
+        return jax.device_put(state, self.state_shardings(state))
+
+    # ----- the step ----------------------------------------------------------------------------------
+    def _apply(self, name: str, ctx: AsyncEmbContext, update, table, emb_state, gate):
+        """One table's update through its optimizer; returns (table, state, norm, valid, rows_per_shard)."""
+        opt = self.emb_optimizers[name]
+        if supports_async_emb(opt):
+            _, table, emb_state = opt.gradient_update_start(ctx, update, table, emb_state, gate)
+            norm, valid, _ = opt.gradient_update_done(ctx, gate)
+            return table, emb_state, norm, valid, ctx.results.get("rows_per_shard")
+        table, emb_state, norm, valid = opt.apply_dense(ctx, update, table, emb_state)  # sync mode only
+        return table, emb_state, norm, valid, None
+
+    def train_step(self, state: TrainState, batch: Mapping[str, jax.Array]):
+        ids = self.model.table_ids(batch)
+        ctxs = {n: c.fresh() for n, c in self.contexts.items()}
+        dedup = {n: dedupe(ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids}
+        embs = {n: lookup(ctxs[n], state.tables[n], ids[n]) for n in ids}
+        tables, emb_states = dict(state.tables), dict(state.emb_states)
+        applied: dict[str, tuple] = {}
+        metrics: dict[str, jax.Array] = {}
+
+        if self.async_emb:  # apply G_{t-1}, ordered after this step's lookups, beside the forward pass
+            gate = sum(e.reshape(-1)[0] for e in embs.values())
+            detail = self._detail_step(state.step + 1)
+            for n, upd in state.pending.items():
+                metrics[f"emb/stale_rows/{n}"] = jax.lax.cond(
+                    detail, partial(_overlap, vocab=ctxs[n].vocab), lambda *_: jnp.int32(-1), dedup[n][0], upd)
+                tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
+
+        (loss, outputs), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
+            state.params, embs, batch)
+
+        dense_norm = optax.tree.norm(g_params)
+        dense_ok = jnp.isfinite(dense_norm)
+        upd, new_opt_state = self.dense_tx.update(g_params, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, upd)
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(dense_ok, new, old),
+                                         (new_params, new_opt_state), (state.params, state.opt_state))
+
+        updates = {n: AsyncEmbGradientUpdate(dedup[n][0], g_embs[n].reshape(-1, g_embs[n].shape[-1]),
+                                             dedup[n][1], jnp.ones((), bool)) for n in ids}
+        if self.async_emb:
+            pending = updates
+        else:
+            pending = {}
+            for n, u in updates.items():
+                tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], u, tables[n], emb_states[n], loss)
+
+        norms = jnp.stack([a[0] for a in applied.values()]) if applied else jnp.zeros((0,))
+        metrics.update({
+            "train/loss": loss,
+            "emb/grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
+            "emb/valid_step": jnp.all(jnp.stack([a[1] for a in applied.values()])) if applied else jnp.array(False),
+            "emb/unique_rows": sum(jnp.sum(d[0] < ctxs[n].vocab) for n, d in dedup.items()),
+            "dense/grad_norm": dense_norm,
+            "dense/learning_rate": self.dense_schedule(state.step),
+            "outputs": outputs,
+        })
+        for n, (norm, valid, rows) in applied.items():
+            metrics[f"emb/grad_norm/{n}"] = norm
+            metrics[f"emb/valid/{n}"] = valid
+            if rows is not None and rows.shape[0] > 1:
+                metrics[f"emb/shard_rows_max/{n}"] = jnp.max(rows)
+                metrics[f"emb/shard_rows_mean/{n}"] = jnp.mean(rows.astype(jnp.float32))
+        if self.async_emb:
+            stale = sum(metrics[f"emb/stale_rows/{n}"] for n in state.pending)
+            metrics["emb/stale_rows"] = jnp.where(detail, stale, -1)
+        new_state = TrainState(state.step + 1, params, opt_state, tables, emb_states, pending, state.rng)
+        return new_state, metrics
+
+    def _detail_step(self, step: jax.Array) -> jax.Array:
+        return is_log_step(step, self.detail_interval, self.detail_last)
+
+    def flush(self, state: TrainState) -> TrainState:
+        """Apply every pending deferred update now; afterwards nothing is pending."""
+        if not state.pending:
+            return state
+        tables, emb_states, pending = dict(state.tables), dict(state.emb_states), {}
+        for n, upd in state.pending.items():
+            ctx = self.contexts[n].fresh()
+            tables[n], emb_states[n], *_ = self._apply(n, ctx, upd, tables[n], emb_states[n], jnp.zeros(()))
+            pending[n] = upd._replace(pending=jnp.zeros((), bool))
+        return state._replace(tables=tables, emb_states=emb_states, pending=pending)
+
+    def predict(self, state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
+        ids = self.model.table_ids(batch)
+        embs = {n: lookup(self.contexts[n], state.tables[n], ids[n]) for n in ids}
+        return self.model.predict(state.params, embs, batch, state.tables)
+
+    # ----- compiled entry points ---------------------------------------------------------------------
+    def compile(self, state: TrainState, example_batch: Mapping[str, Any]):
+        """Jitted (step, flush, predict) with explicit in/out shardings; step and flush donate the state."""
+        s_sh = self.state_shardings(state)
+        b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
+        opts = compiler_options([t.dtype for t in self.tables.values()])  # bf16 tables: no f32 table copies
+        step = StepFn(jax.jit(lambda rest, pending, batch: self.train_step(rest._replace(pending=pending), batch),
+                              in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh),
+                              out_shardings=(s_sh, None), donate_argnums=0, compiler_options=opts))
+        flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=s_sh, donate_argnums=0, compiler_options=opts)
+        predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh), compiler_options=opts)
+        return step, flush, predict
+
+
+def is_log_step(step, interval: int, last: int):
+    """Whether the loop logs 1-based ``step``: every ``interval``-th and the last. Python ints or jax arrays."""
+    return (step % interval == 0) | (step == last)
+
+
+class StepFn:
+    """``step(state, batch) -> (state, metrics)``: the jitted step, every state buffer donated except the
+    deferred update. Its new value is written while the old one is still being applied, so donating it
+    only makes XLA copy both (four copies of the per-token gradients per table per step); fresh buffers
+    cost nothing. ``lower`` takes the same arguments, for inspecting the compiled step."""
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+
+    def __call__(self, state: TrainState, batch):
+        return self.jitted(state._replace(pending={}), state.pending, batch)
+
+    def lower(self, state: TrainState, batch):
+        return self.jitted.lower(state._replace(pending={}), state.pending, batch)
+
+
+def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, vocab: int) -> jax.Array:
+    """Rows this batch reads that still have a pending (not yet applied) update."""
+    p = pending.unique_tokens
+    pos = jnp.clip(jnp.searchsorted(p, unique, method="scan"), 0, p.shape[0] - 1)
+    hit = (p[pos] == unique) & (unique < vocab) & pending.pending
+    return jnp.sum(hit).astype(jnp.int32)

@@ -1,0 +1,4 @@
+"""Multi-action ranking on the synthetic generator (``data=synthetic``, ``model=ranking``)."""
+from .task import RankingTask
+
+__all__ = ["RankingTask"]

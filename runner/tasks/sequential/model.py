@@ -1,0 +1,158 @@
+"""A SASRec-style next-item model in plain JAX (Kang & McAuley, 2018, "Self-Attentive Sequential
+Recommendation"; the RecBole SASRec is the reference this runner compares against).
+
+Input: the last ``max_len`` items of a sequence, left-padded with 0. Each position gets its item row
+(scaled by sqrt(width)) plus a learned position embedding, then ``num_blocks`` pre-LN blocks of causal
+multi-head self-attention and a GELU FFN (residuals, padding positions zeroed after each block), then a
+final layer norm: ``h[b, t]`` is the state after item t. The output embedding is tied to the item table:
+the score of item j after position t is ``<h[b, t], row_j> / temperature`` (both L2-normalised when
+``l2_norm``). Dropout (off by default) draws from a per-example seed in the batch.
+
+The model never sees the table while training: ``table_ids`` names the rows a batch uses and ``loss``
+gets them looked up, so the fused embedding optimizer receives per-token gradients:
+
+- ``sampled_softmax``: tokens are the inputs, the targets and ``num_negatives`` uniform negatives per
+  sequence, shared by its positions; a negative equal to the target is masked out.
+- ``full_softmax``: tokens are the inputs plus the whole catalog, spread over the batch (each example
+  carries ``ceil(N / batch)`` catalog ids), so every item row gets a gradient every step. The step
+  computes batch * max_len * N logits (ML-1M: 128 * 200 * 3,706 = 95M, about 0.4 GB in fp32, plus the
+  same again for their gradient) and updates all N rows: fine for a few thousand items, not for 10^5+.
+
+``predict`` scores the last position against every row of the (possibly sharded) item table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from ...core.embeddings import TableSpec
+
+NEG = -1e9  # finite "minus infinity": a fully masked row stays finite
+
+
+@dataclasses.dataclass(frozen=True)
+class SequentialModel:
+    items: TableSpec
+    num_items: int  # N: item ids are 1..N, 0 is padding
+    max_len: int
+    num_blocks: int = 2
+    num_heads: int = 1
+    ffn_mult: int = 4
+    dropout: float = 0.0
+    loss_kind: str = "sampled_softmax"  # sampled: the negatives come with the batch (batch["negatives"])
+    catalog_per_example: int = 0  # full_softmax: catalog ids carried by each example
+    l2_norm: bool = False
+    temperature: float = 1.0
+
+    @property
+    def width(self) -> int:
+        return self.items.width
+
+    # ----- ids and parameters ------------------------------------------------------------------------
+    def table_ids(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        inputs = batch["inputs"]
+        if self.loss_kind == "full_softmax":
+            B, c = inputs.shape[0], self.catalog_per_example
+            cat = jnp.arange(1, B * c + 1, dtype=jnp.int32).reshape(B, c)
+            return {"items": jnp.concatenate([inputs, jnp.where(cat <= self.num_items, cat, 0)], 1)}
+        return {"items": jnp.concatenate([inputs, batch["targets"], batch["negatives"]], 1)}
+
+    def init(self, key: jax.Array) -> dict[str, Any]:
+        d, f = self.width, self.ffn_mult * self.width
+        keys = iter(jax.random.split(key, 1 + 6 * self.num_blocks))
+
+        def dense(i, o):
+            return jax.random.normal(next(keys), (i, o), jnp.float32) / math.sqrt(i)
+
+        def ln():
+            return {"scale": jnp.ones((d,), jnp.float32), "bias": jnp.zeros((d,), jnp.float32)}
+
+        blocks = [{"ln1": ln(), "wq": dense(d, d), "wk": dense(d, d), "wv": dense(d, d), "wo": dense(d, d),
+                   "ln2": ln(), "w1": dense(d, f), "b1": jnp.zeros((f,), jnp.float32), "w2": dense(f, d),
+                   "b2": jnp.zeros((d,), jnp.float32)} for _ in range(self.num_blocks)]
+        pos = 0.02 * jax.random.normal(next(keys), (self.max_len, d), jnp.float32)
+        return {"pos": pos, "blocks": blocks, "ln_f": ln()}
+
+    # ----- the encoder -------------------------------------------------------------------------------
+    def encode(self, params, item_embs: jax.Array, inputs: jax.Array, seeds: jax.Array | None = None):
+        """[B, L, D] hidden states; ``seeds`` ([B] int32) turns dropout on."""
+        B, L, D = item_embs.shape
+        mask = (inputs != 0)[..., None].astype(jnp.float32)
+        keys = jax.vmap(jax.random.key)(seeds) if seeds is not None and self.dropout > 0 else None
+        x = item_embs * math.sqrt(D) + params["pos"][None, -L:]
+        x = _dropout(x, keys, 0, self.dropout) * mask
+        allowed = jnp.tril(jnp.ones((L, L), bool))[None, None] & (inputs != 0)[:, None, None, :]
+        H = self.num_heads
+        for i, p in enumerate(params["blocks"]):
+            y = _layer_norm(x, p["ln1"])
+            q, k, v = ((y @ p[w]).reshape(B, L, H, D // H) for w in ("wq", "wk", "wv"))
+            s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D // H)
+            a = jax.nn.softmax(jnp.where(allowed, s, NEG), axis=-1)
+            o = jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(B, L, D) @ p["wo"]
+            x = x + _dropout(o, keys, 2 * i + 1, self.dropout)
+            y = jax.nn.gelu(_layer_norm(x, p["ln2"]) @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+            x = (x + _dropout(y, keys, 2 * i + 2, self.dropout)) * mask
+        return _layer_norm(x, params["ln_f"])
+
+    def _out(self, h: jax.Array, rows: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if self.l2_norm:
+            h, rows = _l2(h), _l2(rows)
+        return h / self.temperature, rows
+
+    # ----- training and scoring ----------------------------------------------------------------------
+    def loss(self, params, embs, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Mean next-item cross-entropy over the non-padding positions; outputs {"top1": accuracy}."""
+        inputs, targets = batch["inputs"], batch["targets"]
+        L = inputs.shape[1]
+        e = embs["items"]
+        h = self.encode(params, e[:, :L], inputs, batch.get("seed"))
+        valid = targets != 0
+        if self.loss_kind == "full_softmax":
+            B, c = inputs.shape[0], self.catalog_per_example
+            catalog = e[:, L:].reshape(B * c, -1)[: self.num_items]
+            rows = jnp.concatenate([jnp.zeros_like(catalog[:1]), catalog])  # row j = item j (0: padding)
+            h, rows = self._out(h, rows)
+            logits = jnp.einsum("bld,nd->bln", h, rows).at[..., 0].set(NEG)
+            pos = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
+            lse = jax.nn.logsumexp(logits, -1)
+            hit = jnp.argmax(logits, -1) == targets
+        else:
+            h, rows = self._out(h, e[:, L:])  # [B, L + K, D]: the targets' rows, then the negatives'
+            tgt, neg = rows[:, :L], rows[:, L:]
+            pos = jnp.sum(h * tgt, -1)
+            others = jnp.einsum("bld,bkd->blk", h, neg)
+            others = jnp.where(batch["negatives"][:, None, :] == targets[:, :, None], NEG, others)
+            lse = jnp.logaddexp(pos, jax.nn.logsumexp(others, -1))
+            hit = pos > others.max(-1)
+        w = valid.astype(jnp.float32)
+        n = jnp.maximum(w.sum(), 1.0)
+        top1 = jnp.sum(hit * w) / n
+        return jnp.sum((lse - pos) * w) / n, {"top1": top1}
+
+    def predict(self, params, embs, batch, tables) -> jax.Array:
+        """Scores [B, N+1] of every item after the last input position (column 0, padding: -1e9)."""
+        inputs = batch["inputs"]
+        h = self.encode(params, embs["items"][:, : inputs.shape[1]], inputs)[:, -1]
+        h, rows = self._out(h, tables["items"][: self.num_items + 1].astype(jnp.float32))
+        return (h @ rows.T).at[:, 0].set(NEG)
+
+
+def _layer_norm(x, p, eps: float = 1e-6):
+    mu = x.mean(-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mu), -1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def _l2(x, eps: float = 1e-6):
+    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, -1, keepdims=True), eps * eps))
+
+
+def _dropout(x, keys, site: int, rate: float):
+    if keys is None or rate <= 0:
+        return x
+    keep = jax.vmap(lambda k: jax.random.bernoulli(jax.random.fold_in(k, site), 1.0 - rate, x.shape[1:]))(keys)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)

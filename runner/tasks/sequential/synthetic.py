@@ -1,0 +1,150 @@
+"""Synthetic next-item sequences with a planted pattern (pure numpy, ships with the code).
+
+The world, drawn once from ``seed``:
+
+* ``num_items`` items (raw ids 1..N) dealt into ``num_clusters`` clusters of (nearly) equal size by a
+  random permutation, so a cluster's members are scattered over the id range;
+* a successor map over clusters, ``succ`` (a random permutation: each cluster has one successor);
+* within each cluster, a Zipf(``zipf_a``) popularity over its members.
+
+A user's sequence is a Markov chain over clusters: the first cluster is uniform; then the next cluster
+is ``succ[c]`` with probability ``1 - noise``, else uniform over all clusters; each step emits an item
+of its cluster by the within-cluster popularity. An item's cluster is a function of the item, so the
+chain's state is observed and the Bayes-optimal next-item distribution after item ``i`` is::
+
+    P(j | i) = ((1 - noise) * [cluster(j) == succ[cluster(i)]] + noise / C) * p_within(j)
+
+(``next_item_probs``). Global popularity carries almost no signal (every cluster is equally likely in
+the long run), so a model that learns the pattern beats the popularity baseline by a wide margin, and
+the oracle says how close to the best possible it gets.
+
+Sequence lengths are uniform in ``[min_length, max_length]``; timestamps increase along a sequence. The
+result is an ``Interactions`` (rating 5 everywhere) that goes through the same ``SequenceDataset`` path
+as MovieLens; ``write_ratings_dat`` writes it as an ml-1m style ``ratings.dat``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from .interactions import Interactions
+
+_WORLD, _USERS = 0x5E0, 0x5E1  # seed streams
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceSpec:
+    num_users: int = 2000
+    num_items: int = 1000
+    num_clusters: int = 50
+    min_length: int = 8
+    max_length: int = 40
+    noise: float = 0.1  # probability that the next cluster is uniform instead of succ[current]
+    zipf_a: float = 1.0  # within-cluster popularity exponent
+    seed: int = 0
+
+    def problems(self) -> list[str]:
+        """What is wrong with these sizes, one line each (empty when fine)."""
+        out = []
+        if self.num_users < 1:
+            out.append(f"num_users={self.num_users} must be positive")
+        if not 1 <= self.num_clusters <= self.num_items:
+            out.append(f"num_clusters={self.num_clusters} must be in 1..num_items={self.num_items}")
+        if not 3 <= self.min_length <= self.max_length:
+            out.append(f"min_length={self.min_length}, max_length={self.max_length}: need "
+                       f"3 <= min_length <= max_length (leave-one-out takes two items per user)")
+        if not 0.0 <= self.noise <= 1.0:
+            out.append(f"noise={self.noise} must be in [0, 1]")
+        if self.zipf_a < 0:
+            out.append(f"zipf_a={self.zipf_a} must be >= 0")
+        return out
+
+
+class SequenceWorld:
+    """The hidden pattern of a ``SequenceSpec``: clusters, successors, within-cluster popularity."""
+
+    def __init__(self, spec: SequenceSpec):
+        bad = spec.problems()
+        if bad:
+            raise ValueError("; ".join(bad))
+        self.spec = spec
+        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, _WORLD]))
+        n, c = spec.num_items, spec.num_clusters
+        self.cluster = np.zeros(n + 1, np.int64)  # raw item id -> cluster (index 0: padding, unused)
+        self.cluster[1 + rng.permutation(n)] = np.arange(n) % c
+        self.succ = rng.permutation(c)
+        members = [np.flatnonzero(self.cluster[1:] == k) + 1 for k in range(c)]
+        self.p_within = np.zeros(n + 1)  # raw item id -> probability within its cluster
+        self._members, self._cdfs = [], []
+        for m in members:
+            m = rng.permutation(m)  # popularity rank -> item
+            p = np.arange(1, m.size + 1, dtype=np.float64) ** -spec.zipf_a
+            p /= p.sum()
+            self.p_within[m] = p
+            self._members.append(m)
+            self._cdfs.append(np.cumsum(p))
+        self._size = np.array([m.size for m in members])
+        width = int(self._size.max())
+        self._table = np.zeros((c, width), np.int64)  # cluster -> items by rank (padded by the last)
+        self._cdf = np.ones((c, width))
+        for k, (m, cdf) in enumerate(zip(self._members, self._cdfs)):
+            self._table[k, :m.size], self._table[k, m.size:] = m, m[-1]
+            self._cdf[k, :m.size] = cdf
+
+    def _emit(self, clusters: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """An item of each cluster by within-cluster popularity (u uniform in [0, 1))."""
+        rank = (self._cdf[clusters] <= u[:, None]).sum(1)
+        return self._table[clusters, np.minimum(rank, self._size[clusters] - 1)]
+
+    def interactions(self) -> Interactions:
+        """Every user's sequence, vectorized over users (one loop over positions)."""
+        s = self.spec
+        rng = np.random.default_rng(np.random.SeedSequence([s.seed, _USERS]))
+        lengths = rng.integers(s.min_length, s.max_length + 1, size=s.num_users)
+        cols = []
+        cl = rng.integers(0, s.num_clusters, size=s.num_users)
+        for t in range(int(lengths.max())):
+            if t:
+                jump = rng.random(s.num_users) < s.noise
+                cl = np.where(jump, rng.integers(0, s.num_clusters, size=s.num_users), self.succ[cl])
+            cols.append(self._emit(cl, rng.random(s.num_users)))
+        items = np.stack(cols, 1)  # [U, max_length]
+        keep = np.arange(items.shape[1])[None, :] < lengths[:, None]
+        user = np.broadcast_to(np.arange(1, s.num_users + 1)[:, None], items.shape)[keep]
+        ts = 1_000_000_000 + np.broadcast_to(np.arange(items.shape[1])[None, :] * 60, items.shape)[keep]
+        return Interactions(user=user.astype(np.int64), item=items[keep].astype(np.int64),
+                            timestamp=ts.astype(np.int64), rating=np.full(user.size, 5, np.float32),
+                            source=f"synthetic_sequences(seed={s.seed})", fmt="synthetic")
+
+    def next_item_probs(self, last: np.ndarray, raw_ids: np.ndarray) -> np.ndarray:
+        """Bayes-optimal ``P(next = raw_ids[j] | last item)`` for raw ``last`` [B] -> [B, len(raw_ids)].
+
+        ``raw_ids`` lists the columns' raw item ids (e.g. a dataset's ``item_ids``); a column whose id is
+        not an item (padding, -1) gets probability 0.
+        """
+        s = self.spec
+        valid = (raw_ids >= 1) & (raw_ids <= s.num_items)
+        col = np.where(valid, raw_ids, 0)
+        nxt = self.succ[self.cluster[np.asarray(last)]]  # [B]
+        w = np.where(self.cluster[col][None, :] == nxt[:, None], 1.0 - s.noise, 0.0) + s.noise / s.num_clusters
+        return np.where(valid[None, :], w * self.p_within[col][None, :], 0.0)
+
+
+def write_ratings_dat(inter: Interactions, path: str | Path) -> Path:
+    """Write interactions as an ml-1m style ``user::item::rating::timestamp`` file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rating = inter.rating if inter.rating is not None else np.full(len(inter), 5, np.float32)
+    rows = np.stack([inter.user, inter.item, rating.astype(np.int64), inter.timestamp], 1)
+    np.savetxt(path, rows, fmt="%d", delimiter="::")
+    return path
+
+
+if __name__ == "__main__":  # python -m runner.tasks.sequential.synthetic OUT_DIR [num_users num_items num_clusters]
+    import sys
+
+    args = [int(a) for a in sys.argv[2:5]]
+    spec = SequenceSpec(**dict(zip(("num_users", "num_items", "num_clusters"), args)))
+    print(write_ratings_dat(SequenceWorld(spec).interactions(), Path(sys.argv[1]) / "ratings.dat"))

@@ -1,0 +1,195 @@
+"""Next-item prediction on leave-one-out sequences, ranked over every item (HR@k, NDCG@k, MRR).
+
+Data: ``data=movielens`` (``data.path``: any file ``runner.tasks.sequential.interactions`` reads) or
+``data=synthetic_sequences`` (``runner.tasks.sequential.synthetic``: a planted pattern, with its Bayes-optimal
+scores as an oracle). Both become a ``SequenceDataset``: per user, the last item is the test target, the
+second last the validation target, the rest the training prefix.
+
+Evaluation (every ``trainer.eval_interval`` steps and at the end): for every user, the model scores all
+N items after its input sequence (validation: the training prefix; test: the prefix plus the validation
+item); the target's rank among the N-1 other items (ties count against it; nothing excluded unless
+``data.exclude_seen``) gives ``{valid,test}/hr@k``, ``/ndcg@k`` and ``/mrr``. The popularity baseline
+(item counts in the training prefixes) is ranked the same way (``popularity/...``), and on synthetic
+data so is the oracle (``oracle/...``). The objective a sweep maximises is ``valid/ndcg@10``: models are
+selected on validation and the test metrics are reported beside them (set
+``trainer.objective=test/ndcg@10`` to return the test metric instead).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from omegaconf import DictConfig
+
+from ...preflight import PreflightError
+from .. import TASKS
+from .dataset import SequenceDataset, popularity_scores
+from .interactions import DataError, load_interactions
+from .metrics import rank_of_target, ranking_report
+from .model import SequentialModel
+from .synthetic import SequenceSpec, SequenceWorld
+
+LOSSES = ("sampled_softmax", "full_softmax")
+SPLITS = ("valid", "test")
+
+
+def check(cfg: DictConfig) -> None:
+    """The sequence data and model settings, all problems at once, before any data is read."""
+    d, m = cfg.data, cfg.model
+    if m.name != "sequential":
+        raise PreflightError(f"data={d.name} is a next-item sequence source, but model={m.name}; "
+                             f"use model=sequential")
+    errors = []
+    if d.name == "movielens" and not d.path:
+        errors.append("data.path is not set: point it at an interaction file or the folder holding one, "
+                      "e.g. data.path=~/data/ml-1m (ratings.dat), ~/data/ml-100k/u.data or a .csv/.parquet")
+    if d.max_len < 1:
+        errors.append(f"data.max_len={d.max_len} must be >= 1")
+    if d.min_interactions < 3:
+        errors.append(f"data.min_interactions={d.min_interactions} must be >= 3 (a test target, a "
+                      f"validation target and one training item)")
+    if not d.ks or min(d.ks) < 1:
+        errors.append(f"data.ks={list(d.ks)} must list positive cutoffs, e.g. [10]")
+    if m.loss not in LOSSES:
+        errors.append(f"model.loss={m.loss!r}: use {' or '.join(LOSSES)}")
+    if m.loss == "sampled_softmax" and m.num_negatives < 1:
+        errors.append(f"model.num_negatives={m.num_negatives} must be >= 1 with sampled_softmax")
+    if m.num_blocks < 0 or m.ffn_mult < 1:
+        errors.append(f"model.num_blocks={m.num_blocks} must be >= 0 and model.ffn_mult={m.ffn_mult} >= 1")
+    if m.num_heads < 1 or m.emb_width % m.num_heads:
+        errors.append(f"model.num_heads={m.num_heads} must divide model.emb_width={m.emb_width}")
+    if not 0.0 <= m.dropout < 1.0:
+        errors.append(f"model.dropout={m.dropout} must be in [0, 1)")
+    if not m.temperature > 0:
+        errors.append(f"model.temperature={m.temperature} must be positive")
+    if sorted(m.tables) != ["items"] or m.tables["items"].vocab is not None:
+        errors.append("model.tables must only configure 'items', without a vocab: full ranking needs one row "
+                      "per item (the vocab is the number of items + 1)")
+    if d.name == "synthetic_sequences":
+        errors += [f"data.{p}" for p in _spec(d).problems()]
+    if errors:
+        raise PreflightError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _spec(d: DictConfig) -> SequenceSpec:
+    return SequenceSpec(**{f.name: d[f.name] for f in dataclasses.fields(SequenceSpec)})
+
+
+def load_dataset(d: DictConfig) -> tuple[SequenceDataset, SequenceWorld | None]:
+    """The data source's sequences (and the synthetic world, whose oracle the evaluation reports)."""
+    if d.name == "synthetic_sequences":
+        world = SequenceWorld(_spec(d))
+        return SequenceDataset.from_interactions(world.interactions(), d.max_len, d.min_interactions), world
+    try:
+        return SequenceDataset.from_interactions(load_interactions(d.path), d.max_len, d.min_interactions), None
+    except DataError as e:
+        raise PreflightError(f"data.path={d.path!r} cannot be used: {e}. Fix data.path (a MovieLens u.data, "
+                             f"ratings.dat or ratings.csv, a RecBole .inter, a csv/parquet file with user "
+                             f"and item columns, or a folder holding one of them).") from None
+
+
+@dataclasses.dataclass
+class SequentialTask:
+    data: SequenceDataset
+    world: SequenceWorld | None
+    seed: int
+    num_negatives: int  # 0 with full_softmax
+    catalog_per_example: int  # full_softmax: catalog ids per example; 0 otherwise
+    random_crop: bool
+    exclude_seen: bool
+    ks: tuple[int, ...]
+    model_keys: tuple[str, ...]
+    objective: str = "valid/ndcg@10"
+    _baselines: dict | None = None
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> "SequentialTask":
+        check(cfg)
+        d, m = cfg.data, cfg.model
+        data, world = load_dataset(d)
+        full = m.loss == "full_softmax"
+        keys = ("inputs", "targets") + (() if full else ("negatives",)) + (("seed",) if m.dropout > 0 else ())
+        return cls(data, world, cfg.trainer.seed, 0 if full else m.num_negatives,
+                   -(-data.num_items // cfg.trainer.batch_size) if full else 0, d.random_crop, d.exclude_seen,
+                   tuple(d.ks), keys, objective=f"valid/ndcg@{d.ks[0]}")
+
+    # ----- what the trainer needs --------------------------------------------------------------------
+    def tables(self) -> dict[str, tuple[int, int]]:
+        L = self.data.max_len
+        tokens = L + self.catalog_per_example if self.catalog_per_example else 2 * L + self.num_negatives
+        return {"items": (self.data.num_items, tokens)}
+
+    def make_model(self, specs, m: DictConfig) -> SequentialModel:
+        return SequentialModel(specs["items"], self.data.num_items, self.data.max_len, m.num_blocks, m.num_heads,
+                               m.ffn_mult, m.dropout, m.loss, catalog_per_example=self.catalog_per_example,
+                               l2_norm=m.l2_norm, temperature=m.temperature)
+
+    def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
+        """Rows [shard*B/n, (shard+1)*B/n) of the global batch of ``step``: a pure function of (seed, step)."""
+        b = self.data.train_batch(step, batch_size, self.seed, random_crop=self.random_crop)
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, step, 0x5E9]))
+        b["negatives"] = rng.integers(1, self.data.num_items + 1, (batch_size, max(self.num_negatives, 1)),
+                                      dtype=np.int32)
+        b["seed"] = rng.integers(0, 2**31 - 1, batch_size, dtype=np.int32)
+        n = batch_size // num_shards
+        return {k: v[shard * n:(shard + 1) * n] for k, v in b.items()}
+
+    def train_metrics(self, host_batch: Mapping[str, np.ndarray], outputs: Mapping[str, Any]) -> dict[str, float]:
+        name = "train/top1_full" if self.catalog_per_example else "train/top1_sampled"
+        return {name: float(np.asarray(outputs["top1"]))}
+
+    # ----- evaluation --------------------------------------------------------------------------------
+    def _eval_batches(self, split: str, batch_size: int):
+        B, L = batch_size, self.data.max_len
+        zeros = {"targets": np.zeros((B, L), np.int32), "negatives": np.zeros((B, max(self.num_negatives, 1)),
+                                                                              np.int32),
+                 "seed": np.zeros((B,), np.int32)}
+        for b in self.data.eval_batches(split, B, history=self.exclude_seen, pad_last=True):
+            yield b, {**zeros, "inputs": b["inputs"]}
+
+    def _ranks(self, split: str, batch_size: int, scores_of: Callable) -> np.ndarray:
+        out = []
+        for b, dev in self._eval_batches(split, batch_size):
+            scores = np.asarray(scores_of(b, dev))[:, : self.data.num_items + 1]
+            out.append(rank_of_target(scores, b["target"], b.get("history"))[b["mask"]])
+        return np.concatenate(out)
+
+    def _report(self, prefix: str, ranks: np.ndarray) -> dict[str, float]:
+        return {f"{prefix}/{k}": v for k, v in ranking_report(ranks, self.ks).items()}
+
+    def baselines(self, batch_size: int) -> dict[str, float]:
+        """Popularity (and, on synthetic data, the oracle) ranked on the same users, splits and exclusions."""
+        if self._baselines is None:
+            pop = popularity_scores(self.data)
+            scorers = {"popularity": lambda b, dev: np.broadcast_to(pop, (b["inputs"].shape[0], pop.size))}
+            if self.world is not None:
+                ids = self.data.item_ids
+                scorers["oracle"] = lambda b, dev: self.world.next_item_probs(ids[b["inputs"][:, -1]], ids)
+            self._baselines = {k: v for name, f in scorers.items() for split in SPLITS
+                               for k, v in self._report(f"{name}/{split}", self._ranks(split, batch_size, f)).items()}
+        return dict(self._baselines)
+
+    def evaluate(self, predict: Callable, state: Any, put: Callable, batch_size: int) -> dict[str, float]:
+        out = {}
+        for split in SPLITS:
+            out.update(self._report(split, self._ranks(split, batch_size, lambda b, dev: predict(state, put(dev)))))
+        return {**out, **self.baselines(batch_size)}
+
+    def summary_lines(self, s: Mapping[str, Any]) -> list[str]:
+        k = self.ks[0]
+
+        def line(p: str) -> str:
+            return f"HR@{k} {s[f'{p}/hr@{k}']:.4f} NDCG@{k} {s[f'{p}/ndcg@{k}']:.4f} MRR {s[f'{p}/mrr']:.4f}"
+
+        lines = [f"{self.data.num_users:,} users, {self.data.num_items:,} items, full ranking, leave-one-out "
+                 f"(exclude_seen={self.exclude_seen})",
+                 f"test  {line('test')}   (valid {line('valid')})",
+                 f"popularity test  {line('popularity/test')}"]
+        if self.world is not None:
+            lines.append(f"oracle (Bayes-optimal) test  {line('oracle/test')}")
+        return lines
+
+
+TASKS.register("movielens")(SequentialTask.from_config)
+TASKS.register("synthetic_sequences")(SequentialTask.from_config)

@@ -1,0 +1,93 @@
+"""``metrics.jsonl`` + ``summary.json``: the tracker every run writes, read by sweeps and the report."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..outputs import SUMMARY_FILE
+from .base import Goal, _check_goal
+from .convert import json_safe, to_python
+
+
+class JsonlTracker:
+    """Append ``{"step": step, **metrics}`` to ``path`` per :meth:`log` call.
+
+    ``summary.json`` next to ``path`` holds: the last value of every logged key,
+    ``"<name>/best"`` and ``"<name>/best_step"`` for names declared with
+    :meth:`define_summary`, everything passed to :meth:`log_summary`, and after
+    :meth:`finish` ``"exit_code"`` and ``"status"`` (``"failed"`` for a non-zero
+    exit code, otherwise a ``status`` the caller logged, else ``"ok"``).
+    The file is rewritten atomically on every :meth:`log_summary` and :meth:`finish`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = True):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.summary_path = self.path.with_name(SUMMARY_FILE)
+        self._last: dict[str, Any] = {}
+        self._explicit: dict[str, Any] = {}
+        self._goals: dict[str, str] = {}
+        self._best: dict[str, tuple[float, int]] = {}
+        self._finished = False
+        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+
+    def define_summary(self, name: str, goal: Goal = "maximize") -> None:
+        self._goals[name] = _check_goal(goal)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        if self._finished:
+            raise RuntimeError("JsonlTracker.log() after finish()")
+        values = to_python(metrics)
+        record = {"step": int(step), **{k: v for k, v in values.items() if k != "step"}}
+        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
+        self._file.flush()
+        for k, v in values.items():
+            self._last[k] = v
+            goal = self._goals.get(k)
+            if goal is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
+                if not math.isfinite(v):
+                    continue
+                prev = self._best.get(k)
+                better = prev is None or (v > prev[0] if goal == "maximize" else v < prev[0])
+                if better:
+                    self._best[k] = (float(v), int(step))
+
+    def log_summary(self, metrics: Mapping[str, Any]) -> None:
+        self._explicit.update(to_python(metrics))
+        self._write_summary()
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: v for k, v in self._last.items() if not isinstance(v, list)}
+        for k, (best, best_step) in self._best.items():
+            out[f"{k}/best"] = best
+            out[f"{k}/best_step"] = best_step
+        out.update(self._explicit)
+        return out
+
+    def _write_summary(self) -> None:
+        tmp = self.summary_path.with_name(self.summary_path.name + ".tmp")
+        tmp.write_text(json.dumps(json_safe(self.summary()), allow_nan=False, indent=2) + "\n")
+        os.replace(tmp, self.summary_path)
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._explicit["exit_code"] = int(exit_code)
+        if exit_code != 0:
+            self._explicit["status"] = "failed"
+        else:
+            self._explicit.setdefault("status", "ok")
+        try:
+            self._write_summary()
+        finally:
+            self._file.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        f = getattr(self, "_file", None)
+        if f is not None and not f.closed:
+            f.close()

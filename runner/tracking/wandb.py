@@ -1,0 +1,109 @@
+"""Weights & Biases, offline by default; ``trainer/step`` is every metric's x-axis."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import STEP_METRIC, Goal, _check_goal
+from .convert import to_python
+
+logger = logging.getLogger("runner.tracking")
+
+
+class WandbTracker:
+    """Weights & Biases run; ``mode="offline"`` (default) writes
+    ``<dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb`` for a later ``wandb sync``.
+
+    ``reinit="finish_previous"`` makes a second tracker in the same process (the next
+    trial of an in-process sweep) finish any run the previous one left open.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        *,
+        project: str,
+        mode: str = "offline",
+        dir: str | os.PathLike[str],
+        name: str | None = None,
+        group: str | None = None,
+        tags: Sequence[str] = (),
+        run_id: str | None = None,
+        resume: str | None = None,
+        job_type: str | None = None,
+        entity: str | None = None,
+        settings: Any = None,
+    ):
+        import wandb
+
+        self._wandb = wandb
+        Path(dir).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=project,
+            entity=entity,
+            mode=mode,
+            dir=str(dir),
+            name=name,
+            group=group,
+            tags=list(tags) if tags else None,
+            config=dict(config) if config is not None else None,
+            id=run_id,
+            resume=resume,
+            job_type=job_type,
+            reinit="finish_previous",
+            settings=settings,
+        )
+        # Define on the run object (not the module-level wandb.define_metric) so the
+        # definitions cannot land on some other active run.
+        self.run.define_metric(STEP_METRIC)
+        self.run.define_metric("*", step_metric=STEP_METRIC)
+        self._goal_metrics: set[str] = set()
+        self._finished = False
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's directory (``.../wandb/offline-run-*`` in offline mode)."""
+        return Path(self.run.dir).parent
+
+    def define_summary(self, name: str, goal: Goal = "maximize") -> None:
+        op = "max" if _check_goal(goal) == "maximize" else "min"
+        # Summary then keeps both the best and the last value:
+        # summary[name] == {"max": best, "last": latest}.
+        self.run.define_metric(name, step_metric=STEP_METRIC, summary=f"{op},last", overwrite=False)
+        self._goal_metrics.add(name)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        data = to_python(metrics)
+        # W&B's min/max summary aggregation propagates NaN: one NaN and the "best" stays
+        # NaN for the rest of the run. Non-finite values of goal metrics are therefore not
+        # sent (other metrics keep their NaN/inf so divergence is visible in the charts).
+        for k in self._goal_metrics.intersection(data):
+            v = data[k]
+            if isinstance(v, float) and not math.isfinite(v):
+                logger.warning("not logging non-finite %s=%r at step %d to W&B", k, v, step)
+                del data[k]
+        data[STEP_METRIC] = int(step)
+        self.run.log(data)
+
+    def log_summary(self, metrics: Mapping[str, Any]) -> None:
+        """Set summary values; a name declared with :meth:`define_summary` keeps W&B's ``{"max"/"min": best,
+        "last": latest}`` of its logged values instead of being overwritten by a plain number."""
+        for k, v in to_python(metrics).items():
+            if k not in self._goal_metrics:
+                self.run.summary[k] = v
+
+    def finish(self, exit_code: int = 0) -> None:
+        """``run.finish(exit_code)``; non-zero marks the run "failed" in W&B.
+
+        No-op when already finished -- including when a later ``wandb.init`` (the next
+        tracker, ``reinit="finish_previous"``) finished this run first, in which case
+        W&B recorded exit code 0: finish trackers explicitly before starting the next.
+        """
+        if self._finished:
+            return
+        self._finished = True
+        self.run.finish(exit_code=int(exit_code))

@@ -1,0 +1,233 @@
+"""Exact resume: 2N steps straight == N steps, stop, resume, N more (tables, optimizer state, dense params,
+the deferred update and the logged rows bit-identical), in sync and async mode, on one device and on a
+2x4 mesh; restore reshards onto another mesh and layout; the W&B run and metrics.jsonl continue.
+
+Launches go through ``runner.app.run`` as ``python -m runner`` does; the final state of each run is read
+back from its final checkpoint (step 2N, written after the last flush) with plain Orbax, no runner code.
+"""
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from runner.app import run
+from runner.build import build
+from runner.checkpoint import open_checkpoints
+from runner.core.loop import to_device
+from tests.runner.support import compose_config
+
+N = 3
+BASE = ["trainer.steps=6", "trainer.log_interval=1", "trainer.eval_interval=100", "checkpoint.interval=2",
+        "data.num_items=500"]  # vocab 501: padded to 504 rows on 4 row shards, 501 on one device
+MESHES = {
+    "single": ["mesh=single"],
+    "2x4-row": ["mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=row"],
+    "4-column": ["mesh=data_table", "mesh.axes={data:1,table:4}", "mesh.table_layout=column"],
+}
+
+
+def launch(tmp: Path, name: str, overrides=()) -> float:
+    """One launch of the runner: its own output dir (as Hydra gives each launch), the run's checkpoint dir."""
+    cfg = compose_config(BASE + [f"checkpoint.dir={tmp / 'ck'}", *overrides])
+    return run(cfg, tmp / name)
+
+
+def saved_arrays(ckpt_dir: Path, step: int) -> dict[str, np.ndarray]:
+    """Every array of a checkpoint's state item, read with plain Orbax into numpy, by its tree path."""
+    mgr = ocp.CheckpointManager(ckpt_dir, item_names=("state", "meta"),
+                                options=ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0,
+                                                                     create=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sharding info not provided": fine, we want numpy
+        tree = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore())).state
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {jax.tree_util.keystr(p): np.asarray(x) for p, x in flat}
+
+
+def raw_key(*path) -> str:
+    """A live state path as ``saved_arrays`` spells it (named tuples are read back as dicts)."""
+    parts = []
+    for p in path:
+        name = getattr(p, "name", getattr(p, "key", None))
+        parts.append(f"['{name}']" if name is not None else f"[{p.idx}]")
+    return "".join(parts)
+
+
+def metric_rows(out: Path) -> list[dict]:
+    """metrics.jsonl without the wall-clock columns."""
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("perf/")}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def steps_in(ckpt_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
+
+
+def assert_same_arrays(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Launches shared by the tests of this module (per xdist worker): ``runs(kind, mode, mesh)`` is a
+    directory with ``ck/`` and ``first/``: the straight 2N-step run, or the run stopped at step N."""
+    cache = {}
+
+    def get(kind: str, mode: str, mesh: str) -> Path:
+        if (kind, mode, mesh) not in cache:
+            d = tmp_path_factory.mktemp(f"{kind}-{mode}-{mesh}")
+            stop = [f"trainer.stop_after={N}"] if kind == "stopped" else []
+            launch(d, "first", [f"async_emb={mode}", *MESHES[mesh], *stop])
+            cache[kind, mode, mesh] = d
+        return cache[kind, mode, mesh]
+
+    return get
+
+
+def copy_of(run_dir: Path, tmp: Path) -> Path:
+    shutil.copytree(run_dir, tmp, dirs_exist_ok=True)
+    return tmp
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("mesh", ["single", pytest.param("2x4-row", marks=pytest.mark.slow)])
+def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
+    straight, tmp = runs("straight", mode, mesh), copy_of(runs("stopped", mode, mesh), tmp_path)
+    assert steps_in(tmp / "ck") == [2, N]  # the interval's checkpoint, and the one the stop forced
+    assert [r["step"] for r in metric_rows(tmp / "first")] == [1, 2, 3]
+    at_stop = saved_arrays(tmp / "ck", N)
+    if mode == "on":  # the deferred update of step N travels in the checkpoint, not flushed into the table
+        assert at_stop["['pending']['items']['pending']"]
+        assert np.abs(at_stop["['pending']['items']['grads']"]).sum() > 0
+    launch(tmp, "second", [f"async_emb={mode}", *MESHES[mesh]])
+
+    assert_same_arrays(saved_arrays(straight / "ck", 6), saved_arrays(tmp / "ck", 6))
+    resumed = metric_rows(tmp / "second")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6, 6]  # every step once, then the final eval
+    assert resumed == metric_rows(straight / "first")  # losses, grad norms, AUCs: bit-identical floats
+
+
+def test_relaunch_of_finished_run_only_evaluates(tmp_path, runs):
+    tmp = copy_of(runs("straight", "off", "single"), tmp_path)
+    objective = json.loads((tmp / "first" / "summary.json").read_text())["eval/auc_mean"]
+    assert launch(tmp, "again", ["async_emb=off"]) == objective
+    assert metric_rows(tmp / "again") == metric_rows(tmp / "first")
+    assert steps_in(tmp / "ck") == [2, 4, 6]
+
+
+def test_wandb_run_resumes_with_the_same_id(tmp_path):
+    over = ["logger=wandb", "logger.mode=offline", "trainer.run_id=resume-me"]
+    launch(tmp_path, "first", over + [f"trainer.stop_after={N}"])
+    launch(tmp_path, "second", over)
+    runs = [list((tmp_path / name / "wandb").glob("offline-run-*")) for name in ("first", "second")]
+    assert [len(r) for r in runs] == [1, 1]
+    assert all(r[0].name.endswith("-resume-me") for r in runs)  # one W&B run, continued
+    assert [r["step"] for r in metric_rows(tmp_path / "second")] == [1, 2, 3, 4, 5, 6, 6]
+
+
+def test_run_id_is_stable_and_ignores_where_it_runs(tmp_path):
+    from runner.checkpoint.meta import run_id
+
+    a = run_id(compose_config(BASE))
+    assert a == run_id(compose_config(BASE + ["logger=wandb", "checkpoint.interval=5", "trainer.log_interval=7",
+                                              *MESHES["2x4-row"], "trainer.stop_after=2"]))
+    assert a != run_id(compose_config(BASE + ["optimizer.learning_rate=0.5"]))
+    assert a != run_id(compose_config(BASE + ["trainer.steps=8"]))  # another schedule, another run
+    assert run_id(compose_config(BASE + ["trainer.run_id=mine"])) == "mine"
+
+
+def restore_onto(tmp: Path, source: Path, mesh: str, mode: str = "on"):
+    cfg = compose_config(BASE + [f"async_emb={mode}", *MESHES[mesh], f"checkpoint.resume={source}",
+                                 "checkpoint.interval=0"])
+    program, _, plan = build(cfg)
+    state, start, _ = open_checkpoints(cfg, program, plan, tmp / f"restore-{mesh}").resume_point()
+    return program, state, start
+
+
+@pytest.mark.parametrize("target, spec", [("4-column", P(None, "table")), ("single", P())])
+def test_restore_reshards_onto_another_mesh_and_layout(tmp_path, runs, target, spec):
+    source = runs("stopped", "on", "2x4-row") / "ck"
+    saved = saved_arrays(source, N)
+    assert saved["['tables']['items']"].shape == (504, 8)  # padded for 4 row shards
+    program, state, start = restore_onto(tmp_path, source / str(N), target)
+    assert start == N
+    for name, table in state.tables.items():
+        vocab, rows = program.tables[name].vocab, program.tables[name].rows
+        assert table.shape[0] == rows and table.sharding.spec == spec
+        np.testing.assert_array_equal(np.asarray(table)[:vocab], saved[f"['tables']['{name}']"][:vocab])
+        for path, leaf in jax.tree_util.tree_flatten_with_path(state.emb_states[name])[0]:
+            got, want = np.asarray(leaf), saved[f"['emb_states']['{name}']" + raw_key(*path)]
+            np.testing.assert_array_equal(got[:vocab] if got.ndim else got, want[:vocab] if want.ndim else want)
+        upd = state.pending[name]
+        ids, old_ids = np.asarray(upd.unique_tokens), saved[f"['pending']['{name}']['unique_tokens']"]
+        real = old_ids[old_ids < vocab]
+        np.testing.assert_array_equal(ids[: real.size], real)
+        assert (ids[real.size:] == rows).all()  # re-padded with this layout's out-of-range id
+        np.testing.assert_array_equal(np.asarray(upd.grads), saved[f"['pending']['{name}']['grads']"])
+
+
+@pytest.mark.slow
+def test_resharded_resume_continues_like_the_straight_run(tmp_path, runs):
+    """Saved on one device (501 rows), resumed on 2x4 row shards (504 rows): the deferred update lands on
+    the same rows, padded rows stay untouched, and the run ends where the straight one does."""
+    straight, tmp = runs("straight", "on", "single"), copy_of(runs("stopped", "on", "single"), tmp_path)
+    launch(tmp, "second", ["async_emb=on", *MESHES["2x4-row"]])
+    want, got = saved_arrays(straight / "ck", 6), saved_arrays(tmp / "ck", 6)
+    for key, value in want.items():
+        g = got[key]
+        if key.endswith("['unique_tokens']"):  # the same ids, padded with each layout's row count
+            pad = value.max()  # the one-device row count (every id list ends with at least one pad)
+            np.testing.assert_array_equal(np.minimum(g[: value.size], pad), value, err_msg=key)
+            assert (g[value.size:] > pad).all(), key
+        elif g.shape != value.shape:  # row-padded leaves: the logical rows match, the padding is untouched
+            np.testing.assert_allclose(g[: value.shape[0]], value, rtol=1e-5, atol=1e-7, err_msg=key)
+            assert not g[value.shape[0]:].any(), key
+        else:
+            np.testing.assert_allclose(g, value, rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+def test_async_save_holds_the_state_of_its_step_while_training_goes_on(tmp_path):
+    """The save returns while the write goes on; the next steps donate (reuse) the state's buffers. The
+    checkpoint must still hold the state as it was at its step, not what later steps wrote."""
+    cfg = compose_config(BASE + [f"checkpoint.dir={tmp_path / 'ck'}", "model.tables.items.vocab=200003",
+                                 *MESHES["2x4-row"]])
+    program, task, plan = build(cfg)
+    checkpoints = open_checkpoints(cfg, program, plan, tmp_path)
+    state = program.init_state(0)
+    put = lambda t: to_device(program, task.batch(t, 32))  # noqa: E731
+    step, _, _ = program.compile(state, put(0))
+    state, _ = step(state, put(0))
+    snapshot = {k: np.array(v) for k, v in numpy_leaves(state).items()}
+    checkpoints.save(1, state)
+    for t in range(1, 4):
+        state, _ = step(state, put(t))
+    jax.block_until_ready(state)
+    checkpoints.wait()
+    checkpoints.close()
+    assert not np.array_equal(np.asarray(state.tables["items"]), snapshot["['tables']['items']"])
+    assert_same_arrays(saved_arrays(tmp_path / "ck", 1), snapshot)
+
+
+def numpy_leaves(state) -> dict[str, np.ndarray]:
+    return {raw_key(*p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+
+
+def test_checkpoint_records_its_config_versions_and_format(runs):
+    step_dir = runs("stopped", "on", "single") / "ck" / str(N)
+    layout = json.loads((step_dir / "state" / "_METADATA").read_text())
+    assert layout["use_zarr3"] and layout["use_ocdbt"]  # tensorstore zarr3 arrays in an OCDBT store
+    meta = json.loads((step_dir / "meta" / "metadata").read_text())
+    assert meta["step"] == meta["data_step"] == N and meta["metrics_rows"] == N  # one row logged per step
+    assert meta["config"]["trainer"]["stop_after"] == N and meta["config"]["model"]["emb_width"] == 8
+    assert set(meta["versions"]) >= {"jax", "optax", "orbax-checkpoint", "tensorstore", "recsys-runner"}
+    assert meta["versions"]["jax"] == jax.__version__
+    assert meta["tables"]["items"] == {"vocab": 501, "rows": 501, "width": 8, "dtype": "float32",
+                                       "optimizer": "AsyncAdam", "tokens_per_batch": 32 * 5}

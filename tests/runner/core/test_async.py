@@ -1,0 +1,147 @@
+"""Async mode equals sync mode with the embedding gradients delayed one step (an independent oracle loop),
+every update lands exactly once after the flush, and a non-finite step is skipped without stopping training."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from runner.build import build
+from runner.core.loop import to_device
+from tests.runner.support import numpy_tree, run_steps
+
+LR = 0.3
+STEPS = 5
+
+
+def _oracle(program, data, state0, steps, delay):
+    """Plain loop: lookup from numpy tables, grads w.r.t. the looked-up rows, SGD on summed rows.
+
+    ``delay=1``: step t applies G_{t-1} after reading its rows (async); ``delay=0``: applies G_t (sync).
+    """
+    model, B = program.model, program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
+    tables = {n: np.array(t, np.float32) for n, t in state0.tables.items()}
+    params, opt_state = state0.params, state0.opt_state
+    pending, losses = None, []
+
+    def apply(grads):
+        for n, (ids, g) in grads.items():
+            acc = np.zeros_like(tables[n])
+            keep = ids != 0
+            np.add.at(acc, ids[keep], g[keep])
+            touched = np.unique(ids[keep])
+            tables[n][touched] -= LR * acc[touched]
+
+    for t in range(steps):
+        host = data.batch(t, B)
+        batch = {k: jnp.asarray(host[k]) for k in program.model_keys}
+        ids = {n: np.asarray(v) for n, v in model.table_ids(batch).items()}
+        embs = {n: jnp.asarray(tables[n][ids[n]]) for n in ids}
+        (loss, _), (gp, ge) = jax.value_and_grad(model.loss, argnums=(0, 1), has_aux=True)(params, embs, batch)
+        losses.append(float(loss))
+        upd, opt_state = program.dense_tx.update(gp, opt_state, params)
+        params = optax.apply_updates(params, upd)
+        grads = {n: (ids[n].reshape(-1), np.asarray(ge[n]).reshape(-1, ge[n].shape[-1])) for n in ids}
+        if delay:
+            if pending is not None:
+                apply(pending)
+            pending = grads
+        else:
+            apply(grads)
+    if pending is not None:
+        apply(pending)  # the flush
+    return tables, params, losses
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_matches_oracle(cfg_of, mode):
+    program, data, _ = build(cfg_of(["optimizer=async_sgd", f"optimizer.learning_rate={LR}", f"async_emb={mode}"]))
+    state0, state, losses, _ = run_steps(program, data, STEPS)
+    tables, params, ref_losses = _oracle(program, data, state0, STEPS, delay=1 if mode == "on" else 0)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for n in tables:
+        np.testing.assert_allclose(np.asarray(state.tables[n]), tables[n], rtol=1e-4, atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6),
+                 state.params, params)
+
+
+def test_async_differs_from_sync_and_is_one_step_stale(cfg_of):
+    """Same data, same kernels: the two modes must really differ (the oracle test above could not pass
+    for both modes with the same code path), and async's first step applies nothing."""
+    runs = {}
+    for mode in ("on", "off"):
+        program, data, _ = build(cfg_of(["optimizer=async_sgd", f"optimizer.learning_rate={LR}",
+                                         f"async_emb={mode}"]))
+        runs[mode] = run_steps(program, data, 3)
+    (_, a_state, _, a_metrics), (_, s_state, _, s_metrics) = runs["on"], runs["off"]
+    assert not np.allclose(np.asarray(a_state.tables["items"]), np.asarray(s_state.tables["items"]))
+    assert not bool(a_metrics[0]["emb/valid_step"]) and bool(a_metrics[1]["emb/valid_step"])
+    assert all(bool(m["emb/valid_step"]) for m in s_metrics)
+
+
+def test_stale_rows_counted_on_logged_steps(cfg_of):
+    """``emb/stale_rows``: rows a batch reads whose previous-step update is still pending, i.e. the ids
+    batch t shares with batch t-1; computed on the steps the loop logs (every 2nd and the last), -1 else."""
+    steps = 5
+    program, data, _ = build(cfg_of(["optimizer=async_sgd", "async_emb=on", "trainer.log_interval=2",
+                                     f"trainer.steps={steps}"]))
+    _, _, _, metrics = run_steps(program, data, steps)
+    B = program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
+
+    def unique_ids(t):
+        batch = {k: jnp.asarray(v) for k, v in data.batch(t, B).items() if k in program.model_keys}
+        return {n: set(np.unique(np.asarray(ids)).tolist()) - {0} for n, ids in program.model.table_ids(batch).items()}
+
+    seen = [unique_ids(t) for t in range(steps)]
+    for t, m in enumerate(metrics):
+        logged = (t + 1) % 2 == 0 or t + 1 == steps
+        if not logged:
+            assert int(m["emb/stale_rows"]) == -1
+            continue
+        want = {n: len(ids & seen[t - 1][n]) if t > 0 else 0 for n, ids in seen[t].items()}
+        for n, w in want.items():
+            assert int(m[f"emb/stale_rows/{n}"]) == w, (t, n)
+        assert int(m["emb/stale_rows"]) == sum(want.values()) > 0  # hot ids repeat batch to batch
+
+
+def test_every_update_applied_exactly_once_after_flush(cfg_of):
+    program, data, _ = build(cfg_of(["optimizer=async_adam", "async_emb=on"]))
+    B = program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
+    _, state, _, _ = run_steps(program, data, STEPS)
+    for n, st in state.emb_states.items():
+        assert int(st.count) == STEPS  # one valid update per step, the last one by the flush
+        seen = np.zeros(program.tables[n].rows, np.int32)
+        for t in range(STEPS):
+            batch = {k: jnp.asarray(v) for k, v in data.batch(t, B).items() if k in program.model_keys}
+            ids = np.unique(np.asarray(program.model.table_ids(batch)[n]))
+            seen[ids[ids != 0]] += 1
+        np.testing.assert_array_equal(np.asarray(st.rows.count), seen)  # per-row Adam counts
+        assert not bool(state.pending[n].pending)
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_nonfinite_step_is_skipped_and_training_continues(cfg_of, mode):
+    program, data, _ = build(cfg_of(["optimizer=async_rowwise_adagrad", f"async_emb={mode}"]))
+    B = program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
+    state = program.init_state(0)
+    step, flush, _ = program.compile(state, to_device(program, data.batch(0, B)))
+    state, _ = step(state, to_device(program, data.batch(0, B)))
+    if mode == "on":
+        state = flush(state)
+    before = numpy_tree((state.tables, state.emb_states, state.params))
+    bad = data.batch(1, B)
+    bad["labels"] = np.full_like(bad["labels"], np.nan)
+    state, m = step(state, to_device(program, bad))
+    if mode == "on":  # the poisoned gradient is deferred: it is refused when applied, one step later
+        state, m = step(state, to_device(program, data.batch(2, B)))
+        assert not bool(m["emb/valid_step"])
+        after = numpy_tree((state.tables, state.emb_states))
+        jax.tree.map(np.testing.assert_array_equal, before[:2], after)
+    else:
+        assert not bool(m["emb/valid_step"]) and not np.isfinite(float(m["dense/grad_norm"]))
+        after = numpy_tree((state.tables, state.emb_states, state.params))
+        jax.tree.map(np.testing.assert_array_equal, before, after)
+    state, m = step(state, to_device(program, data.batch(3, B)))
+    assert np.isfinite(float(m["train/loss"])) and bool(m["emb/valid_step"])
+    for t in state.tables.values():
+        assert np.isfinite(np.asarray(t)).all()

@@ -1,0 +1,65 @@
+"""Sharded training on 8 CPU devices equals the single-device run: tables, optimizer state and losses,
+for data parallel and data x table meshes (2x4, 4x2), row and column layouts, sync and async."""
+import functools
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from optimizers import FUSED
+from runner.build import build
+from tests.runner.support import compose_config
+from tests.runner.support import run_steps
+
+STEPS = 4
+MESHES = {
+    "data8": ["mesh=data"],
+    "2x4-row": ["mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=row"],
+    "4x2-row": ["mesh=data_table", "mesh.axes={data:4,table:2}", "mesh.table_layout=row"],
+    "2x4-column": ["mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=column"],
+    "4x2-column": ["mesh=data_table", "mesh.axes={data:4,table:2}", "mesh.table_layout=column"],
+}
+EXPECTED_SPEC = {"data8": P(), "2x4-row": P("table", None), "4x2-row": P("table", None),
+                 "2x4-column": P(None, "table"), "4x2-column": P(None, "table")}
+
+
+@functools.lru_cache(maxsize=None)
+def single_device(optimizer: str, mode: str):
+    program, data, _ = build(compose_config([f"optimizer={optimizer}", f"async_emb={mode}", "mesh=single"]))
+    return run_steps(program, data, STEPS)
+
+
+def assert_same_run(optimizer, mode, mesh):
+    program, data, plan = build(compose_config([f"optimizer={optimizer}", f"async_emb={mode}", *MESHES[mesh]]))
+    assert plan.num_devices == 8
+    _, state, losses, metrics = run_steps(program, data, STEPS)
+    _, ref, ref_losses, _ = single_device(optimizer, mode)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for name, table in state.tables.items():
+        assert table.sharding.spec == EXPECTED_SPEC[mesh], (name, table.sharding.spec)
+        vocab = program.tables[name].vocab
+        got, want = np.asarray(table), np.asarray(ref.tables[name])
+        np.testing.assert_allclose(got[:vocab], want[:vocab], rtol=1e-5, atol=1e-7)
+        assert not got[vocab:].any()  # padded rows stay zero
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a)[:vocab] if np.ndim(a) else a,
+                                                             np.asarray(b)[:vocab] if np.ndim(b) else b,
+                                                             rtol=1e-5, atol=1e-7),
+                     state.emb_states[name], ref.emb_states[name])
+    return metrics
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_mesh_matches_single_device(mesh, mode):
+    metrics = assert_same_run("async_rowwise_adagrad", mode, mesh)
+    if mesh != "data8":  # load balance is visible per shard
+        m = metrics[-1]
+        assert m["emb/shard_rows_max/items"] >= m["emb/shard_rows_mean/items"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", [o for o in FUSED if o != "async_rowwise_adagrad"])
+def test_every_fused_optimizer_sharded(optimizer):
+    assert_same_run(optimizer, "on", "2x4-column")
+    assert_same_run(optimizer, "off", "4x2-row")

@@ -1,0 +1,62 @@
+"""Helpers shared by the runner tests: compose a config (shrunk by the ``debug`` config group) and run a
+built program for a few steps. The shrinking itself lives in ``conf/debug/`` so the command line has it too."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+from hydra import compose, initialize_config_dir
+
+from runner.config import register
+from runner.core.loop import to_device
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+CONF = ROOT / "conf"
+TINY = ["debug=tiny"]  # conf/debug/tiny.yaml: tiny ranking data and model, 6 steps, logger=none
+TINY_SEQUENCES = ["debug=tiny_sequences"]  # conf/debug/tiny_sequences.yaml: 200 steps on a small world
+
+
+def compose_config(overrides=(), tiny: bool = True):
+    register()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="runner"):
+        return compose("config", overrides=(TINY if tiny else []) + list(overrides))
+
+
+# The same shrink as explicit overrides, for a data source or model the debug option cannot be composed with.
+SEQ_MODEL = ["model=sequential", "model.emb_width=16", "model.num_blocks=1", "model.num_negatives=32"]
+SEQ_TRAIN = ["logger=none", "trainer.batch_size=64", "trainer.steps=200", "trainer.log_interval=50",
+             "trainer.eval_interval=100"]
+
+
+def seq_config(*overrides, data=None, model=None):
+    """The tiny synthetic-sequences run (``debug=tiny_sequences``) with ``overrides`` on top; with another
+    ``data`` source or ``model`` (lists of overrides), that source or model with the same trainer shrink."""
+    if data is None and model is None:
+        return compose_config(TINY_SEQUENCES + list(overrides), tiny=False)
+    data = ["data=synthetic_sequences"] if data is None else list(data)
+    return compose_config(data + list(SEQ_MODEL if model is None else model) + SEQ_TRAIN + list(overrides),
+                          tiny=False)
+
+
+def numpy_tree(tree):
+    return jax.tree.map(lambda a: np.array(a), tree)
+
+
+def batch_size(program) -> int:
+    return program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
+
+
+def run_steps(program, data, steps, flush=True):
+    """Init, then ``steps`` jitted steps (and the flush); returns (initial state as numpy, final state,
+    per-step losses, per-step metrics)."""
+    B = batch_size(program)
+    state = program.init_state(0)
+    state0 = numpy_tree(state)
+    step, flush_fn, _ = program.compile(state, to_device(program, data.batch(0, B)))
+    losses, metrics = [], []
+    for t in range(steps):
+        state, m = step(state, to_device(program, data.batch(t, B)))
+        losses.append(float(m["train/loss"]))
+        metrics.append(jax.device_get(m))
+    return state0, (flush_fn(state) if flush else state), losses, metrics

@@ -1,0 +1,194 @@
+"""Interaction loaders: every supported format, and their errors."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from runner.tasks.sequential import interactions
+from runner.tasks.sequential.interactions import DataError, Interactions, load_interactions
+
+# (user, item, rating, timestamp), in file order
+ROWS = [(1, 10, 4, 100), (1, 20, 3, 50), (2, 10, 5, 70), (1, 30, 2, 200), (2, 40, 1, 80),
+        (3, 20, 4, 90), (3, 30, 5, 90), (10, 1000, 1, 1_500_000_000)]
+EXPECTED = sorted((u, i, t) for u, i, _, t in ROWS)
+
+
+def _write(path, text: str):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def write_u_data(d):
+    return _write(d / "u.data", "".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in ROWS))
+
+
+def write_ratings_dat(d):
+    return _write(d / "ratings.dat", "".join(f"{u}::{i}::{r}::{t}\n" for u, i, r, t in ROWS))
+
+
+def write_ratings_csv(d):
+    return _write(d / "ratings.csv", "userId,movieId,rating,timestamp\n"
+                  + "".join(f"{u},{i},{r:.1f},{t}\n" for u, i, r, t in ROWS))
+
+
+def write_inter(d):  # columns deliberately out of order, timestamps as floats
+    return _write(d / "ml.inter", "item_id:token\ttimestamp:float\tuser_id:token\trating:float\n"
+                  + "".join(f"{i}\t{t}.0\t{u}\t{r}.0\n" for u, i, r, t in ROWS))
+
+
+def write_parquet(d):
+    d.mkdir(parents=True, exist_ok=True)
+    u, i, r, t = map(list, zip(*ROWS))
+    table = pa.table({"user_id": pa.array(u, pa.int32()), "item_id": pa.array(i, pa.int64()),
+                      "timestamp": pa.array(t, pa.int64()), "rating": pa.array(r, pa.float32())})
+    pq.write_table(table, d / "inter.parquet")
+    return d / "inter.parquet"
+
+
+def write_generic_csv(d):  # no rating column, alias names
+    return _write(d / "events.csv", "user,itemId,timestamp\n"
+                  + "".join(f"{u},{i},{t}\n" for u, i, _, t in ROWS))
+
+
+def write_generic_tsv(d):  # extra column, CRLF line ends, quoted strings
+    return _write(d / "events.tsv", "ts\tUser_ID\tsession\titem\r\n"
+                  + "".join(f'{t}\t{u}\t"s x"\t{i}\r\n' for u, i, _, t in ROWS))
+
+
+WRITERS = {
+    "ml-100k": write_u_data,
+    "ml-dat": write_ratings_dat,
+    "ml-csv": write_ratings_csv,
+    "recbole": write_inter,
+    "parquet": write_parquet,
+    "csv": write_generic_csv,
+    "tsv": write_generic_tsv,
+}
+
+
+def triples(inter: Interactions):
+    return sorted(zip(inter.user.tolist(), inter.item.tolist(), inter.timestamp.tolist()))
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_every_format_loads_the_same_interactions(tmp_path, name):
+    path = WRITERS[name](tmp_path)
+    inter = load_interactions(path)
+    assert inter.fmt == ("csv" if name == "tsv" else name)
+    assert inter.source == str(path)
+    assert triples(inter) == EXPECTED
+    assert inter.user.dtype == inter.item.dtype == inter.timestamp.dtype == np.int64
+    assert len(inter) == len(ROWS)
+    if name in ("csv", "tsv"):
+        assert inter.rating is None
+    else:
+        assert inter.rating.dtype == np.float32
+        np.testing.assert_array_equal(inter.rating, [r for *_, r, _ in ROWS])
+    # file order is kept (it breaks timestamp ties later)
+    assert inter.item.tolist() == [i for _, i, _, _ in ROWS]
+
+
+def test_directory_input(tmp_path):
+    d = tmp_path / "ml-1m"
+    write_ratings_dat(d)
+    _write(d / "movies.dat", "1::Toy Story (1995)::Animation|Children's|Comedy\n")
+    _write(d / "users.dat", "1::F::1::10::48067\n")
+    inter = load_interactions(d)
+    assert inter.fmt == "ml-dat" and inter.source == str(d / "ratings.dat")
+    assert triples(inter) == EXPECTED
+    # the folder a zip was extracted into
+    assert triples(load_interactions(tmp_path)) == EXPECTED
+    # ml-20m layout: ratings.csv next to other csv files
+    d20 = tmp_path / "x" / "ml-20m"
+    write_ratings_csv(d20)
+    _write(d20 / "movies.csv", "movieId,title,genres\n1,Toy Story (1995),Comedy\n")
+    assert load_interactions(d20).fmt == "ml-csv"
+    # RecBole dataset folder
+    rb = tmp_path / "rb" / "ml-100k"
+    write_inter(rb)
+    _write(rb / "ml-100k.item", "item_id:token\tmovie_title:token_seq\n1\tToy Story\n")
+    assert load_interactions(rb).fmt == "recbole"
+
+
+def test_string_ids_get_codes_and_vocab(tmp_path):
+    p = _write(tmp_path / "a.inter", "user_id:token\titem_id:token\ttimestamp:float\n"
+               "A1\tB9\t3\nA2\tB9\t1\nA1\tB7\t2\n")
+    inter = load_interactions(p)
+    assert inter.user.tolist() == [0, 1, 0] and inter.user_vocab.tolist() == ["A1", "A2"]
+    assert inter.item.tolist() == [0, 0, 1] and inter.item_vocab.tolist() == ["B9", "B7"]
+    assert inter.timestamp.tolist() == [3, 1, 2] and inter.rating is None
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(DataError, match=r"not found: .*nope\.dat"):
+        load_interactions(tmp_path / "nope.dat")
+
+
+@pytest.mark.parametrize("name,text", [
+    ("movies.dat", "1::Toy Story (1995)::Animation\n"),
+    ("notes.txt", "hello world\nsecond line\n"),
+    ("movies.csv", "movieId,title,genres\n1,Toy Story,Comedy\n"),
+    ("plain.csv", "1,2,3,4\n5,6,7,8\n"),
+])
+def test_unknown_format(tmp_path, name, text):
+    p = _write(tmp_path / name, text)
+    with pytest.raises(DataError) as e:
+        load_interactions(p)
+    msg = str(e.value)
+    assert name in msg and "unknown interaction file format" in msg and "supported:" in msg
+    assert "ratings.dat" in msg and "RecBole" in msg and "Parquet" in msg
+    assert "\n" not in msg
+
+
+def test_directory_without_interactions(tmp_path):
+    _write(tmp_path / "movies.dat", "1::Toy Story::Comedy\n")
+    with pytest.raises(DataError, match="no interaction file"):
+        load_interactions(tmp_path)
+
+
+@pytest.mark.parametrize("name,text,lineno,shown,reason", [
+    ("ratings.dat", "1::10::4::100\n2::20::5::200\n3::20::5\n4::1::1::1\n", 3, "3::20::5",
+     "expected 4 fields"),
+    ("u.data", "1\t10\t4\t100\n2\tabc\t5\t200\n", 2, "2\\tabc\\t5\\t200", "'item' must be an integer"),
+    ("ratings.csv", "userId,movieId,rating,timestamp\n1,10,4.0,100\n\n2,20,five,200\n", 4,
+     "2,20,five,200", "'rating' must be a number"),
+    ("ratings.csv", "userId,movieId,rating,timestamp\n1,10,4.0,100\n2,,5.0,200\n", 3, "2,,5.0,200",
+     "'movieId' must be an integer"),
+    ("x.inter", "user_id:token\titem_id:token\ttimestamp:float\n1\t2\t3\n1\t2\tlate\n", 3,
+     "1\\t2\\tlate", "'timestamp:float' must be a number"),
+    ("x.csv", "user,item\n1,2\n1,\n", 3, "1,", "item id is empty"),
+    ("y.csv", "user,item,timestamp\n1,2,3\n1,2,soon\n", 3, "1,2,soon", "timestamp must be"),
+])
+def test_malformed_line(tmp_path, name, text, lineno, shown, reason):
+    p = _write(tmp_path / name, text)
+    with pytest.raises(DataError) as e:
+        load_interactions(p)
+    msg = str(e.value)
+    assert f"{p}:{lineno}: malformed" in msg, msg
+    assert shown in msg and reason in msg, msg
+    assert "\n" not in msg
+
+
+def test_malformed_line_found_across_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(interactions, "_LOCATE_CHUNK", 64)
+    lines = [f"{u}::{u % 7 + 1}::3::{1000 + u}" for u in range(1, 300)]
+    lines[240] = "241::1::3"
+    p = _write(tmp_path / "ratings.dat", "\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"ratings\.dat:241: malformed ml-dat line .*'241::1::3'"):
+        load_interactions(p)
+
+
+@pytest.mark.parametrize("name,text", [("ratings.dat", ""), ("u.data", "\n\n"),
+                                       ("ratings.csv", "userId,movieId,rating,timestamp\n"),
+                                       ("e.parquet", None)])
+def test_empty_file(tmp_path, name, text):
+    p = tmp_path / name
+    if text is None:
+        pq.write_table(pa.table({"user": pa.array([], pa.int64()), "item": pa.array([], pa.int64())}), p)
+    else:
+        p.write_text(text)
+    with pytest.raises(DataError, match=rf"{name}: file is empty"):
+        load_interactions(p)

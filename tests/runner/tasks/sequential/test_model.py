@@ -1,0 +1,123 @@
+"""The SASRec-like model on its own: causal and padding-blind encoder, both losses and the full-ranking
+scores against plain numpy computed from the encoder's hidden states and the raw table, and dropout."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from runner.core.embeddings import TableSpec
+from runner.tasks.sequential.model import SequentialModel
+
+N, L, D, K, B = 30, 6, 8, 5, 4
+
+
+def make(loss="sampled_softmax", **kw):
+    c = -(-N // B) if loss == "full_softmax" else 0
+    spec = TableSpec("items", N + 1, D, L + c if c else 2 * L + K, rows=N + 1)
+    model = SequentialModel(spec, N, L, num_blocks=2, num_heads=2, loss_kind=loss,
+                            catalog_per_example=c, **kw)
+    params = model.init(jax.random.key(0))
+    table = np.random.default_rng(1).normal(0, 0.3, (N + 1, D)).astype(np.float32)
+    table[0] = 0
+    return model, params, table
+
+
+def batch(seed=0):
+    rng = np.random.default_rng(seed)
+    seq = rng.integers(1, N + 1, (B, L + 1)).astype(np.int32)
+    for b, pad in enumerate([0, 2, 4, 5]):  # left padding of different lengths
+        seq[b, :pad] = 0
+    inputs, targets = seq[:, :-1], np.where(seq[:, :-1] != 0, seq[:, 1:], 0)
+    neg = rng.integers(1, N + 1, (B, K)).astype(np.int32)
+    neg[0, 0] = targets[0, -1]  # an accidental hit, masked out of the loss
+    return {"inputs": inputs, "targets": targets, "negatives": neg}
+
+
+def lookup(model, table, b):
+    ids = np.asarray(model.table_ids({k: jnp.asarray(v) for k, v in b.items()})["items"])
+    return {"items": jnp.asarray(table[ids])}, ids
+
+
+def hidden(model, params, table, b):
+    return np.asarray(model.encode(params, jnp.asarray(table[b["inputs"]]), jnp.asarray(b["inputs"])), np.float64)
+
+
+def test_encoder_is_causal_and_ignores_padding():
+    model, params, table = make()
+    b = batch()
+    h = hidden(model, params, table, b)
+    changed = dict(b, inputs=b["inputs"].copy())
+    changed["inputs"][:, 3:] = (changed["inputs"][:, 3:] % N) + 1  # the future changes
+    np.testing.assert_allclose(hidden(model, params, table, changed)[:, :3], h[:, :3], atol=1e-5)
+    assert not np.allclose(hidden(model, params, table, changed)[:, 3:], h[:, 3:], atol=1e-3)
+    embs = table[b["inputs"]]
+    embs[b["inputs"] == 0] = 5.0  # whatever sits at padding positions is never attended to
+    h2 = np.asarray(model.encode(params, jnp.asarray(embs), jnp.asarray(b["inputs"])))
+    valid = b["inputs"] != 0
+    np.testing.assert_allclose(h2[valid], h[valid], atol=1e-5)
+
+
+def _softmax_ce(logits, target_col):
+    m = logits.max(-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.exp(logits - m).sum(-1))
+    return lse - np.take_along_axis(logits, target_col[..., None], -1)[..., 0]
+
+
+@pytest.mark.parametrize("l2_norm, temperature", [(False, 1.0), (True, 0.1)])
+def test_sampled_softmax_matches_numpy(l2_norm, temperature):
+    model, params, table = make(l2_norm=l2_norm, temperature=temperature)
+    b = batch()
+    h = hidden(model, params, table, b)
+    rows = table.astype(np.float64)
+    if l2_norm:
+        h = h / np.maximum(np.linalg.norm(h, axis=-1, keepdims=True), 1e-6)
+        rows = rows / np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-6)
+    losses, hits = [], []
+    for i in range(B):
+        for t in range(L):
+            y = b["targets"][i, t]
+            if y == 0:
+                continue
+            negs = [n for n in b["negatives"][i] if n != y]
+            logits = np.array([rows[y] @ h[i, t]] + [rows[n] @ h[i, t] for n in negs]) / temperature
+            losses.append(_softmax_ce(logits, np.array(0)))
+            hits.append(logits[0] > logits[1:].max())
+    embs, _ = lookup(model, table, b)
+    loss, out = model.loss(params, embs, {k: jnp.asarray(v) for k, v in b.items()})
+    np.testing.assert_allclose(float(loss), np.mean(losses), rtol=1e-4)
+    np.testing.assert_allclose(float(out["top1"]), np.mean(hits), atol=1e-6)
+
+
+def test_full_softmax_and_predict_match_numpy():
+    model, params, table = make("full_softmax")
+    b = batch()
+    h = hidden(model, params, table, b)
+    logits = h @ table.T.astype(np.float64)  # [B, L, N+1]
+    logits[..., 0] = -np.inf  # padding is never a class
+    ce = _softmax_ce(logits, b["targets"])
+    valid = b["targets"] != 0
+    embs, ids = lookup(model, table, b)
+    assert sorted(set(ids[:, L:].ravel()) - {0}) == list(range(1, N + 1))  # the whole catalog is looked up
+    loss, out = model.loss(params, embs, {k: jnp.asarray(v) for k, v in b.items()})
+    np.testing.assert_allclose(float(loss), ce[valid].mean(), rtol=1e-4)
+    np.testing.assert_allclose(float(out["top1"]), (logits.argmax(-1) == b["targets"])[valid].mean(), atol=1e-6)
+
+    padded = np.concatenate([table, np.full((3, D), 9.0, np.float32)])  # row-padded storage is ignored
+    scores = np.asarray(model.predict(params, embs, {"inputs": jnp.asarray(b["inputs"])}, {"items": padded}))
+    assert scores.shape == (B, N + 1)
+    np.testing.assert_allclose(scores[:, 1:], (h[:, -1] @ table.T)[:, 1:], rtol=1e-4, atol=1e-5)
+    assert (scores[:, 0] < -1e8).all()
+
+
+def test_dropout_is_seeded_and_only_in_training():
+    model, params, table = make(dropout=0.3)
+    b = batch()
+    embs, _ = lookup(model, table, b)
+    dev = {k: jnp.asarray(v) for k, v in b.items()}
+    seeded = lambda s: float(model.loss(params, embs, {**dev, "seed": jnp.full((B,), s, jnp.int32)})[0])  # noqa
+    assert seeded(1) == seeded(1) and seeded(1) != seeded(2)
+    no_drop, _, _ = make()
+    assert float(model.loss(params, embs, dev)[0]) == float(no_drop.loss(params, embs, dev)[0])  # no seed: off
+    tables = {"items": table}
+    np.testing.assert_array_equal(np.asarray(model.predict(params, embs, dev, tables)),
+                                  np.asarray(no_drop.predict(params, embs, dev, tables)))

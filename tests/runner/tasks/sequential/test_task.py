@@ -1,0 +1,144 @@
+"""The sequential task: the synthetic world's planted pattern, the ratings.dat round trip, batches, clean
+config errors, and full-ranking evaluation (model, popularity, exclude_seen) against per-user numpy loops."""
+import numpy as np
+import pytest
+
+from runner.build import build
+from runner.core.loop import to_device
+from runner.tasks.sequential.dataset import SequenceDataset
+from runner.tasks.sequential.interactions import load_interactions
+from runner.preflight import PreflightError
+from runner.tasks.sequential.synthetic import SequenceSpec, SequenceWorld, write_ratings_dat
+from tests.runner.support import compose_config, seq_config
+
+def test_world_transitions_follow_the_planted_pattern():
+    spec = SequenceSpec(num_users=3000, num_items=300, num_clusters=10, min_length=5, max_length=30, noise=0.2)
+    world = SequenceWorld(spec)
+    inter = world.interactions()
+    assert (np.bincount(world.cluster[1:]) == 30).all()  # equal clusters
+    same_user = inter.user[1:] == inter.user[:-1]
+    prev, nxt = inter.item[:-1][same_user], inter.item[1:][same_user]
+    follows = world.cluster[nxt] == world.succ[world.cluster[prev]]
+    assert abs(follows.mean() - (0.8 + 0.2 / 10)) < 0.01  # 1 - noise + noise / C
+    lengths = np.bincount(inter.user)[1:]
+    assert lengths.min() >= 5 and lengths.max() <= 30
+    assert (np.diff(inter.timestamp)[same_user] > 0).all()
+    # the oracle's probabilities are the empirical next-item frequencies after a given item
+    last = np.bincount(prev).argmax()
+    freq = np.bincount(nxt[prev == last], minlength=301)[1:] / (prev == last).sum()
+    probs = world.next_item_probs(np.array([last]), np.arange(-1, 301))[0]
+    assert probs[0] == probs[1] == 0 and abs(probs.sum() - 1) < 1e-9
+    assert np.abs(freq - probs[2:]).max() < 0.05
+    again = SequenceWorld(spec).interactions()
+    np.testing.assert_array_equal(again.item, inter.item)
+
+
+def test_ratings_dat_round_trip_gives_the_same_sequences(tmp_path):
+    world = SequenceWorld(SequenceSpec(num_users=50, num_items=40, num_clusters=4))
+    inter = world.interactions()
+    path = write_ratings_dat(inter, tmp_path / "ml" / "ratings.dat")
+    loaded = load_interactions(tmp_path / "ml")
+    assert loaded.fmt == "ml-dat"
+    a, b = SequenceDataset.from_interactions(inter, 10), SequenceDataset.from_interactions(loaded, 10)
+    for field in ("offsets", "items", "user_ids", "item_ids"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert path.read_text().splitlines()[0].count("::") == 3
+
+
+def test_movielens_source_and_its_tables(tmp_path):
+    write_ratings_dat(SequenceWorld(SequenceSpec(num_users=64, num_items=50, num_clusters=5)).interactions(),
+                      tmp_path / "ratings.dat")
+    over = [f"data.path={tmp_path}", "data.max_len=10", "trainer.batch_size=16"]
+    program, task, _ = build(seq_config(*over, data=["data=movielens"]))
+    assert task.data.fmt == "ml-dat" and task.data.num_items == program.tables["items"].vocab - 1
+    assert task.tables() == {"items": (task.data.num_items, 2 * 10 + 32)}  # inputs, targets, negatives
+    program, task, _ = build(seq_config(*over, "model.loss=full_softmax", data=["data=movielens"]))
+    assert task.tables()["items"][1] == 10 + -(-task.data.num_items // 16)  # inputs + a share of the catalog
+
+
+def test_batches_are_deterministic_and_shard_the_global_batch():
+    _, task, _ = build(seq_config())
+    a, b = task.batch(3, 64), task.batch(3, 64)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    assert not np.array_equal(a["negatives"], task.batch(4, 64)["negatives"])
+    parts = [task.batch(3, 64, shard=s, num_shards=4) for s in range(4)]
+    for k in a:
+        np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), a[k])
+    assert a["negatives"].shape == (64, 32) and 1 <= a["negatives"].min() and a["negatives"].max() <= 200
+    np.testing.assert_array_equal(a["targets"][:, :-1], np.where(a["inputs"][:, :-1] != 0, a["inputs"][:, 1:], 0))
+
+
+@pytest.mark.parametrize("data, overrides, needle", [
+    (["data=movielens"], [], "data.path is not set"),
+    (["data=movielens"], ["data.path=/nonexistent/ml-1m"], "data.path='/nonexistent/ml-1m' cannot be used: "
+                                                           "interaction data not found: /nonexistent/ml-1m"),
+    (None, ["model.num_heads=3"], "model.num_heads=3 must divide model.emb_width=16"),
+    (None, ["model.loss=bpr"], "model.loss='bpr': use sampled_softmax or full_softmax"),
+    (None, ["data.min_length=2"], "data.min_length=2, max_length=25: need 3 <= min_length"),
+    (None, ["+model.tables.items.vocab=100"], "model.tables must only configure 'items', without a vocab"),
+])
+def test_config_errors_name_the_value_and_the_fix(data, overrides, needle):
+    with pytest.raises(PreflightError) as e:
+        build(seq_config(*overrides, data=data))
+    assert needle in str(e.value)
+
+
+def test_data_and_model_must_match():
+    with pytest.raises(PreflightError, match="data=synthetic_sequences is a next-item sequence source, but "
+                                             "model=ranking; use model=sequential"):
+        build(seq_config(model=["model=ranking"]))
+    with pytest.raises(PreflightError, match="data=synthetic is the multi-action ranking source, but "
+                                             "model=sequential; use model=ranking"):
+        build(compose_config(["model=sequential", "data=synthetic"], tiny=False))
+
+
+def _reference_ranks(ds, split, scores_of, exclude_seen):
+    """Per user, in a plain loop: the input window, the target, and its pessimistic rank."""
+    L, ranks = ds.max_len, []
+    for u in range(ds.num_users):
+        seq = ds.items[ds.offsets[u]:ds.offsets[u + 1]]
+        hist, target = (seq[:-2], seq[-2]) if split == "valid" else (seq[:-1], seq[-1])
+        window = np.zeros(L, np.int32)
+        window[L - min(L, len(hist)):] = hist[-L:]
+        s = scores_of(window)
+        cand = np.ones(ds.num_items + 1, bool)
+        cand[0] = cand[target] = False
+        if exclude_seen:
+            cand[hist] = False
+            cand[target] = False
+        ranks.append(np.sum(cand & (s >= s[target])))
+    return np.array(ranks)
+
+
+def _metrics(ranks):
+    return {"hr@10": np.mean(ranks < 10), "ndcg@10": np.mean(np.where(ranks < 10, 1 / np.log2(ranks + 2), 0)),
+            "mrr": np.mean(1 / (ranks + 1))}
+
+
+@pytest.mark.parametrize("exclude_seen", [False, True])
+def test_evaluation_matches_per_user_reference(exclude_seen):
+    program, task, _ = build(seq_config("data.num_users=150", "trainer.batch_size=32",
+                                        f"data.exclude_seen={exclude_seen}"))
+    state = program.init_state(0)
+    put = lambda b: to_device(program, b)  # noqa: E731
+    _, _, predict = program.compile(state, put(task.batch(0, 32)))
+    got = task.evaluate(predict, state, put, 32)
+    ds = task.data
+    pop = np.zeros(ds.num_items + 1)
+    for u in range(ds.num_users):
+        np.add.at(pop, ds.items[ds.offsets[u]:ds.offsets[u + 1] - 2], 1)
+
+    def model_scores(window):
+        b = {**{k: np.zeros_like(v[:32]) for k, v in task.batch(0, 32).items()},
+             "inputs": np.tile(window, (32, 1))}
+        return np.asarray(predict(state, put(b)))[0]
+
+    for split in ("valid", "test"):
+        for name, scores_of in (("", model_scores), ("popularity/", lambda w: pop),
+                                ("oracle/", lambda w: task.world.next_item_probs(ds.item_ids[w[-1:]],
+                                                                                   ds.item_ids)[0])):
+            want = _metrics(_reference_ranks(ds, split, scores_of, exclude_seen))
+            for k, v in want.items():
+                assert got[f"{name}{split}/{k}"] == pytest.approx(v, abs=1e-9), (name, split, k)
+    assert task.objective == "valid/ndcg@10" and task.objective in got
