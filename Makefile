@@ -32,4 +32,4 @@ bench: install
 	$(PY) -m benchmarks $(ARGS)
 
 clean:
-	rm -rf $(VENV) outputs/*/ multirun/ .pytest_cache
+	rm -rf $(VENV) outputs/*/ multirun/ .pytest_cache .jax_cache build

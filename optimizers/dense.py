@@ -27,7 +27,9 @@ class OptaxEmbOptimizer(AsyncEmbOptimizer):
         return self.transform().init(jax.ShapeDtypeStruct((num_rows, width), jnp.float32))
 
     def apply_dense(self, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state):
-        """Returns (table, state, norm, valid); a non-finite or non-pending update changes nothing."""
+        """Returns (table, state, norm, valid); a non-pending update, a non-finite gradient, or an update
+        whose new table or state would not be finite (e.g. eps=0 on a zero gradient, b1=1, a learning rate
+        that overflows) changes nothing, and ``valid`` is false."""
         g = segment_sum(update.grads, update.segment_ids, ctx.num_unique)
         norm = jnp.sqrt(jnp.sum(g * g))
         valid = jnp.isfinite(norm) & update.pending
@@ -35,11 +37,15 @@ class OptaxEmbOptimizer(AsyncEmbOptimizer):
         def apply(args):
             table, state = args
             dense_g = jnp.zeros(table.shape, jnp.float32).at[update.unique_tokens].add(g, mode="drop")
-            updates, state = self.transform().update(dense_g, state, table.astype(jnp.float32))
-            return (table.astype(jnp.float32) + updates).astype(table.dtype), state
+            updates, new_state = self.transform().update(dense_g, state, table.astype(jnp.float32))
+            new_table = (table.astype(jnp.float32) + updates).astype(table.dtype)
+            finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((new_table, new_state))
+                                        if jnp.issubdtype(x.dtype, jnp.inexact)]))
+            out = jax.lax.cond(finite, lambda: (new_table, new_state), lambda: (table, state))
+            return (*out, finite)
 
-        table, state = jax.lax.cond(valid, apply, lambda a: a, (table, state))
-        return table, state, norm, valid
+        table, state, ok = jax.lax.cond(valid, apply, lambda a: (*a, jnp.zeros((), bool)), (table, state))
+        return table, state, norm, valid & ok
 
 
 @dataclasses.dataclass(frozen=True)

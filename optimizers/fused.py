@@ -185,6 +185,11 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
         return (norm, valid), table, state
 
     def gradient_update_done(self, context: AsyncEmbContext, gate: jax.Array):
+        """``(norm, valid, done_pin)``: ``norm`` is the global L2 norm of the deduped gradient; ``valid`` is
+        true only when the update was pending, its gradient finite and the rows and state it computed
+        finite, i.e. when it was written. A refused update (``valid`` false with a finite ``norm``: the
+        rule's result overflowed or was NaN, e.g. eps=0 on a zero gradient, b1=1, a huge learning rate)
+        left table and state bit-for-bit unchanged, exactly like a non-finite gradient."""
         if "norm" not in context.results:
             raise RuntimeError("gradient_update_done called before gradient_update_start on this context")
         norm, valid = context.results["norm"], context.results["valid"]
@@ -223,6 +228,14 @@ def _gate_bit(gate: jax.Array) -> jax.Array:
     return (bits >> 31).astype(jnp.int32)
 
 
+def _non_finite_rows(x: jax.Array, owned: jax.Array) -> jax.Array:
+    """int32: how many of the rows this shard owns hold a non-finite value (integer leaves never do)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros((), jnp.int32)
+    finite = jnp.isfinite(x).reshape(x.shape[0], -1).all(axis=1) if x.ndim > 1 else jnp.isfinite(x)
+    return jnp.sum(owned & ~finite).astype(jnp.int32)
+
+
 def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,
                  axis):
     """The per-shard kernel: segment-sum, norm, gather, rule, gated scatter."""
@@ -241,7 +254,7 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     if axis is not None:
         sq = lax.psum(sq, axis)  # each shard summed its own rows (row layout) or columns (column layout)
     norm = jnp.sqrt(sq)
-    valid = jnp.isfinite(norm) & update.pending
+    valid = jnp.isfinite(norm) & update.pending  # the rule's result is checked too, below
 
     n_local = table.shape[0]
     local = jnp.where(owned, local, n_local)  # out of range: gathers fill, scatters drop
@@ -259,13 +272,21 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
 
     # Invalid or not ours: an index past the end (n_local or n_local + 1, after the gate), nothing is written.
-    write = jnp.where(valid & owned, local, n_local + _gate_bit(gate))
     scatter = lambda a, v: a.at[write].set(v.astype(a.dtype), mode="drop", unique_indices=True)  # noqa: E731
     if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
         cols = jnp.arange(table.shape[1], dtype=jnp.int32)
         if axis is not None and ctx.layout == COLUMN:
             cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
         new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
+    # The gate covers the rule's output: an update whose new rows or state would not be finite (as stored)
+    # writes nothing. Every shard counts its own non-finite touched rows; the psum makes one decision for all.
+    bad = _non_finite_rows(new_rows.astype(table.dtype), owned)
+    for leaf, new_leaf in zip(jax.tree.leaves(state.rows), jax.tree.leaves(new_row_state)):
+        bad = bad + _non_finite_rows(jnp.asarray(new_leaf).astype(leaf.dtype), owned)
+    if axis is not None:
+        bad = lax.psum(bad, axis)
+    valid = valid & (bad == 0)
+    write = jnp.where(valid & owned, local, n_local + _gate_bit(gate))
     table = scatter(table, new_rows)
     new_state = EmbOptState(jax.tree.map(scatter, state.rows, new_row_state),
                             jnp.where(valid, step, state.count))

@@ -3,7 +3,8 @@
 An embedding optimizer that implements both methods of :class:`AsyncEmbOptimizer` can apply a deferred
 (or same-step) :class:`AsyncEmbGradientUpdate` to its table in place: it dedupes nothing itself (the update
 already carries the batch's unique ids and each token's segment), segment-sums the per-token gradients in
-fp32, updates only the touched rows and their state, and reports the global norm of the deduped gradient.
+fp32, updates only the touched rows and their state, and reports the global norm of the deduped gradient
+and whether the update was applied (it is refused whole when its gradient or its result is not finite).
 """
 from __future__ import annotations
 
@@ -48,7 +49,10 @@ class AsyncEmbOptimizer(Protocol):
         raise NotImplementedError(no_fused_update_message(self))
 
     def gradient_update_done(self, context: Any, gate: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Returns ``(norm, valid, done_pin)`` for the update started on ``context``."""
+        """Returns ``(norm, valid, done_pin)`` for the update started on ``context``: the global L2 norm of
+        the deduped gradient, and whether the update was applied. ``valid`` is false, and table and state
+        were left bit-for-bit unchanged, when nothing was pending, the gradient was not finite, or the rows
+        or state the update computed were not finite (then ``norm`` may well be finite)."""
         raise NotImplementedError(no_fused_update_message(self))
 
 

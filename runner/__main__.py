@@ -15,13 +15,26 @@ from .preflight import PreflightError
 register()
 
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")  # absolute: works for the console script too
+def conf_dir() -> str:
+    """The config groups: ``runner/conf`` in an installed wheel (setup.py ships the repository's ``conf/`` there),
+    else ``conf/`` at the top of the source tree (a checkout, or the editable install). Absolute, so the console
+    script finds it from any working directory."""
+    here = Path(__file__).resolve().parent
+    candidates = (here / "conf", here.parent / "conf")
+    for d in candidates:
+        if (d / "config.yaml").is_file():
+            return str(d)
+    return str(candidates[-1])  # neither: Hydra's error names the folder it looked for
+
+
+CONF_DIR = conf_dir()
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float:
     from . import sweeps
     from .app import run, run_tracker  # imported here so `--help` and completion stay fast
+    from .checkpoint import CheckpointError
 
     hc = HydraConfig.get()
     tags = sweeps.trial_tags(hc)
@@ -31,6 +44,9 @@ def main(cfg: DictConfig) -> float:
         except PreflightError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        except CheckpointError as e:  # a save failed mid-run: the message names the directory and the fix
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
     # A sweep: one W&B run per trial in the sweep's group; a failed trial is recorded and the sweep goes on.
     sweeps.name_trial(cfg, hc)
 

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from omegaconf import DictConfig, OmegaConf
 
-from . import distributed
+from . import budget, distributed, progress
 from .build import build
 from .checkpoint import open_checkpoints
 from .core.loop import train
@@ -43,18 +43,28 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     say = log.info if jax.process_index() == 0 else (lambda *a, **k: None)  # process 0 speaks for the run
     lg = cfg.logger
     ckpt = open_checkpoints(cfg, program, plan, out)  # checks, then restores per checkpoint.resume; None = off
-    tracker = run_tracker(cfg, out, tags, process_index=jax.process_index(), run_id=ckpt and ckpt.run_id)
+    try:
+        tracker = run_tracker(cfg, out, tags, process_index=jax.process_index(), run_id=ckpt and ckpt.run_id)
+    except BaseException:
+        if ckpt is not None:
+            ckpt.close()  # releases checkpoint.dir's lock
+        raise
     tracker = ckpt.track(tracker) if ckpt is not None else tracker
     exit_code = 1
     try:
         say("mesh %s (%d processes x %d devices), async_emb=%s, optimizers %s", plan.describe(),
             jax.process_count(), jax.local_device_count(), cfg.async_emb.enabled, {n: type(o).__name__ for n, o in program.emb_optimizers.items()})
+        run_budget = budget.of(cfg, task)
+        say(f"budget: {run_budget.describe()}, evaluation every {cfg.trainer.eval_interval:,} steps")
+        for warning in run_budget.warnings():  # e.g. far more epochs than the data can use
+            say(warning)
         with distributed.fail_fast(tracker):  # several processes: a failure ends this one now, clearly
             result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt)
             if cfg.distributed.dump_state:
                 distributed.dump_state(result["state"], out / "final_state.npz")
         exit_code = 0
     finally:
+        progress.close_open()  # a bar still on screen (the run failed): the error starts on a line of its own
         if ckpt is not None:
             ckpt.close()  # an in-flight save still commits when the run ends on an error
         tracker.finish(exit_code)
@@ -64,7 +74,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
             f"{ckpt.directory}; the same command without stop_after resumes the run")
         return float("nan")
     lines = [
-        f"done: {s['steps']} steps, final train loss {s['final/train_loss'] or float('nan'):.4f}",
+        f"done: {s['steps']} steps{_epochs(run_budget, s['steps'])}, "
+        f"final train loss {s['final/train_loss'] or float('nan'):.4f}",
         *task.summary_lines(s),
         f"throughput {s['perf/examples_per_s'] or float('nan'):,.0f} examples/s",
         f"outputs: {out} (metrics.jsonl, summary.json" + (", wandb/)" if lg.kind == "wandb" else ")"),
@@ -73,3 +84,9 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         say(line)
     objective = s.get(cfg.trainer.objective or task.objective)
     return float(objective) if objective is not None else float("nan")
+
+
+def _epochs(b: budget.Budget, steps: int) -> str:
+    """`` (12.3 epochs)`` when the task's training set is finite, else nothing."""
+    epochs = b.epochs_at(steps)
+    return f" ({epochs:.1f} epochs)" if epochs is not None else ""

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from optimizers import AsyncEmbContext
 
-from . import preflight
+from . import budget, preflight
 from .config import TableConfig
 from .core.embeddings import TableSpec
 from .core.mesh import MeshPlan, build_mesh, resolve_axes
@@ -32,10 +32,36 @@ def apply_cpu_devices(cfg: DictConfig) -> None:
         pass  # the backend is already up (e.g. inside a test process that set it itself); checked below
 
 
-def emb_optimizers(cfg: DictConfig, table_names: list[str]) -> dict[str, Any]:
+def _instantiate(node: DictConfig, key: str) -> Any:
+    """One optimizer from its config; a class that cannot be found or built is a PreflightError naming it."""
+    if not isinstance(node, DictConfig) or not node.get("_target_"):
+        group = "optimizer" if key == "optimizer" else f"optimizer@{key}"
+        raise preflight.PreflightError(
+            f"{key}={OmegaConf.to_container(node) if isinstance(node, DictConfig) else node!r} names no optimizer "
+            f"class (_target_); pick one with +{group}=async_adam (or async_rowwise_adagrad, async_adagrad, "
+            f"async_sgd, adam, adagrad) or give {key}._target_=optimizers.AsyncAdam")
+    try:
+        return hydra.utils.instantiate(node)
+    except Exception as e:  # noqa: BLE001 - InstantiationException, or whatever a user's __init__ raises
+        cause = e.__cause__ or e
+        reason = str(e).split(", set env var HYDRA_FULL_ERROR")[0].split("\nfull_key:")[0]
+        if e.__cause__ is not None and str(cause) not in reason:
+            reason += f" ({type(cause).__name__}: {cause})"
+        target = node.get("_target_") if isinstance(node, DictConfig) else None
+        raise preflight.PreflightError(
+            f"{key}._target_={target!r} cannot be built: {' '.join(reason.split())}. Fix {key}: a class path "
+            f"such as optimizers.AsyncAdam (or optimizer=async_adam) and arguments its class accepts") from None
+
+
+def configured_optimizers(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
+    """The default embedding optimizer and the per-table overrides, instantiated."""
+    return (_instantiate(cfg.optimizer, "optimizer"),
+            {name: _instantiate(c, f"table_optimizers.{name}") for name, c in cfg.table_optimizers.items()})
+
+
+def emb_optimizers(cfg: DictConfig, table_names: list[str], configured: tuple | None = None) -> dict[str, Any]:
     """The default optimizer for every table, with per-table overrides from ``table_optimizers``."""
-    default = hydra.utils.instantiate(cfg.optimizer)
-    overrides = {name: hydra.utils.instantiate(c) for name, c in cfg.table_optimizers.items()}
+    default, overrides = configured or configured_optimizers(cfg)
     return {name: overrides.get(name, default) for name in table_names}
 
 
@@ -51,6 +77,10 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
     for name, (id_range, tokens) in needs.items():
         t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
         vocab = t.vocab or id_range + 1
+        if vocab < id_range + 1:
+            raise preflight.PreflightError(
+                f"model.tables.{name}.vocab={vocab} is too small: the data's {name} ids go up to {id_range}, so "
+                f"the table needs >= {id_range + 1} rows (row 0 is padding); raise it or set it to null")
         specs[name] = TableSpec(name, vocab, t.width or cfg.model.emb_width, tokens,
                                 rows=-(-vocab // shards) * shards, dtype=t.dtype, init_scale=t.init_scale)
     return specs
@@ -68,9 +98,16 @@ def dense_optimizer(cfg: DictConfig):
 
 def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     """Validate, then assemble (program, task, mesh plan). Raises PreflightError before anything compiles."""
+    preflight.check_config(cfg)  # every setting's range: before any data is generated or read
+    budget.check(cfg.trainer)  # steps or epochs, not both
+    configured = configured_optimizers(cfg)
+    preflight.check_optimizers(*configured)
+    preflight.check_devices(cfg, resolve_axes)  # before any device is created
     task = make_task(cfg)
+    budget.resolve(cfg, task)  # trainer.steps from trainer.epochs and the data size (and a derived eval_interval)
+    preflight.check_objective(cfg.trainer.objective, task)
     names = list(task.tables())
-    opts = emb_optimizers(cfg, names)
+    opts = emb_optimizers(cfg, names, configured)
     preflight.check_values(cfg, opts, names)
     preflight.check_async(opts, cfg.async_emb.enabled)
 

@@ -9,12 +9,72 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 import optimizers
+from optimizers.hparams import hparam
+
+# Sane caps, declared once: the preflight refuses a value outside its field's range before anything runs.
+MAX_IDS = 10**8  # ids / rows of a generated data source or a table
+MAX_WIDTH = 65536  # an embedding or hidden width
+MAX_SEED = 2**32 - 1
+MAX_CPU_DEVICES = 4096  # virtual CPU devices: creating many more takes minutes
+
+
+class Choice(str, Enum):
+    """A setting that takes one of a few words. As the type of a schema field, OmegaConf refuses any other word
+    when the config is composed (``Invalid value 'x', expected one of [a, b]``, with the key). A member is a
+    ``str`` equal to its word, and ``str()`` and f-strings give the word, so code compares it with strings."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class TableLayout(Choice):
+    row = "row"  # each table shard owns a block of rows
+    column = "column"  # each table shard owns a slice of every row
+
+
+class TableDType(Choice):
+    float32 = "float32"
+    bfloat16 = "bfloat16"  # fp32 optimizer state, stochastic rounding
+
+
+class DistributedKind(Choice):
+    none = "none"
+    local = "local"
+    slurm = "slurm"
+    manual = "manual"
+
+
+class LoggerKind(Choice):
+    wandb = "wandb"
+    none = "none"  # metrics.jsonl only
+
+
+class LoggerMode(Choice):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class ProgressMode(Choice):
+    auto = "auto"  # bar when stderr is a terminal, lines otherwise (SLURM logs, CI, pipes)
+    bar = "bar"  # a live progress bar (step, loss, examples/s, ETA, the objective)
+    lines = "lines"  # a plain line every trainer.log_interval steps
+    off = "off"  # nothing between the start-up lines and the summary (metrics.jsonl has every row)
+
+
+class Loss(Choice):
+    sampled_softmax = "sampled_softmax"
+    full_softmax = "full_softmax"
 
 
 @dataclass
@@ -27,16 +87,17 @@ class MeshConfig:
     name: str = "single"
     axes: Dict[str, int] = field(default_factory=lambda: {"data": 1})
     table_axis: Optional[str] = None  # mesh axis the embedding tables are sharded over; None = replicated
-    table_layout: str = "row"  # row: each shard owns a block of rows; column: a slice of the width
+    table_layout: TableLayout = TableLayout.row  # row: each shard owns a block of rows; column: a slice of the width
     pad_vocab: bool = True  # row layout: pad table rows up to a multiple of the table shards
-    cpu_devices: Optional[int] = None  # on CPU, how many virtual devices to create (before JAX starts)
+    cpu_devices: Optional[int] = hparam(None, "virtual CPU devices to create before JAX starts; CPU only",
+                                        low=1, high=MAX_CPU_DEVICES)
 
 
 @dataclass
 class DistributedConfig:
     """Multi-process training (``runner/distributed.py``): none | local | slurm | manual."""
 
-    kind: str = "none"
+    kind: DistributedKind = DistributedKind.none
     coordinator_address: Optional[str] = None  # host:port of process 0 (local/manual; slurm detects it)
     num_processes: Optional[int] = None
     process_id: Optional[int] = None
@@ -48,16 +109,17 @@ class DistributedConfig:
 
 @dataclass
 class TableConfig:
-    vocab: Optional[int] = None  # rows incl. the padding row 0; None = the data's id range + 1
-    width: Optional[int] = None  # None = model.emb_width
-    dtype: str = "float32"
-    init_scale: float = 0.05
+    vocab: Optional[int] = hparam(None, "rows incl. the padding row 0; None = the data's id range + 1",
+                                  low=2, high=MAX_IDS + 1)
+    width: Optional[int] = hparam(None, "this table's width; None = model.emb_width", low=1, high=MAX_WIDTH)
+    dtype: TableDType = TableDType.float32
+    init_scale: float = hparam(0.05, "scale of the initial rows", low=0.0)
 
 
 @dataclass
 class RankingModelConfig:
     name: str = "ranking"
-    emb_width: int = 32
+    emb_width: int = hparam(32, "width of every table without its own", low=1, high=MAX_WIDTH)
     hidden: List[int] = field(default_factory=lambda: [128, 64])
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {
         "users": TableConfig(), "items": TableConfig(), "authors": TableConfig()})
@@ -66,14 +128,14 @@ class RankingModelConfig:
 @dataclass
 class SyntheticDataConfig:
     name: str = "synthetic"
-    num_users: int = 20_000
-    num_items: int = 50_000
-    num_authors: int = 5_000
-    history_len: int = 16
+    num_users: int = hparam(20_000, "user ids 1..num_users", low=1, high=MAX_IDS)
+    num_items: int = hparam(50_000, "item ids 1..num_items", low=1, high=MAX_IDS)
+    num_authors: int = hparam(5_000, "author ids 1..num_authors", low=1, high=MAX_IDS)
+    history_len: int = hparam(16, "items in a user's history", low=1, high=4096)
     actions: List[str] = field(default_factory=lambda: ["click", "like", "share"])
-    zipf_a: float = 1.1
-    latent_dim: int = 8
-    seed: int = 0
+    zipf_a: float = hparam(1.1, "Zipf exponent of user/item popularity", low=0.0)
+    latent_dim: int = hparam(8, "size of the hidden ground-truth model", low=1, high=4096)
+    seed: int = hparam(0, "seed of the generated world", low=0, high=MAX_SEED)
 
 
 @dataclass
@@ -82,8 +144,9 @@ class MovieLensDataConfig:
 
     name: str = "movielens"
     path: Optional[str] = None  # u.data, ratings.dat, ratings.csv, *.inter, csv/parquet, or a folder holding one
-    max_len: int = 200  # the model's window: the last max_len items of a sequence
-    min_interactions: int = 3  # users with fewer are dropped (two go to the validation and test targets)
+    max_len: int = hparam(200, "the model's window: the last max_len items of a sequence", low=1, high=MAX_WIDTH)
+    min_interactions: int = hparam(3, "users with fewer are dropped; each needs a test target, a validation "
+                                   "target and a training item", low=3)
     random_crop: bool = False  # train on a random prefix end instead of the whole training prefix
     exclude_seen: bool = False  # rank only items not already in the user's history (the protocol: false)
     ks: List[int] = field(default_factory=lambda: [10])  # HR@k and NDCG@k cutoffs (MRR has none)
@@ -94,15 +157,18 @@ class SyntheticSequencesDataConfig(MovieLensDataConfig):
     """Cluster-Markov item sequences with a planted next-item pattern (``runner/tasks/sequential/synthetic.py``)."""
 
     name: str = "synthetic_sequences"
-    max_len: int = 50
-    num_users: int = 2000
-    num_items: int = 1000
-    num_clusters: int = 50
-    min_length: int = 8
-    max_length: int = 40
-    noise: float = 0.1
-    zipf_a: float = 1.0
-    seed: int = 0
+    max_len: int = hparam(50, "the model's window: the last max_len items of a sequence", low=1, high=MAX_WIDTH)
+    num_users: int = hparam(2000, "users, one sequence each", low=1, high=MAX_IDS)
+    num_items: int = hparam(1000, "item ids 1..num_items", low=1, high=MAX_IDS)
+    num_clusters: int = hparam(50, "item clusters of the planted pattern, at most num_items", low=1,
+                               high=MAX_IDS)
+    min_length: int = hparam(8, "shortest sequence; leave-one-out takes two items from each", low=3,
+                             high=MAX_WIDTH)
+    max_length: int = hparam(40, "longest sequence, >= min_length; training needs sequences of >= 4 items", low=4,
+                             high=MAX_WIDTH)
+    noise: float = hparam(0.1, "probability that the next cluster is uniform", low=0.0, high=1.0)
+    zipf_a: float = hparam(1.0, "within-cluster popularity exponent", low=0.0)
+    seed: int = hparam(0, "seed of the generated world", low=0, high=MAX_SEED)
 
 
 @dataclass
@@ -110,24 +176,25 @@ class SequentialModelConfig:
     """SASRec-like causal self-attention next-item model, output tied to the item table."""
 
     name: str = "sequential"
-    emb_width: int = 64
-    num_blocks: int = 2
-    num_heads: int = 1
-    ffn_mult: int = 4  # FFN hidden width = ffn_mult * emb_width
-    dropout: float = 0.0
-    loss: str = "sampled_softmax"  # sampled_softmax | full_softmax
-    num_negatives: int = 128  # sampled_softmax: uniform negatives per sequence, shared by its positions
+    emb_width: int = hparam(64, "item embedding and hidden width", low=1, high=MAX_WIDTH)
+    num_blocks: int = hparam(2, "self-attention blocks", low=0, high=1024)
+    num_heads: int = hparam(1, "attention heads, a divisor of emb_width", low=1, high=MAX_WIDTH)
+    ffn_mult: int = hparam(4, "FFN hidden width = ffn_mult * emb_width", low=1, high=1024)
+    dropout: float = hparam(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
+    loss: Loss = Loss.sampled_softmax
+    num_negatives: int = hparam(128, "sampled_softmax: uniform negatives per sequence, shared by its "
+                                "positions", low=1, high=MAX_IDS)
     l2_norm: bool = False  # cosine logits: L2-normalise the hidden state and the item rows
-    temperature: float = 1.0  # logits are divided by this
+    temperature: float = hparam(1.0, "logits are divided by this", low=0.0, low_open=True)
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {"items": TableConfig()})
 
 
 @dataclass
 class LoggerConfig:
-    kind: str = "wandb"  # wandb | none (metrics.jsonl is always written)
+    kind: LoggerKind = LoggerKind.wandb  # metrics.jsonl is always written
     project: str = "recsys-runner"
     entity: Optional[str] = None
-    mode: str = "offline"  # offline | online | disabled
+    mode: LoggerMode = LoggerMode.offline
     group: Optional[str] = None
     tags: List[str] = field(default_factory=list)
     name: Optional[str] = None
@@ -137,26 +204,38 @@ class LoggerConfig:
 class DenseOptimizerConfig:
     """optax AdamW with linear warmup then cosine decay, after global-norm clipping."""
 
-    learning_rate: float = 2e-3
-    warmup_steps: int = 20
-    end_learning_rate_ratio: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.999
-    weight_decay: float = 1e-4
-    clip_norm: float = 1.0
+    learning_rate: float = hparam(2e-3, "peak step size, reached after warmup", low=0.0, low_open=True)
+    warmup_steps: int = hparam(20, "steps of linear warmup from 0", low=0)
+    end_learning_rate_ratio: float = hparam(0.1, "final learning rate / peak learning rate", low=0.0, high=1.0)
+    b1: float = hparam(0.9, "decay of the first-moment estimate", low=0.0, high=1.0, high_open=True)
+    b2: float = hparam(0.999, "decay of the second-moment estimate", low=0.0, high=1.0, high_open=True)
+    weight_decay: float = hparam(1e-4, "decoupled AdamW weight decay", low=0.0)
+    clip_norm: float = hparam(1.0, "global gradient norm clipped to this", low=0.0, low_open=True)
 
 
 @dataclass
 class TrainerConfig:
-    steps: int = 2000
-    batch_size: int = 1024
-    seed: int = 0
-    log_interval: int = 100
-    eval_interval: int = 500
-    eval_batches: int = 4
+    # The run's length: steps, or epochs over the task's training examples (runner/budget.py). The model YAML
+    # gives the task's budget (model=ranking: 2000 steps; model=sequential: default_epochs); a command-line
+    # trainer.steps or trainer.epochs wins over it, and giving both is refused.
+    steps: Optional[int] = hparam(None, "training steps; null = trainer.epochs (else default_epochs)", low=1)
+    epochs: Optional[float] = hparam(None, "training budget in passes over the training examples (sequence "
+                                           "tasks); exclusive with trainer.steps", low=0.0, low_open=True)
+    default_epochs: Optional[float] = hparam(None, "the model's budget in epochs when trainer.steps and "
+                                                   "trainer.epochs are both null", low=0.0, low_open=True)
+    batch_size: int = hparam(1024, "global batch: examples per step over every device", low=1, high=2**24)
+    seed: int = hparam(0, "seed of the initial weights and the batches", low=0, high=MAX_SEED)
+    log_interval: int = hparam(100, "steps between logged rows", low=1)
+    eval_interval: Optional[int] = hparam(None, "steps between evaluations; null = at most 10 evaluations a "
+                                                "run, on logged steps", low=1)
+    eval_batches: int = hparam(4, "batches per ranking evaluation", low=1, high=10**6)
     objective: Optional[str] = None  # the metric a run returns to a sweep; None = the task's own
     run_id: Optional[str] = None  # names the run's checkpoint dir and W&B id; None = a hash of the config
     stop_after: Optional[int] = None  # pre-emption drill: save a checkpoint at this step and exit
+    max_skipped_updates: int = hparam(10, "stop the run after this many consecutive skipped (non-finite) "
+                                          "embedding updates of one table; 0 = never stop", low=0)
+    strict_ids: bool = False  # stop on an id outside [0, vocab); false: it reads zeros and counts in emb/dropped_ids
+    progress: ProgressMode = ProgressMode.auto  # auto: a live bar if stderr is a terminal, else plain lines
 
 
 @dataclass

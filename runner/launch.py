@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import signal
 import socket
@@ -20,6 +21,9 @@ import sys
 import threading
 import time
 from typing import IO, Sequence
+
+
+MAX_PROCESSES = 256  # processes on one machine; more is a typo, not a plan
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -120,9 +124,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
     parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("overrides", nargs="*", help="runner overrides, after --")
-    args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(raw)
     if args.num_processes < 1:
         parser.error(f"-n {args.num_processes}: need at least one process")
+    if args.num_processes > MAX_PROCESSES:
+        parser.error(f"-n {args.num_processes}: at most {MAX_PROCESSES} processes on one machine (for more, use "
+                     f"distributed=slurm or distributed=manual)")
+    if args.port is not None and not 1 <= args.port <= 65535:
+        parser.error(f"--port {args.port}: a TCP port must be in 1..65535 (or leave it out for a free one)")
+    if not (math.isfinite(args.grace) and args.grace >= 0):
+        parser.error(f"--grace {args.grace}: must be a finite number of seconds >= 0")
+    if args.overrides and "--" not in raw:
+        parser.error(f"runner overrides go after --, e.g. python -m runner.launch -n {args.num_processes} -- "
+                     f"{' '.join(args.overrides)}")
     cmds = child_commands(args.num_processes, args.overrides, args.port or free_port())
     signal.signal(signal.SIGTERM, _terminated)  # a scheduler stopping the launcher stops the children too
     return supervise(cmds, grace=args.grace)

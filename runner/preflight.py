@@ -2,17 +2,31 @@
 names the value and the fix, never with a traceback from deep inside the trainer."""
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
+import math
+import os
 from typing import Any, Mapping
+
+from omegaconf import DictConfig
 
 from optimizers import supports_async_emb
 from optimizers.context import COLUMN, ROW
+from optimizers.hparams import Range, problems, ranges
 from optimizers.protocol import no_fused_update_message
 
+from . import config as schemas
 from .core.mesh import MeshPlan
 
 
 class PreflightError(ValueError):
     """A config that cannot work; the message says why and how to fix it."""
+
+
+class TrainingError(PreflightError):
+    """Training stopped because it went wrong (updates keep being refused, an id outside its table with
+    ``trainer.strict_ids``); the message names the table, the step and the likely causes. A PreflightError,
+    so the command line reports it as one message and a non-zero exit code, no traceback."""
 
 
 ASYNC_WAYS_OUT = (
@@ -34,38 +48,178 @@ def check_async(emb_optimizers: Mapping[str, Any], async_emb: bool) -> None:
                 + ASYNC_WAYS_OUT.format(cls=cls))
 
 
-def _positive(errors: list, name: str, value: Any) -> None:
-    if value is None or not value > 0:
-        errors.append(f"{name}={value!r} must be positive")
+def _raise(errors: list[str]) -> None:
+    if errors:
+        raise PreflightError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+# ---- ranges declared beside the fields (runner/config.py, optimizers/*.py) ----------------------------
+
+DATA_SCHEMAS = {"synthetic": schemas.SyntheticDataConfig, "movielens": schemas.MovieLensDataConfig,
+                "synthetic_sequences": schemas.SyntheticSequencesDataConfig}
+MODEL_SCHEMAS = {"ranking": schemas.RankingModelConfig, "sequential": schemas.SequentialModelConfig}
+
+
+def _bound(x: float) -> str:
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _range(rng: Range) -> str:
+    return f"{'(' if rng.low_open else '['}{_bound(rng.low)}, {_bound(rng.high)}{')' if rng.high_open else ']'}"
+
+
+def section_problems(node: Any, schema: type, prefix: str) -> list[str]:
+    """``<prefix><name>=<value> is outside <range> (<meaning>)`` for every field of ``schema`` declared with
+    ``optimizers.hparams.hparam`` whose value in ``node`` is out of range (``None`` is fine for a field whose
+    default is ``None``)."""
+    out = []
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for name, rng in ranges(schema).items():
+        if name not in node:
+            continue
+        value = node[name]
+        if value is None and fields[name].default is None:
+            continue
+        if not rng.contains(value):
+            out.append(f"{prefix}{name}={value!r} is outside {_range(rng)} ({fields[name].metadata['doc']})")
+    return out
+
+
+def _positive_list(errors: list, key: str, values: Any, example: str, allow_empty: bool = False) -> None:
+    values = list(values or [])
+    bad = [v for v in values if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= schemas.MAX_WIDTH)]
+    if bad or (not values and not allow_empty):
+        errors.append(f"{key}={values} must list {'' if allow_empty else 'one or more '}integers in "
+                      f"[1, {schemas.MAX_WIDTH}], e.g. {key}={example}")
+
+
+WANDB_BAD_CHARS = set("/\\#?%:")
+
+
+def _logger_problems(lg: Any) -> list[str]:
+    errors = []
+    if not isinstance(lg.project, str) or not lg.project.strip() or len(lg.project) > 128 \
+            or WANDB_BAD_CHARS & set(lg.project):
+        errors.append(f"logger.project={lg.project!r} must be a non-empty name of at most 128 characters "
+                      f"without any of / \\ # ? % :")
+    for key in ("entity", "group", "name"):
+        v = lg.get(key)
+        if v is not None and (not str(v).strip() or len(str(v)) > 128):
+            errors.append(f"logger.{key}={v!r} must be null or a non-empty name of at most 128 characters")
+    for tag in lg.tags or []:
+        if not str(tag).strip() or len(str(tag)) > 64:
+            errors.append(f"logger.tags has {tag!r}: each tag must be non-empty and at most 64 characters")
+    return errors
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every numeric setting against the range declared beside its field, lists and names, all problems at
+    once; runs before any data is generated or read and before any device is created."""
+    errors: list[str] = []
+    errors += section_problems(cfg.trainer, schemas.TrainerConfig, "trainer.")
+    errors += section_problems(cfg.dense_optimizer, schemas.DenseOptimizerConfig, "dense_optimizer.")
+    errors += section_problems(cfg.mesh, schemas.MeshConfig, "mesh.")
+    model_schema = MODEL_SCHEMAS.get(cfg.model.get("name"))
+    if model_schema is not None:
+        errors += section_problems(cfg.model, model_schema, "model.")
+    for name, table in (cfg.model.get("tables") or {}).items():
+        errors += section_problems(table, schemas.TableConfig, f"model.tables.{name}.")
+    if cfg.model.get("name") == "ranking":
+        _positive_list(errors, "model.hidden", cfg.model.hidden, "[128,64]", allow_empty=True)
+    data_schema = DATA_SCHEMAS.get(cfg.data.get("name"))
+    if data_schema is not None:
+        errors += section_problems(cfg.data, data_schema, "data.")
+    if "ks" in cfg.data:
+        _positive_list(errors, "data.ks", cfg.data.ks, "[10]")
+    if cfg.data.get("name") == "synthetic":
+        actions = [str(a) for a in cfg.data.actions or []]
+        if not actions or len(set(actions)) != len(actions) or not all(a.strip() for a in actions):
+            errors.append(f"data.actions={actions} must list one or more distinct non-empty action names, "
+                          f"e.g. data.actions=[click,like,share]")
+    errors += _logger_problems(cfg.logger)
+    _raise(errors)
+
+
+def check_optimizers(default: Any, overrides: Mapping[str, Any]) -> None:
+    """Each embedding optimizer's hyperparameters against the ranges its class declares
+    (``optimizers.hparams``); a class that declares none still needs a finite positive learning_rate."""
+    errors: list[str] = []
+    for prefix, opt in [("optimizer.", default)] + [(f"table_optimizers.{n}.", o) for n, o in overrides.items()]:
+        errors += problems(opt, prefix)
+        if "learning_rate" not in ranges(opt) and hasattr(opt, "learning_rate"):
+            lr = opt.learning_rate
+            if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0):
+                errors.append(f"{prefix}learning_rate={lr!r} is outside (0, inf) (step size of "
+                              f"{type(opt).__name__}: a finite number > 0)")
+    _raise(errors)
+
+
+SUMMARY_KEYS = ("final/train_loss", "perf/examples_per_s")  # in a run's summary beside the task's metrics
+
+
+def check_objective(objective: str | None, task: Any) -> None:
+    """``trainer.objective`` must be a metric the task's evaluation reports (refused before compiling, not
+    discovered as a NaN objective at the end)."""
+    if objective is None:
+        return
+    names = list(task.metric_names())
+    if objective not in names and objective not in SUMMARY_KEYS:
+        raise PreflightError(
+            f"trainer.objective={objective!r} is not a metric this run reports; use one of {', '.join(names)} "
+            f"(or trainer.objective=null for the task's own, {task.objective})")
+
+
+def _accelerator_installed() -> bool:
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith(("jax-cuda", "jax-rocm", "libtpu", "jaxlib-cuda")):
+            return True
+    return False
+
+
+def _cpu_only() -> bool:
+    import jax
+
+    platforms = jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS") or ""
+    if platforms:
+        return platforms.split(",")[0].strip() == "cpu"
+    return not _accelerator_installed()
+
+
+def check_devices(cfg: DictConfig, resolve: Any) -> None:
+    """With ``mesh.cpu_devices`` on a CPU-only single-process run, before those devices are created (which
+    takes long for many): the axes fit that many devices and the batch divides over them (``resolve``:
+    ``runner.core.mesh.resolve_axes``). Without it the devices exist already and ``check_mesh`` checks."""
+    B = cfg.trainer.batch_size
+    axes = dict(cfg.mesh.axes)
+    n = cfg.mesh.cpu_devices
+    if not n or cfg.distributed.kind != "none" or not _cpu_only():
+        return
+    try:
+        plan = resolve(axes, int(n))
+    except ValueError as e:
+        raise PreflightError(f"{e} (mesh.cpu_devices={n})") from None
+    need = math.prod(s for _, s in plan)
+    if need > n:
+        raise PreflightError(f"mesh.axes={axes} needs {need} devices but mesh.cpu_devices={n}; set "
+                             f"mesh.cpu_devices={need} or shrink mesh.axes")
+    if B % need:
+        raise PreflightError(
+            f"trainer.batch_size={B} does not divide over the {need} devices of mesh.axes={axes} with "
+            f"mesh.cpu_devices={n}; use a multiple of {need}")
 
 
 def check_values(cfg: Any, emb_optimizers: Mapping[str, Any], table_names: list[str]) -> None:
-    """Plain value checks; all problems are reported together, one line each."""
+    """Plain value checks; all problems are reported together, one line each. Settings that take one of a few
+    words (logger.kind/mode, mesh.table_layout, a table's dtype) are Enum fields of the schemas
+    (runner/config.py): a wrong word already fails when the config is composed, listing the valid ones."""
     errors: list[str] = []
-    t = cfg.trainer
-    for key in ("steps", "batch_size", "log_interval", "eval_interval", "eval_batches"):
-        _positive(errors, f"trainer.{key}", t[key])
-    _positive(errors, "dense_optimizer.learning_rate", cfg.dense_optimizer.learning_rate)
-    if cfg.dense_optimizer.warmup_steps < 0:
-        errors.append(f"dense_optimizer.warmup_steps={cfg.dense_optimizer.warmup_steps} must be >= 0")
-    for table, opt in emb_optimizers.items():
-        lr = getattr(opt, "learning_rate", 1.0)
-        if not (isinstance(lr, (int, float)) and lr > 0):
-            errors.append(f"learning_rate={lr!r} of {type(opt).__name__} (table '{table}') must be positive")
     unknown = sorted(set(cfg.table_optimizers) - set(table_names))
     if unknown:
         errors.append(f"table_optimizers names unknown table(s) {unknown}; tables are {sorted(table_names)}")
-    if cfg.logger.kind not in ("wandb", "none"):
-        errors.append(f"logger.kind={cfg.logger.kind!r}: use wandb or none")
-    if cfg.logger.mode not in ("offline", "online", "disabled"):
-        errors.append(f"logger.mode={cfg.logger.mode!r}: use offline, online or disabled")
-    if cfg.mesh.table_layout not in (ROW, COLUMN):
-        errors.append(f"mesh.table_layout={cfg.mesh.table_layout!r}: use row or column")
-    for name, table in cfg.model.get("tables", {}).items():
-        if table.dtype not in ("float32", "bfloat16"):
-            errors.append(f"model.tables.{name}.dtype={table.dtype!r}: use float32 or bfloat16")
-    if errors:
-        raise PreflightError("invalid config:\n  - " + "\n  - ".join(errors))
+    _raise(errors)
 
 
 def check_mesh(plan: MeshPlan, available: int, batch_size: int, tables: Mapping[str, Any],
@@ -79,9 +233,10 @@ def check_mesh(plan: MeshPlan, available: int, batch_size: int, tables: Mapping[
             f"{label} {plan.table_axis!r} is not a mesh axis of {dict(plan.axes)}; set mesh.table_axis to one "
             f"of {list(names)} (or null to replicate the tables)")
     if plan.num_devices > available:
-        raise PreflightError(
-            f"{where} needs {plan.num_devices} devices but only {available} exist; shrink mesh.axes "
-            f"(or on CPU set mesh.cpu_devices={plan.num_devices})")
+        cpu = (f" (or on CPU set mesh.cpu_devices={plan.num_devices})"
+               if plan.num_devices <= schemas.MAX_CPU_DEVICES else "")
+        raise PreflightError(f"{where} needs {plan.num_devices} devices but only {available} exist; shrink "
+                             f"mesh.axes{cpu}")
     if batch_size % plan.num_devices:
         raise PreflightError(
             f"trainer.batch_size={batch_size} does not divide over the {plan.num_devices} devices of {where}; "

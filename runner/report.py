@@ -11,13 +11,17 @@ Hydra multirun day/time directory, or the whole ``multirun/`` tree).
 
 Per trial: overrides, last step, final ``train/loss``, best and final value of the
 objective metric, and status -- ``failed`` when the trial has a ``FAILED`` file or a
-``summary.json`` with ``"status": "failed"``, otherwise ``ok``.
+``summary.json`` with ``"status": "failed"``, otherwise ``ok``. Trials are labelled by the
+overrides that differ between them; the overrides every trial shares are listed once, in
+the report's header (``common: ...``). ``report.csv`` keeps each trial's full overrides.
 
 Charts (matplotlib, Agg): ``loss.png`` (``train/loss`` vs step per trial),
 ``auc.png`` (one panel per AUC metric key, e.g. ``train/auc_click``,
-``eval/auc_mean``, per trial vs step) and ``final_metric.png`` (final objective per
-configuration). Malformed lines (such as a truncated last line of a trial that was
-killed), ``null`` values and missing keys are tolerated.
+``eval/auc_mean``, per trial vs step; the Bayes-optimal AUC ``bayes/<metric>`` is a
+dotted horizontal line on the ``eval/<metric>`` panel, not a panel of its own) and
+``final_metric.png`` (final objective per configuration). Malformed lines (such as a
+truncated last line of a trial that was killed), ``null`` values and missing keys are
+tolerated. A folder without any trial is refused and nothing is written.
 """
 from __future__ import annotations
 
@@ -52,8 +56,17 @@ CSV_COLUMNS = [
 
 _AUC_RE = re.compile(r"(^|[_\-.])auc($|[_\-.])", re.IGNORECASE)
 _SKIP_DIRS = {"wandb", ".hydra", "__pycache__", "checkpoints", ".git"}
+BAYES_PREFIX = "bayes/"  # bayes/<metric>: the best value any model could reach on the eval labels
+EVAL_PREFIX = "eval/"
+TRIAL_HOLDS = (f"a trial folder holds {METRICS_FILE}, {OVERRIDES_FILE.as_posix()} or a {FAILED_MARKER} file "
+               "(Hydra's run folder outputs/<date>/<time>, or one trial of a sweep multirun/<date>/<time>/<n>)")
 
-__all__ = ["Trial", "build_report", "find_trials", "load_trial", "main", "read_metrics"]
+__all__ = ["AucPanels", "ReportError", "Trial", "auc_figure", "auc_panels", "build_report", "common_overrides",
+           "find_trials", "label_trials", "load_trial", "main", "read_metrics"]
+
+
+class ReportError(ValueError):
+    """The report cannot be made from these arguments; the message says which and what to give instead."""
 
 
 # --------------------------------------------------------------------------- loading
@@ -117,14 +130,20 @@ class Trial:
     bad_lines: int = 0
     summary: dict[str, Any] = field(default_factory=dict)
     failed: bool = False
+    distinct: list[str] | None = None  # the overrides that tell it from the other trials (label_trials)
 
     @property
     def status(self) -> str:
         return "failed" if self.failed else "ok"
 
     @property
+    def shown_overrides(self) -> list[str]:
+        """What the report shows of its overrides: those other trials do not share (all before label_trials)."""
+        return self.overrides if self.distinct is None else self.distinct
+
+    @property
     def config_label(self) -> str:
-        return " ".join(self.overrides) if self.overrides else self.label
+        return " ".join(self.shown_overrides) if self.shown_overrides else self.label
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
         """(steps, values) for ``key``; records without a numeric step or value are skipped.
@@ -246,8 +265,27 @@ def _no_data(ax, what: str) -> None:
 
 
 def _trial_label(t: Trial) -> str:
-    label = _short(f"{t.label}: {t.config_label}" if t.overrides else t.label)
+    label = _short(f"{t.label}: {t.config_label}" if t.shown_overrides else t.label)
     return label + " (failed)" if t.failed else label
+
+
+def common_overrides(trials: Sequence[Trial]) -> list[str]:
+    """The overrides every trial has (in the first trial's order); none for a single trial, whose label then
+    shows all of its own."""
+    if len(trials) < 2:
+        return []
+    rest = [set(t.overrides) for t in trials[1:]]
+    return [o for o in dict.fromkeys(trials[0].overrides) if all(o in r for r in rest)]
+
+
+def label_trials(trials: Sequence[Trial]) -> list[str]:
+    """Label each trial by the overrides that differ between trials (``Trial.distinct``); return the common
+    ones, which the report lists once."""
+    common = common_overrides(trials)
+    shared = set(common)
+    for t in trials:
+        t.distinct = [o for o in t.overrides if o not in shared]
+    return common
 
 
 def _color(i: int):
@@ -297,8 +335,73 @@ def _auc_keys(trials: Sequence[Trial]) -> list[str]:
     return sorted(keys)
 
 
-def _plot_auc(trials: Sequence[Trial], out: Path, keys: Sequence[str]) -> Path:
+def _last_finite(t: Trial, key: str) -> float | None:
+    _, ys = t.series(key)
+    finite = [y for y in ys if math.isfinite(y)]
+    if finite:
+        return finite[-1]
+    v = _to_float(t.summary.get(key))
+    return v if v is not None and math.isfinite(v) else None
+
+
+@dataclass
+class AucPanels:
+    """What ``auc.png`` shows: one panel per key in ``keys`` (no ``bayes/*`` key), and per ``eval/<metric>``
+    panel the Bayes-optimal value of each trial that logged ``bayes/<metric>`` (``references``: panel key ->
+    {trial label: value}). ``unplaced`` holds Bayes values whose eval metric was never logged."""
+
+    keys: list[str]
+    references: dict[str, dict[str, float]] = field(default_factory=dict)
+    unplaced: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def reference(self, key: str) -> float | None:
+        """The one Bayes-optimal value of a panel when every trial agrees on it (the same eval labels)."""
+        values = list(self.references.get(key, {}).values())
+        if values and max(values) - min(values) <= 1e-9 * max(1.0, abs(max(values))):
+            return values[0]
+        return None
+
+
+def auc_panels(trials: Sequence[Trial]) -> AucPanels:
+    keys = _auc_keys(trials)
+    panels = AucPanels([k for k in keys if not k.startswith(BAYES_PREFIX)])
+    for key in keys:
+        if not key.startswith(BAYES_PREFIX):
+            continue
+        values = {t.label: v for t in trials if (v := _last_finite(t, key)) is not None}
+        if not values:
+            continue
+        target = EVAL_PREFIX + key[len(BAYES_PREFIX):]
+        if target in panels.keys:
+            panels.references[target] = values
+        else:
+            panels.unplaced[key] = values
+    return panels
+
+
+def _draw_reference(ax, trials: Sequence[Trial], panels: AucPanels, key: str):
+    """The Bayes-optimal value(s) of an eval panel as dotted horizontal lines; returns the legend handle."""
+    values = panels.references.get(key)
+    if not values:
+        return None
+    one = panels.reference(key)
+    if one is not None:
+        ax.set_title(f"{key} (Bayes-optimal {one:.4g})")
+        return ax.axhline(one, color="black", linestyle=":", linewidth=1.5, label="Bayes-optimal (eval labels)")
+    handle = None
+    for i, t in enumerate(trials):  # trials disagree (other eval data): one line each, in the trial's colour
+        if t.label in values:
+            line = ax.axhline(values[t.label], color=_color(i), linestyle=":", linewidth=1.5,
+                              label="Bayes-optimal (dotted, per trial)")
+            handle = handle or line
+    return handle
+
+
+def auc_figure(trials: Sequence[Trial], panels: AucPanels | None = None):
+    """The AUC chart: one panel per AUC key, a line per trial, the Bayes-optimal values as reference lines."""
     plt = _plt()
+    panels = auc_panels(trials) if panels is None else panels
+    keys = panels.keys
     n_keys = max(1, len(keys))
     ncols = min(3, n_keys)
     nrows = math.ceil(n_keys / ncols)
@@ -308,23 +411,32 @@ def _plot_auc(trials: Sequence[Trial], out: Path, keys: Sequence[str]) -> Path:
         _no_data(flat[0], "AUC metric")
         flat[0].set_title("AUC")
     shown: dict[str, Any] = {}
+    reference = None
     for ax, key in zip(flat, keys):
         _plot_lines(ax, trials, key)
         ax.set_title(key)
+        reference = _draw_reference(ax, trials, panels, key) or reference
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
         for h, lab in zip(*ax.get_legend_handles_labels()):
             shown.setdefault(lab, h)
     for ax in flat[len(keys) if keys else 1 :]:
         ax.set_visible(False)
-    if 0 < len(shown) <= 20:
-        # One legend for the figure, with every trial that appears in any panel.
-        order = [_trial_label(t) for t in trials if _trial_label(t) in shown]
-        fig.legend([shown[lab] for lab in order], order, loc="lower center",
-                   ncol=min(3, len(order)), fontsize="small", frameon=False)
-        fig.tight_layout(rect=(0, min(0.5, (0.1 + 0.25 * math.ceil(len(order) / 3)) / (4 * nrows)), 1, 1))
+    order = [_trial_label(t) for t in trials if _trial_label(t) in shown]
+    if 0 < len(order) <= 20:
+        # One legend for the figure, with every trial that appears in any panel (and the reference line).
+        handles = [shown[lab] for lab in order] + ([reference] if reference is not None else [])
+        labels = order + ([reference.get_label()] if reference is not None else [])
+        fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize="small", frameon=False)
+        fig.tight_layout(rect=(0, min(0.5, (0.1 + 0.25 * math.ceil(len(labels) / 3)) / (4 * nrows)), 1, 1))
     else:
         fig.tight_layout()
+    return fig
+
+
+def _plot_auc(trials: Sequence[Trial], out: Path, panels: AucPanels) -> Path:
+    plt = _plt()
+    fig = auc_figure(trials, panels)
     path = out / "auc.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -333,7 +445,7 @@ def _plot_auc(trials: Sequence[Trial], out: Path, keys: Sequence[str]) -> Path:
 
 def _plot_final(rows: Sequence[dict[str, Any]], trials: Sequence[Trial], out: Path, metric: str) -> Path:
     plt = _plt()
-    labels = [_short(f"{t.label}: {t.config_label}" if t.overrides else t.label, 70) for t in trials]
+    labels = [_short(f"{t.label}: {t.config_label}" if t.shown_overrides else t.label, 70) for t in trials]
     values = [r["final_objective"] for r in rows]
     height = max(3.0, 0.45 * len(trials) + 1.5)
     fig, ax = plt.subplots(figsize=(10, height))
@@ -400,6 +512,19 @@ def _row(t: Trial, metric: str, goal: str) -> dict[str, Any]:
     }
 
 
+def _check_dirs(root: Path, out: Path | None) -> tuple[Path, Path]:
+    if not root.exists():
+        raise ReportError(f"{root} does not exist; give a run folder (outputs/<date>/<time>) or a sweep folder "
+                          f"(multirun/<date>/<time>)")
+    if not root.is_dir():
+        hint = f"; give the folder that holds it: {root.parent}" if root.name in (METRICS_FILE, SUMMARY_FILE) else ""
+        raise ReportError(f"{root} is a file, not a folder{hint or '; give a run or sweep folder'}")
+    out = out if out is not None else root
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out {out} is a file; give a folder (it is created if missing)")
+    return root, out
+
+
 def build_report(
     root: Path,
     out: Path | None = None,
@@ -407,18 +532,21 @@ def build_report(
     goal: str = "maximize",
 ) -> Path:
     """Write ``report.md``, ``report.csv``, ``loss.png``, ``auc.png`` and
-    ``final_metric.png`` into ``out`` (default ``root``); return the ``report.md`` path."""
+    ``final_metric.png`` into ``out`` (default ``root``); return the ``report.md`` path.
+    Raises :class:`ReportError`, before writing anything, for a missing folder, a file, or a folder without
+    any trial."""
     if goal not in ("maximize", "minimize"):
-        raise ValueError(f"goal must be 'maximize' or 'minimize', got {goal!r}")
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"not a directory: {root}")
-    out = Path(out) if out is not None else root
-    out.mkdir(parents=True, exist_ok=True)
+        raise ReportError(f"goal must be 'maximize' or 'minimize', got {goal!r}")
+    root, out = _check_dirs(Path(root), Path(out) if out is not None else None)
 
     dirs = find_trials(root, exclude=[out] if out != root else [])
+    if not dirs:
+        raise ReportError(f"{root} holds no trial: {TRIAL_HOLDS}. Nothing was written; point at a run or sweep "
+                          f"folder")
     trials = [load_trial(d, label=(d.relative_to(root).as_posix() if d != root else root.name)) for d in dirs]
+    common = label_trials(trials)
     rows = [_row(t, metric, goal) for t in trials]
+    out.mkdir(parents=True, exist_ok=True)
 
     with open(out / "report.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
@@ -427,13 +555,13 @@ def build_report(
             w.writerow({k: _fmt(r[k]) for k in CSV_COLUMNS})
 
     _plot_loss(trials, out)
-    auc_keys = _auc_keys(trials)
-    _plot_auc(trials, out, auc_keys)
+    panels = auc_panels(trials)
+    _plot_auc(trials, out, panels)
     _plot_final(rows, trials, out, metric)
 
     n_failed = sum(t.failed for t in trials)
     candidates = [
-        (r["best_objective"], r)
+        (r["best_objective"], r, t)
         for r, t in zip(rows, trials)
         if not t.failed and r["best_objective"] is not None and math.isfinite(r["best_objective"])
     ]
@@ -443,13 +571,23 @@ def build_report(
         f"- trials: {len(trials)} ({len(trials) - n_failed} ok, {n_failed} failed)",
         f"- objective: `{metric}` ({goal})",
     ]
+    if common:
+        lines.append(f"- common: `{' '.join(common)}` (every trial; the table shows what differs)")
     if candidates:
         pick = max if goal == "maximize" else min
-        best_val, best_row = pick(candidates, key=lambda c: c[0])
+        best_val, best_row, best_trial = pick(candidates, key=lambda c: c[0])
         lines.append(
             f"- best trial: `{best_row['trial']}` {best_val:.6g} at step {best_row['best_step']}"
-            + (f" (`{best_row['overrides']}`)" if best_row["overrides"] else "")
+            + (f" (`{best_trial.config_label}`)" if best_trial.shown_overrides else "")
         )
+    bayes = {key: panels.reference(key) for key in panels.references}
+    if any(v is not None for v in bayes.values()):
+        lines.append("- Bayes-optimal (dotted lines in auc.png): "
+                     + ", ".join(f"`{BAYES_PREFIX}{k[len(EVAL_PREFIX):]}` {v:.4g}" for k, v in bayes.items()
+                                 if v is not None))
+    for key, values in panels.unplaced.items():
+        lines.append(f"- `{key}` (no `{EVAL_PREFIX}{key[len(BAYES_PREFIX):]}` panel): "
+                     + ", ".join(f"`{label}` {v:.4g}" for label, v in values.items()))
     bad = [(t.label, t.bad_lines) for t in trials if t.bad_lines]
     if bad:
         lines.append("- skipped unparseable metrics lines: " + ", ".join(f"`{l}`: {n}" for l, n in bad))
@@ -458,8 +596,9 @@ def build_report(
         f"| trial | status | overrides | steps | final {LOSS_KEY} | best {metric} | best step | final {metric} |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        cells = [r["trial"], r["status"], f"`{r['overrides']}`" if r["overrides"] else None, r["steps"],
+    for r, t in zip(rows, trials):
+        shown = " ".join(t.shown_overrides)
+        cells = [r["trial"], r["status"], f"`{shown}`" if shown else None, r["steps"],
                  r["final_loss"], r["best_objective"], r["best_step"], r["final_objective"]]
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     lines += [
@@ -468,7 +607,8 @@ def build_report(
         "",
         f"![{LOSS_KEY}](loss.png)",
         "",
-        "![AUC metrics](auc.png)" + (f"\n\nAUC keys: {', '.join(f'`{k}`' for k in auc_keys)}" if auc_keys else ""),
+        "![AUC metrics](auc.png)"
+        + (f"\n\nAUC keys: {', '.join(f'`{k}`' for k in panels.keys)}" if panels.keys else ""),
         "",
         f"![final {metric}](final_metric.png)",
         "",
@@ -487,7 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         path = build_report(args.dir, args.out, metric=args.metric, goal=args.goal)
-    except FileNotFoundError as e:
+    except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(path)

@@ -1,10 +1,25 @@
-"""Every test process sees 8 virtual CPU devices, set before any JAX work so sharding is testable on CPU."""
+"""Every test process sees 8 virtual CPU devices, set before any JAX work so sharding is testable on CPU.
+
+Compiled programs are shared through JAX's persistent compilation cache (``.jax_cache/`` in the repository,
+ignored by git; ``RUNNER_TEST_JAX_CACHE`` moves it): many tests compile the same tiny train step, in this
+process, in the other xdist worker and in the ``python -m runner`` subprocesses the CLI tests start (they
+inherit the environment set here), and each distinct program is compiled once per cache.
+"""
 import os
+from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+_CACHE = os.environ.setdefault("RUNNER_TEST_JAX_CACHE", str(Path(__file__).resolve().parents[1] / ".jax_cache"))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -2,7 +2,8 @@
 
 - ``manager.py``: when to save, what to restore, corrupt-checkpoint recovery (:func:`open_checkpoints`);
 - ``meta.py``: the metadata a checkpoint carries and the compatibility checks on restore;
-- ``digest.py``: order-sensitive digests of the arrays, computed on the devices.
+- ``digest.py``: order-sensitive digests of the arrays, computed on the devices (any single-bit change shows);
+- ``lock.py``: ``<checkpoint.dir>/run.lock``, so one run at a time writes a checkpoint directory.
 """
 from .manager import CheckpointError, Checkpoints, open_checkpoints
 

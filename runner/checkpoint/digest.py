@@ -1,13 +1,30 @@
 """Checkpoint digests: one uint32 per array, written with a checkpoint and checked after every restore.
 
-The digest of an array is ``sum(bits * (pos * K + 1)) mod 2**32`` over its elements: ``bits`` is the
-element's bit pattern as an unsigned integer, ``pos`` its row-major position in the *logical* array (the
-first ``rows`` rows of a row-padded table; padding rows are left out). Integer sums are exact in any order,
-so the value is the same for any sharding, padding or layout the array is held in, and any changed, moved
-or lost element changes it with probability about 1 - 2**-32.
+The digest of an array (scheme 2, checkpoints of meta format 2) is ``sum(mix(bits ^ where(pos))) mod 2**32``
+over its elements:
 
-Large arrays are digested one shard at a time, a chunk of rows at a time: XLA:CPU materialises the
+- ``bits``: the element's bit pattern as an unsigned 32-bit integer (1- and 2-byte dtypes zero-extended,
+  8-byte dtypes as two 32-bit words, each an element of a trailing axis of 2);
+- ``where(pos)``: a hash of the element's index in the *logical* array (the first ``rows`` rows of a
+  row-padded table; padding rows are left out), one ``mix`` round per axis;
+- ``mix``: the murmur3 finaliser (xor-shifts and multiplications by odd constants), a bijection of uint32.
+
+What that guarantees, and what it does not:
+
+- Any change confined to one 32-bit word (any bit or bits of one element of a dtype up to 4 bytes, e.g. a
+  sign flip anywhere) always changes the digest: the word's term ``mix(bits ^ where)`` is a bijection of
+  ``bits``, so it changes, and so does the sum mod 2**32 (``tests/runner/checkpoint/test_digest.py`` flips
+  every bit of every element of small f32, bf16 and int32 arrays).
+- Moved, swapped, lost or several changed elements change it unless the changes cancel in the sum, which
+  for this hash-like mix happens about once in 2**32, as for any 32-bit checksum; it is a guard against
+  corruption, not against an adversary.
+
+Integer sums are exact in any order, so the value is the same for any sharding, padding or layout the array
+is held in. Large arrays are digested one shard at a time, a chunk of rows at a time: XLA:CPU materialises the
 bit-cast of whatever it reduces, so a whole-table digest would need a second table's worth of memory.
+
+Scheme 1 (meta format 1, ``sum(bits * (pos * K + 1))``) is kept only to verify checkpoints written with it:
+its weights are even at odd positions, so a flip of the top bit there left it unchanged.
 """
 from __future__ import annotations
 
@@ -19,7 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-K = 2654435761  # Knuth's multiplicative hash constant: spreads positions over the 32 bits
+SCHEME = 2  # the digest new checkpoints are written with
+SCHEMES = (1, 2)  # the digests checkpoints can be verified with
+K = 2654435761  # Knuth's multiplicative hash constant (odd): spreads indices over the 32 bits
+SEED = 0x9E3779B9
 CHUNK_BYTES = 32 << 20  # arrays larger than this are digested per shard, this many bytes at a time
 
 
@@ -32,41 +52,69 @@ def _bits(x: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
 
 
-def _weighted(bits: jax.Array, start: Sequence[Any], shape: tuple[int, ...], rows: int | None) -> jax.Array:
-    """The digest's sum over a block of ``bits`` whose first element sits at ``start`` in an array of
-    ``shape`` (``start`` entries may be traced)."""
+def mix(h: jax.Array) -> jax.Array:
+    """murmur3's 32-bit finaliser: invertible (each step is), so distinct inputs give distinct outputs."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _index(bits: jax.Array, start: Sequence[Any], d: int) -> jax.Array:
+    """The global index along axis ``d`` of a block starting at ``start``, shaped to broadcast (1, .., n, .., 1)."""
+    shape = [1] * bits.ndim
+    shape[d] = bits.shape[d]
+    return lax.broadcasted_iota(jnp.uint32, shape, d) + jnp.asarray(start[d]).astype(jnp.uint32)
+
+
+def _terms(bits: jax.Array, start: Sequence[Any], shape: tuple[int, ...], scheme: int) -> jax.Array:
+    """Each element's term of the digest, for a block of ``bits`` whose first element sits at ``start`` in an
+    array of ``shape`` (``start`` entries may be traced)."""
+    if scheme == 1:
+        pos = jnp.zeros((1,) * bits.ndim, jnp.uint32)
+        for d in range(bits.ndim):
+            pos = pos * jnp.uint32(shape[d] % 2**32) + _index(bits, start, d)
+        return bits * (pos * jnp.uint32(K) + jnp.uint32(1))
+    where = jnp.full((1,) * bits.ndim, SEED, jnp.uint32)
+    for d in range(bits.ndim):  # per axis (small arrays until the last axes): no 2**32 wrap of a flat position
+        where = mix(where + _index(bits, start, d) * jnp.uint32(K))
+    return mix(bits ^ where)
+
+
+def _block_sum(bits: jax.Array, start: Sequence[Any], shape: tuple[int, ...], rows: int | None, scheme: int,
+               keep: jax.Array | None = None) -> jax.Array:
+    """The digest's sum over a block (rows at or past ``rows``, and where ``keep`` is False, left out)."""
     if bits.ndim == 0:
-        return bits
+        return bits if scheme == 1 else mix(bits ^ jnp.uint32(SEED))
     shape = tuple(shape) + (2,) * (bits.ndim - len(shape))
     start = list(start) + [0] * (bits.ndim - len(start))
-    pos = jnp.zeros(bits.shape, jnp.uint32)
-    for d in range(bits.ndim):
-        idx = lax.broadcasted_iota(jnp.uint32, bits.shape, d) + jnp.asarray(start[d]).astype(jnp.uint32)
-        pos = pos * jnp.uint32(shape[d] % 2**32) + idx
-    weight = pos * jnp.uint32(K) + jnp.uint32(1)
+    terms = _terms(bits, start, shape, scheme)
     if rows is not None:
-        row = lax.broadcasted_iota(jnp.int32, bits.shape, 0) + jnp.asarray(start[0], jnp.int32)
-        weight = jnp.where(row < rows, weight, jnp.uint32(0))
-    return jnp.sum(bits * weight, dtype=jnp.uint32)
+        real = _index(bits, start, 0) < jnp.uint32(rows)
+        keep = real if keep is None else keep & real
+    if keep is not None:
+        terms = jnp.where(keep, terms, jnp.uint32(0))
+    return jnp.sum(terms, dtype=jnp.uint32)
 
 
-def digest(x: jax.Array, rows: int | None = None) -> jax.Array:
+def digest(x: jax.Array, rows: int | None = None, scheme: int = SCHEME) -> jax.Array:
     """The digest of a whole array (its first ``rows`` rows when given), as a uint32 scalar."""
     x = jnp.asarray(x)
-    return _weighted(_bits(x), (0,) * x.ndim, tuple(x.shape), rows)
+    return _block_sum(_bits(x), (0,) * x.ndim, tuple(x.shape), rows, scheme)
 
 
-@partial(jax.jit, static_argnames=("shape", "rows", "chunk"))
-def _block_digest(block: jax.Array, start: jax.Array, *, shape: tuple, rows: int | None, chunk: int):
+@partial(jax.jit, static_argnames=("shape", "rows", "chunk", "scheme"))
+def _block_digest(block: jax.Array, start: jax.Array, *, shape: tuple, rows: int | None, chunk: int, scheme: int):
     """One shard's share, ``chunk`` rows at a time (only a chunk is ever bit-cast)."""
     n = block.shape[0]
 
     def body(i, acc):
         s = jnp.minimum(i * chunk, n - chunk)  # the last chunk overlaps its predecessor...
         bits = _bits(lax.dynamic_slice_in_dim(block, s, chunk, 0))
-        fresh = lax.broadcasted_iota(jnp.int32, bits.shape, 0) + s >= i * chunk  # ...whose rows count once
-        bits = jnp.where(fresh, bits, jnp.uint32(0))
-        return acc + _weighted(bits, [start[0] + s, *[start[d] for d in range(1, block.ndim)]], shape, rows)
+        fresh = lax.broadcasted_iota(jnp.int32, (chunk,) + (1,) * (bits.ndim - 1), 0) + s >= i * chunk  # ...once
+        return acc + _block_sum(bits, [start[0] + s, *[start[d] for d in range(1, block.ndim)]], shape, rows,
+                                scheme, keep=fresh)
 
     return lax.fori_loop(0, -(-n // chunk), body, jnp.uint32(0))
 
@@ -74,21 +122,25 @@ def _block_digest(block: jax.Array, start: jax.Array, *, shape: tuple, rows: int
 _SMALL_FNS: dict[tuple, Any] = {}
 
 
-def digests(info: Sequence[tuple[str, jax.Array, int | None]]) -> dict[str, int]:
+def digests(info: Sequence[tuple[str, jax.Array, int | None]], scheme: int = SCHEME) -> dict[str, int]:
     """{key: digest} for ``(key, array, logical rows or None)`` entries: small arrays in one jitted call,
     large ones shard by shard (summed over the processes when there are several)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown digest scheme {scheme!r}; this runner knows {SCHEMES}")
     small = [(k, x, r) for k, x, r in info if x.ndim == 0 or x.nbytes <= CHUNK_BYTES]
     big = [(k, x, r) for k, x, r in info if not (x.ndim == 0 or x.nbytes <= CHUNK_BYTES)]
     limits = tuple(r for _, _, r in small)
-    if limits not in _SMALL_FNS:
-        _SMALL_FNS[limits] = jax.jit(lambda xs: [digest(x, r) for x, r in zip(xs, limits)])
-    out = dict(zip([k for k, _, _ in small], map(int, jax.device_get(_SMALL_FNS[limits]([x for _, x, _ in small])))))
+    if (limits, scheme) not in _SMALL_FNS:
+        _SMALL_FNS[limits, scheme] = jax.jit(lambda xs: [digest(x, r, scheme) for x, r in zip(xs, limits)])
+    fn = _SMALL_FNS[limits, scheme]
+    out = dict(zip([k for k, _, _ in small], map(int, jax.device_get(fn([x for _, x, _ in small])))))
     parts = []
     for _, x, r in big:
         row_bytes = x.dtype.itemsize * int(np.prod(x.shape[1:]))
         shards = [s for s in x.addressable_shards if s.replica_id == 0]
         parts.append([_block_digest(s.data, np.array([i.start or 0 for i in s.index], np.int32), shape=tuple(x.shape),
-                                    rows=r, chunk=max(1, min(CHUNK_BYTES // max(row_bytes, 1), s.data.shape[0])))
+                                    rows=r, chunk=max(1, min(CHUNK_BYTES // max(row_bytes, 1), s.data.shape[0])),
+                                    scheme=scheme)
                       for s in shards])
     sums = np.array([sum(int(v) for v in jax.device_get(p)) % 2**32 for p in parts], np.uint64)
     if jax.process_count() > 1 and len(sums):

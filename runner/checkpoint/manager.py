@@ -11,17 +11,23 @@ it, every array's shape and digest).
   (and removed on the next launch).
 - Async: ``save`` returns once the arrays are copied off the device; the write continues in the background.
   A failed write is raised as ``CheckpointError`` at the next save or at the end of the run (``wait``).
-- Resume: the newest checkpoint that restores and matches its digests wins; an unreadable one is reported,
-  moved to ``<checkpoint.dir>/_corrupt/`` and the one before it is used. Arrays are read straight into this
-  run's shardings, so a checkpoint reshards onto another mesh or table layout.
+- Resume: the newest checkpoint that restores and matches its digests wins; an unreadable one is reported in
+  one warning, moved to ``<checkpoint.dir>/_corrupt/`` and the one before it is used (the echoes of Orbax's
+  abandoned reads are dropped: ``_abandoned_reads_dropped``). Arrays are read straight into this run's
+  shardings, so a checkpoint reshards onto another mesh or table layout.
+- One run per directory: ``open_checkpoints`` takes ``<checkpoint.dir>/run.lock`` (``lock.py``) before Orbax
+  touches the directory and ``Checkpoints.close`` releases it; every error on the way releases it too.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,6 +36,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from omegaconf import DictConfig
 
+from . import lock as lock_lib
 from . import meta as meta_lib
 from ..core import mesh as mesh_lib
 from ..outputs import METRICS_FILE
@@ -66,8 +73,10 @@ class _KillBeforeCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
 class Checkpoints:
     """This run's checkpoints: restore once at the start, save every ``interval`` steps, wait at the end."""
 
-    def __init__(self, cfg: DictConfig, program: Any, plan: Any, output_dir: Path, directory: Path | None):
+    def __init__(self, cfg: DictConfig, program: Any, plan: Any, output_dir: Path, directory: Path | None,
+                 lock: lock_lib.Lock | None = None):
         c = cfg.checkpoint
+        self.lock = lock  # process 0's hold on checkpoint.dir (None elsewhere, and when nothing is written)
         self.cfg, self.program, self.plan, self.output_dir = cfg, program, plan, output_dir
         self.run_id, self.directory = meta_lib.run_id(cfg), directory
         self.interval, self.steps = int(c.interval), int(cfg.trainer.steps)
@@ -114,12 +123,14 @@ class Checkpoints:
 
     def close(self) -> None:
         """Wait for an in-flight save without raising (the run is ending on another error, or already waited)."""
-        if self.manager is None:
-            return
         try:
-            self.manager.close()
+            if self.manager is not None:
+                self.manager.close()
         except Exception as e:  # noqa: BLE001
             log.error("checkpoint save failed while the run was ending: %s", e)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def _failed(self, step: int, e: BaseException) -> CheckpointError:
         return CheckpointError(
@@ -146,10 +157,13 @@ class Checkpoints:
         bad = []
         for step in sorted(steps, reverse=True):
             where = Path(manager.directory) / str(step)
+            failure = None
             try:
                 meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
             except Exception as e:  # noqa: BLE001
-                bad.append(self._unreadable(where, step, e, own))
+                failure = self._unreadable(where, step, e, own)
+            if failure is not None:
+                bad.append(failure)
                 continue
             meta_lib.check_compatible(meta, self.program, str(where))  # a wrong config is an error, not a skip
             target = meta_lib.restore_target(meta, abstract, shardings, mesh_lib.replicated(self.program.mesh),
@@ -158,10 +172,13 @@ class Checkpoints:
                 # strict=False: row-padded leaves are padded with zeros or cut to this layout's row count
                 how = ocp.checkpoint_utils.construct_restore_args(target, strict=False)
                 args = ocp.args.Composite(state=ocp.args.PyTreeRestore(target, restore_args=how))
-                state = manager.restore(step, args=args).state
+                with _abandoned_reads_dropped():
+                    state = manager.restore(step, args=args).state
                 self._verify(state, meta)
             except Exception as e:  # noqa: BLE001
-                bad.append(self._unreadable(where, step, e, own))
+                failure = self._unreadable(where, step, e, own)
+            if failure is not None:
+                bad.append(failure)
                 continue
             changes = meta_lib.config_changes(meta["config"], self.cfg)
             if changes:
@@ -176,26 +193,29 @@ class Checkpoints:
         return None
 
     def _unreadable(self, where: Path, step: int, e: BaseException, own: bool) -> str:
-        first = str(e).splitlines()[0] if str(e) else ""
-        msg = f"step {step} ({type(e).__name__}: {first[:160]})"
-        log.warning("checkpoint %s is unreadable or corrupted (%s); falling back to the one before it",
-                    where, msg)
-        if own and jax.process_index() == 0:
+        """Report an unreadable checkpoint in one warning; this run's own is moved to ``_corrupt/``."""
+        msg = f"step {step} ({_summary(e)})"
+        what = "left in place (not this run's checkpoint.dir)"
+        if own:
             dest = self.directory / "_corrupt" / f"{step}"
             n = 0
             while dest.exists():
                 n += 1
                 dest = self.directory / "_corrupt" / f"{step}.{n}"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(where), str(dest))
-            log.warning("moved %s to %s", where, dest)
+            what = f"moved to {dest}"
+            if jax.process_index() == 0:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(where), str(dest))
+        if jax.process_index() == 0:
+            log.warning("checkpoint %s is unreadable or corrupted (%s); %s, falling back to the one before it",
+                        where, msg, what)
         if own:
             _sync("checkpoint_quarantine")
             self.manager.reload()
         return msg
 
     def _verify(self, state: Any, meta: Mapping[str, Any]) -> None:
-        got = meta_lib.digests(state, meta_lib.tables_of(self.program))
+        got = meta_lib.digests(state, meta_lib.tables_of(self.program), int(meta["format"]))
         wrong = [k for k, a in meta["arrays"].items() if got.get(k) != a["digest"]]
         if wrong:
             raise ValueError(f"content does not match the digests written with it: {wrong[:4]}")
@@ -242,6 +262,108 @@ def _manager(directory: Path, *, keep: int, async_save: bool, compress: bool = F
     return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(**opts), item_handlers=handlers)
 
 
+def _summary(e: BaseException) -> str:
+    """``Type: first line`` of an error and of its cause, without TensorStore's repr of the whole spec."""
+    parts = []
+    while e is not None and len(parts) < 2:
+        first = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0]
+        parts.append(f"{type(e).__name__}: {first[:200]}")
+        e = e.__cause__
+    return " <- ".join(parts)
+
+
+def _from_orbax(obj: Any) -> bool:
+    """A coroutine or task of Orbax's (or a message naming one)."""
+    coro = obj.get_coro() if hasattr(obj, "get_coro") else obj
+    code = getattr(coro, "cr_code", None)
+    return "orbax" in (code.co_filename if code is not None else str(obj))
+
+
+def _abandoned(u: Any) -> bool:
+    """An echo of an abandoned checkpoint read (see ``_abandoned_reads_dropped``): a failed Orbax read
+    coroutine or task, or a TensorStore completion posted to the event loop Orbax has already closed."""
+    if u.object is not None and _from_orbax(u.object):
+        return True
+    return u.exc_type is RuntimeError and str(u.exc_value) == "Event loop is closed"
+
+
+STORAGE_WORDS = ("orbax", "tensorstore", "OCDBT", "zarr")  # in the repr of a read's task or its TensorStore error
+
+
+class _DropAbandonedReads(logging.Filter):
+    """asyncio's "Task/Future exception was never retrieved" (and "destroyed but it is pending") records of
+    abandoned checkpoint reads; any other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not ("never retrieved" in text or "destroyed but it is pending" in text):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        return not any(w.lower() in f"{text} {exc!r}".lower() for w in STORAGE_WORDS)
+
+
+class _DropSaveFailureEchoes(logging.Filter):
+    """Orbax logs a failed background save from each of its threads, each with a traceback; the failure also
+    reaches the main thread, where the run reports it once, as the CheckpointError of ``Checkpoints._failed``
+    (path, cause and fix)."""
+
+    ECHOES = ("in background save thread", "Save Finalize thread", "_SignalingThread.run() raised an exception")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and any(e in record.getMessage() for e in self.ECHOES))
+
+
+_QUIET = _DropAbandonedReads()
+_QUIET_SAVES = _DropSaveFailureEchoes()
+
+
+def _quiet_hook(previous: Any) -> Any:
+    def hook(u: Any) -> None:
+        if _abandoned(u):
+            log.debug("dropped the failure of an abandoned checkpoint read: %s: %s", u.exc_type.__name__,
+                      u.exc_value)
+        else:
+            previous(u)
+
+    hook.quiet_abandoned_reads = True
+    return hook
+
+
+def _install_quiet_hooks() -> None:
+    """For the whole process: the echoes of a failed restore can arrive later, from TensorStore's threads."""
+    if not getattr(sys.unraisablehook, "quiet_abandoned_reads", False):
+        sys.unraisablehook = _quiet_hook(sys.unraisablehook)
+    if _QUIET not in logging.getLogger("asyncio").filters:
+        logging.getLogger("asyncio").addFilter(_QUIET)
+    if _QUIET_SAVES not in logging.getLogger("absl").filters:
+        logging.getLogger("absl").addFilter(_QUIET_SAVES)
+
+
+@contextlib.contextmanager
+def _abandoned_reads_dropped():
+    """Orbax reads a checkpoint's arrays concurrently; when one read fails (a truncated or missing file) it
+    raises that error and abandons the other reads, whose own failures then surface as one traceback each
+    ("Task exception was never retrieved", "Exception ignored in: <coroutine ...>", "Event loop is closed")
+    when they are garbage-collected or complete. The failed checkpoint is reported once, by ``_unreadable``;
+    these echoes are collected here, on the way out of the restore, and dropped (later ones by the hooks of
+    ``_install_quiet_hooks``). Anything else passes through."""
+    previous = sys.unraisablehook
+    sys.unraisablehook = _quiet_hook(previous)  # also under a test runner that swaps the process's hook
+    try:
+        yield
+    except BaseException as e:
+        chain, seen = e, set()  # the tracebacks hold Orbax's frames, and through them the abandoned reads
+        while chain is not None and id(chain) not in seen:
+            seen.add(id(chain))
+            chain.__traceback__, chain = None, chain.__cause__ or chain.__context__
+        raise
+    finally:
+        try:
+            gc.collect()  # the abandoned reads and their event loop go now, inside the filters
+        finally:
+            sys.unraisablehook = previous
+
+
 def _sync(name: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
@@ -251,21 +373,61 @@ def _sync(name: str) -> None:
 
 # ----- setup: checks, the run's directory, the resume ---------------------------------------------------
 def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike) -> Checkpoints | None:
-    """Check the checkpoint settings, restore per ``checkpoint.resume`` and carry the metrics history over.
-    None when checkpoints are off (``checkpoint.interval=0`` and nothing to resume from)."""
+    """Check the checkpoint settings, lock ``checkpoint.dir``, restore per ``checkpoint.resume`` and carry the
+    metrics history over. None when checkpoints are off (``checkpoint.interval=0`` and nothing to resume from).
+    On any error the lock is released and Orbax's threads are stopped before it propagates."""
     c, out = cfg.checkpoint, Path(output_dir)
     meta_lib.check_settings(cfg)
     resume = str(c.resume)
     if c.interval == 0 and resume in ("auto", "never"):
         return None
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every step of every save at INFO
+    _install_quiet_hooks()
     directory = Path(c.dir or Path("outputs/checkpoints") / meta_lib.run_id(cfg)).absolute()
+    source = None if resume in ("auto", "never") else meta_lib.resume_source(Path(resume))  # before any thread
+    lock = None
     if c.interval > 0:
         meta_lib.check_writable(directory)
-        partial = sorted(p.name for p in directory.iterdir() if TMP_SUFFIX in p.name)
-        if partial:
-            log.warning("%s holds interrupted saves %s (never committed): ignored and removed", directory, partial)
-    ck = Checkpoints(cfg, program, plan, out, directory if c.interval > 0 else None)
+        lock = _lock(directory, out, meta_lib.run_id(cfg))
+    ck = None
+    try:
+        if c.interval > 0:
+            partial = sorted(p.name for p in directory.iterdir() if TMP_SUFFIX in p.name)
+            if partial:
+                log.warning("%s holds interrupted saves %s (never committed): ignored and removed", directory,
+                            partial)
+        ck = Checkpoints(cfg, program, plan, out, directory if c.interval > 0 else None, lock)
+        _resume(ck, resume, source, directory, out)
+        return ck
+    except BaseException:
+        if ck is not None:
+            ck.close()
+        elif lock is not None:
+            lock.release()
+        raise
+
+
+def _lock(directory: Path, out: Path, run_id: str) -> lock_lib.Lock | None:
+    """Process 0 takes the directory's lock for the run; every process learns whether it could."""
+    lock, error = None, None
+    if jax.process_index() == 0:
+        try:
+            lock = lock_lib.acquire(directory, output_dir=str(out.absolute()), run_id=run_id)
+        except PreflightError as e:
+            error = e
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        ok = np.asarray(multihost_utils.process_allgather(np.int32(error is None)))
+        if not ok.all() and error is None:
+            error = PreflightError(f"checkpoint.dir={directory} is in use by another run: process 0 could not lock "
+                                   f"it (its error names the holder)")
+    if error is not None:
+        raise error
+    return lock
+
+
+def _resume(ck: Checkpoints, resume: str, source: tuple[Path, list[int]] | None, directory: Path, out: Path):
     own = ck.manager.all_steps() if ck.manager is not None else []
     if resume == "never" and own:
         raise PreflightError(
@@ -274,9 +436,13 @@ def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str |
             f"or trainer.run_id to start a new one.")
     if resume == "auto":
         ck.restored = ck.restore_newest(ck.manager, own, own=True)
-    elif resume != "never":
-        source, steps = meta_lib.resume_source(Path(resume))
-        ck.restored = ck.restore_newest(_manager(source, keep=1, async_save=False, read_only=True), steps, own=False)
+    elif source is not None:
+        path, steps = source
+        reader = _manager(path, keep=1, async_save=False, read_only=True)
+        try:
+            ck.restored = ck.restore_newest(reader, steps, own=False)
+        finally:
+            reader.close()
         later = [s for s in own if s > ck.restored.step]
         if later:
             raise PreflightError(
@@ -289,4 +455,3 @@ def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str |
             log.info("resuming from %s: step %d of %d (written by %s)", ck.restored.path, ck.restored.step,
                      ck.steps, ", ".join(f"{k} {v}" for k, v in ck.restored.meta["versions"].items()))
             ck.last_row = meta_lib.carry_metrics(out / METRICS_FILE, ck.restored.meta.get("output_dir"), ck.rows)
-    return ck

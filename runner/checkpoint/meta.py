@@ -33,9 +33,11 @@ from ..outputs import METRICS_FILE
 from ..preflight import PreflightError
 
 log = logging.getLogger("runner")
-FORMAT = 1
+FORMAT = 2  # 2: digest scheme 2 (any single-bit change is seen); 1: scheme 1, still read and verified
+DIGEST_SCHEMES = {1: 1, 2: 2}  # meta format -> the digest scheme its arrays were summed with
 VOLATILE = ("logger", "checkpoint", "mesh", "distributed", "hydra")  # where/how it runs, not what it learns
-VOLATILE_TRAINER = ("run_id", "stop_after", "log_interval", "eval_interval", "eval_batches", "objective")
+VOLATILE_TRAINER = ("run_id", "stop_after", "log_interval", "eval_interval", "eval_batches", "objective",
+                    "progress", "epochs", "default_epochs", "max_skipped_updates", "strict_ids")  # epochs: already in the resolved trainer.steps
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 UNIQUE_TOKENS = "unique_tokens"  # the deferred update's id list: resized and re-padded on restore
 
@@ -91,15 +93,16 @@ def leaves(state: Any, tables: Mapping[str, Mapping[str, Any]]) -> list[tuple[st
     return [(jax.tree_util.keystr(p), x, logical_rows(p, tuple(x.shape), tables)) for p, x in flat]
 
 
-def digests(state: Any, tables: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    return checkpoint_digest.digests(leaves(state, tables))
+def digests(state: Any, tables: Mapping[str, Mapping[str, Any]], fmt: int = FORMAT) -> dict[str, int]:
+    """Every array's digest, as a checkpoint of meta format ``fmt`` records them."""
+    return checkpoint_digest.digests(leaves(state, tables), scheme=DIGEST_SCHEMES[fmt])
 
 
 def describe(cfg: DictConfig, program: Any, state: Any, *, step: int, metrics_rows: int, run: str,
              output_dir: str, mesh: str) -> dict[str, Any]:
     tables = tables_of(program)
     info = leaves(state, tables)
-    sums = checkpoint_digest.digests(info)
+    sums = checkpoint_digest.digests(info, scheme=DIGEST_SCHEMES[FORMAT])
     arrays = {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r in info}
     return {"format": FORMAT, "step": step, "data_step": step, "metrics_rows": metrics_rows, "run_id": run,
             "output_dir": output_dir, "mesh": mesh, "async_emb": bool(program.async_emb), "tables": tables,
@@ -117,8 +120,9 @@ def _field_names(name: str) -> dict[str, str]:
 def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
     """Raise a PreflightError listing every field this config cannot continue from the checkpoint."""
     problems = []
-    if meta.get("format") != FORMAT:
-        problems.append(f"checkpoint format: the checkpoint has {meta.get('format')!r}, this runner reads {FORMAT}")
+    if meta.get("format") not in DIGEST_SCHEMES:
+        problems.append(f"checkpoint format: the checkpoint has {meta.get('format')!r}, this runner reads "
+                        f"{sorted(DIGEST_SCHEMES)} (a newer runner wrote it: resume it with that version)")
     if bool(meta["async_emb"]) != bool(program.async_emb):
         problems.append(f"async_emb.enabled: the checkpoint has {meta['async_emb']}, this config has "
                         f"{program.async_emb}")
@@ -242,11 +246,17 @@ def check_settings(cfg: DictConfig) -> None:
 
 def check_writable(directory: Path) -> None:
     """Fail now, not hours in, when the checkpoint directory cannot be written."""
+    if directory.exists() and not directory.is_dir():
+        raise PreflightError(
+            f"checkpoint.dir={directory} is a file, not a directory; point checkpoint.dir at a directory (new or "
+            f"holding this run's checkpoints), or move the file away")
+    probe = directory / f".write-probe-{jax.process_index()}-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".write-probe-{jax.process_index()}-{os.getpid()}"
-        probe.write_bytes(b"\0" * 65536)
-        probe.unlink()
+        try:
+            probe.write_bytes(b"\0" * 65536)
+        finally:
+            probe.unlink(missing_ok=True)  # also when the write failed part-way: leave nothing behind
     except OSError as e:
         raise PreflightError(
             f"checkpoint.dir={directory} is not writable ({e.strerror or e}); point checkpoint.dir at a writable "

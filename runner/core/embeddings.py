@@ -93,7 +93,11 @@ def init_table(spec: TableSpec, key: jax.Array, sharding: NamedSharding | None, 
 
 
 def lookup(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array) -> jax.Array:
-    """Rows for ``ids`` ([B, n] int32, batch split over every mesh axis) -> [B, n, width] float32."""
+    """Rows for ``ids`` ([B, n] int32, batch split over every mesh axis) -> [B, n, width] float32.
+
+    An id outside ``[0, rows)`` reads a row of zeros on every layout (a negative id never wraps around to
+    the end of the table). ``TrainProgram.table_ids`` maps ids outside the logical vocab here first."""
+    ids = jnp.where((ids >= 0) & (ids < ctx.vocab), ids, ctx.vocab)  # ctx.vocab: stored rows, out of range
     if not ctx.sharded:
         return table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32)
     mesh, axis = ctx.mesh, ctx.table_axis

@@ -1,5 +1,8 @@
 """The train loop: one readable function. Feed batches, step, log every ``log_interval``, evaluate every
-``eval_interval``, flush the deferred update at the end, evaluate once more, summarise."""
+``eval_interval`` (on its own schedule: an evaluation on a step that is not a log step is a row of its own),
+stop with a ``TrainingError`` when updates keep being refused (``trainer.max_skipped_updates``) or an id is
+out of range under ``trainer.strict_ids``, flush the deferred update at the end (its record goes into the
+final row), evaluate once more, summarise."""
 from __future__ import annotations
 
 import time
@@ -9,6 +12,9 @@ import jax
 import numpy as np
 
 from .. import distributed
+from .. import progress as progress_lib
+from ..budget import train_examples
+from ..preflight import TrainingError
 from .step import TrainProgram, is_log_step
 from ..tracking import Tracker
 
@@ -35,6 +41,14 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     stop = max(getattr(trainer, "stop_after", None) or trainer.steps, start)  # stop_after: pre-emption drill
     host = task.batch(start, B, **rows)
     step_fn, flush_fn, predict = program.compile(state, put_rows(host))
+    # What the run shows as it goes (trainer.progress): a bar on a terminal, plain lines otherwise; process 0 only.
+    progress = progress_lib.make(getattr(trainer, "progress", "auto"), log=log, enabled=jax.process_index() == 0)
+    progress.start(trainer.steps, start, batch_size=B, objective=task.objective,
+                   steps_per_epoch=train_examples(task) / B if train_examples(task) else None)
+    log = progress.write  # a log line that does not break the bar
+    step_fn = progress.first_call(step_fn, f"the train step (async_emb={'on' if program.async_emb else 'off'}, "
+                                           f"{_devices(program.mesh.devices.size)})")
+    evaluate = progress.evaluation(task.evaluate, getattr(task, "num_eval_batches", lambda _: None)(B))
     tracker.define_summary(task.objective, "maximize")
     tracker.define_summary("train/loss", "minimize")
 
@@ -44,8 +58,10 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     # can starve each other's rendezvous on few cores (seen as a 40 s collective timeout). On a CPU mesh,
     # finish each step (after the next batch is ready) before dispatching the next computation.
     one_at_a_time = jax.default_backend() == "cpu" and program.mesh.devices.size > 1
+    lagged = None  # (metrics, step) of the step whose health check is still due
     for step in range(start, stop):
         state, metrics = step_fn(state, batch)  # dispatch is asynchronous: prepare the next batch meanwhile
+        progress.step(step + 1)
         done = step + 1 == trainer.steps
         logged_host = host
         if step + 1 < stop:
@@ -54,42 +70,121 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
         if one_at_a_time:
             jax.block_until_ready(metrics["train/loss"])
         n_window += 1
+        row: dict[str, Any] = {}
         if is_log_step(step + 1, trainer.log_interval, trainer.steps):
             m = distributed.fetch(metrics)
             elapsed = time.perf_counter() - t_window
-            row = {k: _scalar(v) for k, v in m.items() if k != "outputs"}
+            row = {k: _scalar(v) for k, v in m.items() if k != "outputs" and not k.startswith(EXAMPLE_ID)}
             row.update(task.train_metrics(distributed.gather_rows(program.mesh, logged_host, B), m["outputs"]))
             row["perf/examples_per_s"] = n_window * B / elapsed
             row["perf/step_time_ms"] = 1000 * elapsed / n_window
             for name, opt in program.emb_optimizers.items():
                 row[f"emb/learning_rate/{name}"] = float(getattr(opt, "learning_rate", float("nan")))
-            if (step + 1) % trainer.eval_interval == 0 and not done:
-                row.update(task.evaluate(predict_host, state, put, B))
+        if (step + 1) % trainer.eval_interval == 0 and not done:  # its own schedule, not only on log steps
+            t_eval = time.perf_counter()
+            row.update(evaluate(predict_host, state, put, B))
+            if "train/loss" not in row:  # keep evaluation time out of the next throughput window
+                t_window += time.perf_counter() - t_eval
+        if row:
             tracker.log(row, step=step + 1)
-            last = row
             shown = f"  {task.objective} {row[task.objective]:.4f}" if task.objective in row else ""
-            log(f"step {step + 1:>6}/{trainer.steps}  loss {row['train/loss']:.4f}{shown}  "
-                f"emb|g| {row['emb/grad_norm']:.3g}  {row['perf/examples_per_s']:,.0f} ex/s")
-            t_window, n_window = time.perf_counter(), 0
+            if "train/loss" in row:
+                last = row
+                log(f"step {step + 1:>6}/{trainer.steps}  loss {row['train/loss']:.4f}{shown}  "
+                    f"emb|g| {row['emb/grad_norm']:.3g}  {row['perf/examples_per_s']:,.0f} ex/s")
+                t_window, n_window = time.perf_counter(), 0
+            else:
+                log(f"step {step + 1:>6}/{trainer.steps}  eval{shown}")
+            progress.logged(row)
+        # Refused updates and out-of-range ids stop the run (after the step's row). A check fetches a few
+        # scalars; checking the previous step's (finished by now) keeps the device busy while the host waits.
+        # With checkpoints on, each step is checked before it can be saved, and the last before the flush.
+        if lagged is not None:
+            check_health(program, trainer, *lagged, checkpoints)
+        lagged = (metrics, step + 1)
+        if checkpoints is not None or step + 1 == stop:
+            check_health(program, trainer, *lagged, checkpoints)
+            lagged = None
         if checkpoints is not None:
-            checkpoints.step_done(step + 1, state)
+            with progress.timed(f"checkpoint at step {step + 1}"):
+                checkpoints.step_done(step + 1, state)
 
     if stop < trainer.steps:  # stopped as a pre-empted job would be, its checkpoint written: resume later
         if checkpoints is not None:
             checkpoints.wait()
+        progress.close()
         return {"summary": {"steps": stop, "stopped_at": stop, "final/train_loss": last.get("train/loss")},
                 "state": state}
-    state = flush_fn(state)  # apply the last deferred update: every update lands exactly once
+    # Apply the last deferred update: every update lands exactly once. Its record (emb/flush_grad_norm,
+    # emb/flush_valid; async only) and the skip counts after it go into the final row, at the last step.
+    with progress.timed("the final flush"):
+        state, flushed = flush_fn.with_metrics(state)
+    check_health(program, trainer, flushed, trainer.steps, checkpoints, what="the final flush")
     if checkpoints is not None:
-        checkpoints.save_final(state)
-    final = task.evaluate(predict_host, state, put, B)
-    tracker.log(final, step=trainer.steps)
+        with progress.timed(f"checkpoint at step {trainer.steps}"):
+            checkpoints.save_final(state)
+    final = evaluate(predict_host, state, put, B)
+    flushed = {k: _scalar(v) for k, v in distributed.fetch(flushed).items()}
+    tracker.log({**final, **flushed}, step=trainer.steps)
+    skipped = {k: v for k, v in flushed.items() if k.startswith("emb/skipped_updates")}
     summary = {"steps": trainer.steps, "final/train_loss": last.get("train/loss"),
-               "perf/examples_per_s": last.get("perf/examples_per_s"), **final}
+               "perf/examples_per_s": last.get("perf/examples_per_s"), **skipped, **final}
     tracker.log_summary(summary)
     if checkpoints is not None:
-        checkpoints.wait()  # the last save is committed, or its failure raised, before the run ends
+        with progress.timed("waiting for the last checkpoint save"):
+            checkpoints.wait()  # the last save is committed, or its failure raised, before the run ends
+    progress.close()
     return {"summary": summary, "state": state}
+
+
+EXAMPLE_ID = "emb/dropped_id_example/"  # the step's first out-of-range id per table: for strict_ids' message only
+SKIP_CAUSES = ("Likely causes: a learning rate too high for this table (optimizer.learning_rate or "
+               "table_optimizers.{table}.learning_rate), eps=0, b1 or b2 >= 1, or a non-finite loss (see train/loss "
+               "and dense/grad_norm; lower dense_optimizer.learning_rate)")
+
+
+def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any], step: int,
+                 checkpoints: Any = None, what: str | None = None) -> None:
+    """Raise a TrainingError when a table's last ``trainer.max_skipped_updates`` updates were all refused,
+    or (``trainer.strict_ids``) the batch held an id outside a table. Fetches only the few scalars it needs
+    (one device sync a step, only when a check is on)."""
+    max_skips = int(getattr(trainer, "max_skipped_updates", 0) or 0)
+    strict = bool(getattr(trainer, "strict_ids", False))
+    keys = [k for k in metrics if (strict and k.startswith("emb/dropped_id"))
+            or (max_skips > 0 and k.startswith("emb/consecutive_skips/"))]
+    if not keys:
+        return
+    got = distributed.fetch({k: metrics[k] for k in keys})
+    where = what or f"step {step}"
+    for name in sorted(program.tables):
+        count = int(got.get(f"emb/dropped_ids/{name}", 0))
+        if strict and count:
+            example = int(got[f"emb/dropped_id_example/{name}"])
+            vocab = program.tables[name].vocab
+            raise TrainingError(
+                f"table '{name}' got id {example} in the batch of step {step}, outside its vocab [0, {vocab}) "
+                f"({count} such ids in that batch; trainer.strict_ids=true stops on them). Fix the data's ids, "
+                f"raise model.tables.{name}.vocab above the largest id, or set trainer.strict_ids=false to read "
+                f"zeros for them and count them in emb/dropped_ids/{name}.")
+    for name in sorted(program.tables):
+        streak = int(got.get(f"emb/consecutive_skips/{name}", 0))
+        if max_skips > 0 and streak >= max_skips:
+            opt = program.emb_optimizers[name]
+            last = getattr(checkpoints, "last_step", -1) if checkpoints is not None else -1
+            saved = (f" No checkpoint was saved of this state; the newest is step {last} in {checkpoints.directory}"
+                     f" (if it is later than step {step - streak}, it was written during the skips: resume from an "
+                     f"earlier one with checkpoint.resume=<path>)." if last is not None and last >= 0 else "")
+            raise TrainingError(
+                f"training stopped at {where}: the last {streak} embedding updates of table '{name}' were all "
+                f"skipped (trainer.max_skipped_updates={max_skips}): each had a non-finite gradient or would have "
+                f"written non-finite rows or optimizer state, so the table and its optimizer state are as they "
+                f"were before step {step - streak + 1}. Its optimizer: {opt!r}. "
+                + SKIP_CAUSES.format(table=name) + "." + saved
+                + " trainer.max_skipped_updates=0 never stops.")
+
+
+def _devices(n: int) -> str:
+    return f"{n} device" + ("s" if n != 1 else "")
 
 
 def _scalar(v: Any) -> Any:

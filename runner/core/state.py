@@ -8,6 +8,14 @@ import jax
 from optimizers import AsyncEmbGradientUpdate
 
 
+class SkipCounts(NamedTuple):
+    """One table's refused updates: pending updates its optimizer did not apply (``valid`` false: a
+    non-finite gradient, or new rows or state that would not be finite)."""
+
+    total: jax.Array  # int32 scalar: refused since the run started
+    streak: jax.Array  # int32 scalar: refused in a row, since the last applied update
+
+
 class TrainState(NamedTuple):
     step: jax.Array  # int32 scalar: steps completed
     params: Any  # dense model parameters
@@ -16,3 +24,4 @@ class TrainState(NamedTuple):
     emb_states: dict[str, Any]  # each table's embedding-optimizer state, sharded like its table
     pending: dict[str, AsyncEmbGradientUpdate]  # async mode: the deferred update of the last step ({} in sync)
     rng: jax.Array  # uint32 key data; per-step randomness is fold_in(rng, step)
+    skips: dict[str, SkipCounts]  # each table's refused updates (emb/skipped_updates), replicated

@@ -28,7 +28,7 @@ from optimizers.fused import compiler_options, dedupe
 
 from . import mesh as mesh_lib
 from .embeddings import TableSpec, init_table, lookup
-from .state import TrainState
+from .state import SkipCounts, TrainState
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -63,6 +63,7 @@ class TrainProgram:
                 jax.sharding.PartitionSpec(), ctxs[n].grads_spec(), jax.sharding.PartitionSpec(),
                 jax.sharding.PartitionSpec())) for n in state.pending},
             rng=rep,
+            skips=jax.tree.map(lambda _: rep, state.skips),
         )
 
     def init_state(self, seed: int) -> TrainState:
@@ -82,8 +83,10 @@ class TrainProgram:
                                        out_shardings=mesh_lib.named(self.mesh, ctx.state_specs(shape)))()
             if self.async_emb:
                 pending[name] = empty_update(ctx)
+        zero = lambda: jnp.zeros((), jnp.int32)  # noqa: E731 - a buffer per leaf: the step donates each
         state = TrainState(jnp.zeros((), jnp.int32), params, opt_state, tables, emb_states, pending,
-                           jax.random.key_data(jax.random.key(seed + 1)))
+                           jax.random.key_data(jax.random.key(seed + 1)),
+                           {name: SkipCounts(zero(), zero()) for name in sorted(self.tables)})
         return jax.device_put(state, self.state_shardings(state))
 
     # ----- the step ----------------------------------------------------------------------------------
@@ -97,8 +100,20 @@ class TrainProgram:
         table, emb_state, norm, valid = opt.apply_dense(ctx, update, table, emb_state)  # sync mode only
         return table, emb_state, norm, valid, None
 
+    def table_ids(self, batch: Mapping[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+        """The model's ids per table with every id outside ``[0, vocab)`` replaced by the out-of-range id
+        (the stored row count): it reads zeros on every layout and no update touches a row for it. Also
+        returns each table's mask of those ids."""
+        ids, bad = {}, {}
+        for n, raw in self.model.table_ids(batch).items():
+            raw = raw.astype(jnp.int32)
+            bad[n] = (raw < 0) | (raw >= self.tables[n].vocab)
+            ids[n] = jnp.where(bad[n], self.contexts[n].vocab, raw)
+        return ids, bad
+
     def train_step(self, state: TrainState, batch: Mapping[str, jax.Array]):
-        ids = self.model.table_ids(batch)
+        ids, bad_ids = self.table_ids(batch)
+        raw_ids = self.model.table_ids(batch)
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
         dedup = {n: dedupe(ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids}
         embs = {n: lookup(ctxs[n], state.tables[n], ids[n]) for n in ids}
@@ -152,25 +167,56 @@ class TrainProgram:
         if self.async_emb:
             stale = sum(metrics[f"emb/stale_rows/{n}"] for n in state.pending)
             metrics["emb/stale_rows"] = jnp.where(detail, stale, -1)
-        new_state = TrainState(state.step + 1, params, opt_state, tables, emb_states, pending, state.rng)
+        for n, bad in bad_ids.items():  # ids outside [0, vocab): they read zeros and update nothing
+            metrics[f"emb/dropped_ids/{n}"] = jnp.sum(bad).astype(jnp.int32)
+            # One of them (the first in batch order), so trainer.strict_ids can name it; not logged.
+            flat = raw_ids[n].reshape(-1).astype(jnp.int32)
+            metrics[f"emb/dropped_id_example/{n}"] = flat[jnp.argmax(bad.reshape(-1))]
+        skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
+                                  {n: (state.pending[n] if self.async_emb else updates[n]).pending for n in applied})
+        metrics.update(skip_metrics(skips))
+        new_state = TrainState(state.step + 1, params, opt_state, tables, emb_states, pending, state.rng, skips)
         return new_state, metrics
+
+    @staticmethod
+    def _count_skips(skips: Mapping[str, SkipCounts], valid: Mapping[str, jax.Array],
+                     pending: Mapping[str, jax.Array]) -> dict[str, SkipCounts]:
+        """A pending update that was not applied is one more skip; an applied one ends the streak."""
+        out = dict(skips)
+        for n, v in valid.items():
+            skipped = pending[n] & ~v
+            s = skips[n]
+            out[n] = SkipCounts(s.total + skipped.astype(jnp.int32),
+                                jnp.where(skipped, s.streak + 1, jnp.where(v, 0, s.streak)).astype(jnp.int32))
+        return out
 
     def _detail_step(self, step: jax.Array) -> jax.Array:
         return is_log_step(step, self.detail_interval, self.detail_last)
 
-    def flush(self, state: TrainState) -> TrainState:
-        """Apply every pending deferred update now; afterwards nothing is pending."""
+    def flush(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
+        """Apply every pending deferred update now; afterwards nothing is pending. Returns the state and the
+        flush's record: ``emb/flush_grad_norm``, ``emb/flush_valid`` (and per table) and the skip counts
+        after it (sync mode, where nothing is ever pending: the skip counts only)."""
         if not state.pending:
-            return state
-        tables, emb_states, pending = dict(state.tables), dict(state.emb_states), {}
+            return state, skip_metrics(state.skips)
+        tables, emb_states, pending, applied = dict(state.tables), dict(state.emb_states), {}, {}
         for n, upd in state.pending.items():
             ctx = self.contexts[n].fresh()
-            tables[n], emb_states[n], *_ = self._apply(n, ctx, upd, tables[n], emb_states[n], jnp.zeros(()))
+            tables[n], emb_states[n], *applied[n] = self._apply(n, ctx, upd, tables[n], emb_states[n], jnp.zeros(()))
             pending[n] = upd._replace(pending=jnp.zeros((), bool))
-        return state._replace(tables=tables, emb_states=emb_states, pending=pending)
+        skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
+                                  {n: u.pending for n, u in state.pending.items()})
+        norms = jnp.stack([a[0] for a in applied.values()])
+        metrics = {"emb/flush_grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
+                   "emb/flush_valid": jnp.all(jnp.stack([a[1] for a in applied.values()]))}
+        for n, (norm, valid, _) in applied.items():
+            metrics[f"emb/flush_grad_norm/{n}"] = norm
+            metrics[f"emb/flush_valid/{n}"] = valid
+        metrics.update(skip_metrics(skips))
+        return state._replace(tables=tables, emb_states=emb_states, pending=pending, skips=skips), metrics
 
     def predict(self, state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
-        ids = self.model.table_ids(batch)
+        ids, _ = self.table_ids(batch)
         embs = {n: lookup(self.contexts[n], state.tables[n], ids[n]) for n in ids}
         return self.model.predict(state.params, embs, batch, state.tables)
 
@@ -183,9 +229,37 @@ class TrainProgram:
         step = StepFn(jax.jit(lambda rest, pending, batch: self.train_step(rest._replace(pending=pending), batch),
                               in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh),
                               out_shardings=(s_sh, None), donate_argnums=0, compiler_options=opts))
-        flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=s_sh, donate_argnums=0, compiler_options=opts)
+        flush = FlushFn(jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=(s_sh, None), donate_argnums=0,
+                                compiler_options=opts))
         predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh), compiler_options=opts)
         return step, flush, predict
+
+
+def skip_metrics(skips: Mapping[str, SkipCounts]) -> dict[str, jax.Array]:
+    """``emb/skipped_updates`` (all tables, since the start) and per table: ``emb/skipped_updates/<t>`` and
+    ``emb/consecutive_skips/<t>`` (refused in a row; trainer.max_skipped_updates stops the run on it)."""
+    out = {"emb/skipped_updates": sum(s.total for s in skips.values()) if skips else jnp.zeros((), jnp.int32)}
+    for n, s in skips.items():
+        out[f"emb/skipped_updates/{n}"] = s.total
+        out[f"emb/consecutive_skips/{n}"] = s.streak
+    return out
+
+
+class FlushFn:
+    """``flush(state) -> state``: the jitted flush, the state donated; ``with_metrics(state)`` also returns
+    its record (``TrainProgram.flush``). ``lower`` takes the same argument, for inspecting the compiled flush."""
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+
+    def __call__(self, state: TrainState) -> TrainState:
+        return self.jitted(state)[0]
+
+    def with_metrics(self, state: TrainState):
+        return self.jitted(state)
+
+    def lower(self, state: TrainState):
+        return self.jitted.lower(state)
 
 
 def is_log_step(step, interval: int, last: int):

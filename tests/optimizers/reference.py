@@ -7,7 +7,9 @@ names them, so the two can be compared leaf by leaf) and applies one batch as th
 2. dedupe with ``np.unique`` and sum each row's token gradients;
 3. ``norm`` = global L2 norm of those sums; the step is valid when something is pending and the norm is
    finite, otherwise nothing changes at all;
-4. count the valid step (1-based) and apply the optimizer's rule to the touched rows only.
+4. count the valid step (1-based) and apply the optimizer's rule to the touched rows only;
+5. if any touched row or its state is not finite once stored as float32 (NaN, or beyond float32's range),
+   the step is not valid after all: table, state and count go back to what they were.
 
 Nothing here imports ``optimizers``: a reference is built from the optimizer's hyperparameters alone
 (``reference_for`` reads them off the config dataclass), so a wrong rule in the library cannot agree
@@ -66,9 +68,20 @@ class Reference:
         valid = bool(pending) and math.isfinite(norm)
         if not valid:
             return norm, False, rows[:0]
+        saved = self.table.copy(), {k: v.copy() for k, v in self.state.items()}, self.count
         self.count += 1
-        self.apply(rows, summed, self.count)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # checked just below
+            self.apply(rows, summed, self.count)
+        if not self.stored_finite(rows):
+            self.table, self.state, self.count = saved
+            return norm, False, rows[:0]
         return norm, True, rows
+
+    def stored_finite(self, rows: np.ndarray) -> bool:
+        """Whether the touched rows and their state are finite as float32 (what the library stores)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            arrays = [self.table[rows]] + [v[rows] for v in self.state.values() if v.dtype.kind == "f"]
+            return all(np.isfinite(a.astype(np.float32)).all() for a in arrays)
 
 
 class AdamReference(Reference):

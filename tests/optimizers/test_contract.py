@@ -2,8 +2,9 @@
 
 Each case in ``CASES`` runs through the same checks against the independent numpy reference in
 ``reference.py``: parity of touched rows and their state, untouched rows and state bit-for-bit unchanged,
-the global norm of the deduped gradient, padding tokens ignored, non-finite steps skipped and non-pending
-updates ignored. A new optimizer gets all of them by adding one line to ``CASES`` (and its reference).
+the global norm of the deduped gradient, padding tokens ignored, non-finite steps skipped, updates whose
+result is not finite refused, and non-pending updates ignored. A new optimizer gets all of them by adding
+one line to ``CASES`` (and its reference).
 
 The library runs as the runner runs it: ``make_update``, then ``gradient_update_start`` /
 ``gradient_update_done`` under one ``jax.jit`` per case with the table and state donated.
@@ -207,3 +208,37 @@ def test_non_pending_update_changes_nothing(case):
     steps.insert(3, (ids, grads, False))  # a real gradient, but nothing pending
     reported = run(case, steps)
     assert [valid for _, valid in reported] == [True, False, True, False, True, True]
+
+
+# Hyperparameters under which a finite gradient makes the rule's result non-finite: eps=0 divides 0 by 0 on
+# a fresh row with a zero gradient; SGD's step overflows float32 for a gradient element of 2**30.
+POISON = {
+    "async_adam": dict(eps=0.0),
+    "async_rowwise_adagrad": dict(eps=0.0, initial_accumulator_value=0.0),
+    "async_adagrad": dict(eps=0.0, initial_accumulator_value=0.0),
+    "async_sgd": dict(learning_rate=2.0**100, weight_decay=0.0),
+}
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_update_with_non_finite_result_is_refused(case):
+    """A finite gradient whose rows or state come out non-finite writes nothing and is reported not valid;
+    the steps around it apply as usual (the reference refuses the same step, from float32's range alone)."""
+    name, hp = case
+    poisoned = (name, {**hp, **POISON[name]})
+    rng = np.random.default_rng(8)
+    steps = []
+    for _ in range(4):
+        ids, grads = batch(rng)
+        steps.append((ids, np.abs(grads) + 1 / 64, True))  # no zero gradient sums: eps=0 stays finite
+    ids, grads, _ = steps[1]
+    fresh = next(i for i in range(1, DRAWN) if i not in steps[0][0])
+    ids, grads = ids.copy(), grads.copy()
+    ids[0, 0] = fresh
+    grads[ids == fresh] = 0.0  # a touched row that has never been touched, with a zero gradient
+    b, t = np.argwhere((ids > 0) & (ids != fresh))[0]
+    grads[b, t, 0] = 2.0**30  # finite norm, but lr * g overflows float32 for SGD
+    steps[1] = (ids, grads, True)
+    reported = run(poisoned, steps)  # checks the refused step leaves table and state bit-for-bit unchanged
+    assert [valid for _, valid in reported] == [True, False, True, True]
+    assert np.isfinite(reported[1][0]), "the gradient itself was finite: only the result was refused"

@@ -126,3 +126,24 @@ def test_dense_apply_matches_optax_and_skips_bad_steps(opt, tx):
         np.testing.assert_allclose(np.asarray(table), np.asarray(params), rtol=1e-5, atol=1e-6)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7),
                      state, opt_state)
+
+
+@pytest.mark.parametrize("opt", [
+    optimizers.Adam(learning_rate=0.05, eps=0.0),  # untouched rows: 0 / (sqrt(0) + 0)
+    optimizers.Adam(learning_rate=0.05, b1=1.0),  # bias correction divides by 1 - 1**t = 0
+    optimizers.Adam(learning_rate=3e38),  # finite gradient, the step overflows float32
+    optimizers.Adagrad(learning_rate=3e38),
+], ids=["adam-eps0", "adam-b1=1", "adam-lr3e38", "adagrad-lr3e38"])
+def test_dense_apply_refuses_a_non_finite_result(opt):
+    """A finite gradient whose new table or state is not finite changes nothing and is not valid."""
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS)
+    rng = np.random.default_rng(1)
+    table = jnp.asarray(rng.normal(size=(VOCAB, WIDTH)).astype(np.float32) * 1e38)
+    state = opt.init(VOCAB, WIDTH)
+    ids = np.arange(1, TOKENS + 1, dtype=np.int32)
+    grads = rng.normal(size=(TOKENS, WIDTH)).astype(np.float32)
+    before = jax.tree.map(np.array, (table, state))
+    table, state, norm, valid = jax.jit(functools.partial(opt.apply_dense, ctx))(
+        optimizers.make_update(ctx, ids, grads), table, state)
+    assert np.isfinite(float(norm)) and not bool(valid)
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, (table, state)), before)

@@ -16,8 +16,8 @@ from jax.sharding import Mesh, NamedSharding
 
 import optimizers
 from optimizers import context
-from tests.optimizers.test_contract import CASES, CTX, DRAWN, TOKENS, VOCAB, WIDTH, batch, build_update, case_id, \
-    fused_step, initial_table, library
+from tests.optimizers.test_contract import CASES, CTX, DRAWN, POISON, TOKENS, VOCAB, WIDTH, batch, build_update, \
+    case_id, fused_step, initial_table, library
 
 MESHES = {
     "2x4": lambda: Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "table")),
@@ -82,3 +82,45 @@ def test_sharded_equals_unsharded(case, mesh_name, layout):
             assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), (where, leaf.sharding, sharding)
     assert [bool(v) for *_, v in want] == [True, True, True, False, False, True, True]
     np.testing.assert_array_equal(np.asarray(table)[DRAWN:], initial_table()[DRAWN:])
+
+
+def poisoned_updates():
+    """A finite step, then one whose gradient is finite but whose result is not (under ``POISON``'s
+    hyperparameters): a fresh row with a zero gradient and a 2**30 gradient element, then a finite step."""
+    rng = np.random.default_rng(12)
+    raw = [batch(rng) for _ in range(3)]
+    raw = [(ids, np.abs(g) + 1 / 64) for ids, g in raw]
+    ids, grads = raw[1]
+    fresh = next(i for i in range(1, DRAWN) if i not in raw[0][0])
+    ids[0, 0] = fresh
+    grads[ids == fresh] = 0.0
+    b, t = np.argwhere((ids > 0) & (ids != fresh))[0]
+    grads[b, t, 0] = 2.0**30
+    return [jax.tree.map(np.asarray, build_update(ids, g, True)) for ids, g in raw]
+
+
+@pytest.mark.parametrize("layout", [context.ROW, context.COLUMN])
+@pytest.mark.parametrize("name", sorted(POISON))
+def test_refusal_of_a_non_finite_result_is_one_decision_on_every_shard(name, layout):
+    """Only one row shard (row layout) or every column shard holds the non-finite result; every shard
+    refuses the whole update: table and state bit-for-bit unchanged, valid false, like one device."""
+    opt = optimizers.create(name, **POISON[name])
+    mesh = MESHES["2x4"]()
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout)
+    sharded, single = fused_step(opt, ctx), fused_step(opt, CTX)
+    state = opt.init(VOCAB, WIDTH)
+    table = jax.device_put(jnp.asarray(initial_table()), NamedSharding(mesh, ctx.table_spec()))
+    state = jax.device_put(state, jax.tree.map(lambda spec: NamedSharding(mesh, spec), ctx.state_specs(state)))
+    ref_table, ref_state = jnp.asarray(initial_table()), opt.init(VOCAB, WIDTH)
+    reported = []
+    for i, update in enumerate(poisoned_updates()):
+        before = jax.tree.map(np.array, (table, state))
+        table, state, norm, valid = sharded(table, state, update)
+        ref_table, ref_state, ref_norm, ref_valid = single(ref_table, ref_state, update)
+        reported.append(bool(valid))
+        assert bool(valid) == bool(ref_valid), f"step {i}"
+        np.testing.assert_allclose(float(norm), float(ref_norm), rtol=1e-6)
+        if not bool(valid):
+            jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, (table, state)), before)
+        np.testing.assert_allclose(np.asarray(table), np.asarray(ref_table), rtol=1e-6, atol=1e-7)
+    assert reported == [True, False, True]

@@ -19,7 +19,8 @@ def test_groups_exist():
 def test_every_option_composes(group, option):
     cfg = compose_config([f"{group}={option}"], tiny=False)
     assert cfg[group] is not None
-    assert cfg.trainer.steps > 0
+    t = cfg.trainer  # a budget: steps, or (model=sequential) epochs resolved from the data (runner/budget.py)
+    assert (t.steps or 0) > 0 or (t.epochs or t.default_epochs or 0) > 0
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "debug").glob("*.yaml")))
@@ -49,3 +50,58 @@ def test_bad_type_fails_at_composition(override):
 def test_unknown_key_fails_at_composition(override):
     with pytest.raises(ConfigCompositionException, match="Could not override|Key .* not in"):
         compose_config([override])
+
+
+# Settings that take one of a few words are Enum fields of the schemas (runner/config.py): another word fails
+# when the config is composed, with the key, the value and the valid words. checkpoint.resume is not one of
+# them (auto | never | a path).
+CHOICES = [
+    ([], "mesh.table_layout=diagonal", "mesh.table_layout", "diagonal", "[row, column]"),
+    ([], "logger.mode=offlne", "logger.mode", "offlne", "[offline, online, disabled]"),
+    ([], "logger.kind=tensorboard", "logger.kind", "tensorboard", "[wandb, none]"),
+    ([], "distributed.kind=mpi", "distributed.kind", "mpi", "[none, local, slurm, manual]"),
+    ([], "model.tables.items.dtype=float16", "model.tables.items.dtype", "float16", "[float32, bfloat16]"),
+    (["model=sequential", "data=synthetic_sequences"], "model.loss=bpr", "model.loss", "bpr",
+     "[sampled_softmax, full_softmax]"),
+]
+
+
+@pytest.mark.parametrize("base, override, key, value, valid", CHOICES, ids=[c[1] for c in CHOICES])
+def test_wrong_choice_fails_at_composition_with_the_valid_words(base, override, key, value, valid):
+    with pytest.raises(ConfigCompositionException) as e:
+        compose_config(base + [override], tiny=False)
+    message = f"{e.value}\n{e.value.__cause__}"
+    assert f"Invalid value '{value}', expected one of {valid}" in message, message
+    assert f"full_key: {key}" in message and override in message, message
+
+
+@pytest.mark.parametrize("base, override, key, value, valid", CHOICES, ids=[c[1] for c in CHOICES])
+def test_valid_choices_compose_and_compare_as_words(base, override, key, value, valid):
+    for word in valid.strip("[]").split(", "):
+        cfg = compose_config(base + [override.replace(f"={value}", f"={word}")], tiny=False)
+        got = cfg
+        for part in key.split("."):
+            got = got[part]
+        assert got == word and str(got) == word and f"{got}" == word and isinstance(got, str)
+
+
+def test_choice_yaml_values_are_checked_too(tmp_path):
+    """A wrong word in a config file (here an option of the mesh group) fails the same way."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+
+    from runner.config import register
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "mesh" / "diagonal.yaml").write_text("defaults:\n  - /schema/mesh@_here_: mesh\ntable_layout: diag\n")
+    register()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises(Exception, match=r"Invalid value 'diag', expected one of \[row, column\]"):
+            compose("config", overrides=["mesh=diagonal"])
+
+
+def test_checkpoint_resume_takes_a_path():
+    cfg = compose_config(["checkpoint.resume=/tmp/some/checkpoint"], tiny=False)
+    assert cfg.checkpoint.resume == "/tmp/some/checkpoint"

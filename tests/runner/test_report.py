@@ -139,3 +139,190 @@ def test_empty_and_missing_metrics(tmp_path):
     for name in ("loss.png", "auc.png", "final_metric.png"):
         _assert_png(root / name, min_bytes=1_000)
     assert md.is_file()
+
+
+# --------------------------------------------------------------------------- a sweep as the runner writes it
+
+COMMON = ["trainer.steps=200", "trainer.log_interval=20", "logger=none"]
+BAYES = {"click": 0.826, "like": 0.852, "mean": 0.839}
+
+
+def _sweep(root: Path, bayes_shift=(0.0, 0.0, 0.0, 0.0)) -> Path:
+    """4 trials (optimizer x async_emb) sharing three overrides; each logs train/eval AUCs and the constant
+    Bayes-optimal AUCs of its eval labels, as runner.tasks.ranking does."""
+    root.mkdir(parents=True)
+    grid = [("async_adam", "on"), ("async_adam", "off"), ("async_sgd", "on"), ("async_sgd", "off")]
+    for i, ((opt, mode), shift) in enumerate(zip(grid, bayes_shift)):
+        records = []
+        for step in (20, 40, 60):
+            r = {"step": step, "train/loss": 0.7 - step / 1000 - i / 100, "train/auc_click": 0.6 + step / 1000,
+                 "train/auc_like": 0.61 + step / 1000}
+            if step % 40 == 0 or step == 60:
+                r.update({f"eval/auc_{a}": 0.65 + step / 1000 + i / 100 for a in BAYES})
+                r.update({f"bayes/auc_{a}": v + shift for a, v in BAYES.items()})
+            records.append(r)
+        # Hydra records the overrides in command-line order: the sweep's own ones between the common ones.
+        _write_trial(root / str(i), COMMON[:2] + [f"optimizer={opt}", f"async_emb={mode}"] + COMMON[2:], records,
+                     summary={"status": "ok"})
+    return root
+
+
+def _loaded(root: Path):
+    from runner.report import find_trials, label_trials, load_trial
+
+    trials = [load_trial(d, label=d.relative_to(root).as_posix()) for d in find_trials(root)]
+    return trials, label_trials(trials)
+
+
+def test_trials_are_labelled_by_what_differs_and_the_rest_is_one_header_line(tmp_path):
+    root = _sweep(tmp_path / "sweep")
+    md = build_report(root).read_text()
+    assert "- common: `trainer.steps=200 trainer.log_interval=20 logger=none`" in md
+    table = [ln for ln in md.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert len(table) == 4
+    assert "| 0 | ok | `optimizer=async_adam async_emb=on` |" in table[0]
+    assert "| 3 | ok | `optimizer=async_sgd async_emb=off` |" in table[3]
+    assert not any("trainer.steps" in ln or "logger=none" in ln for ln in table)
+    assert "best trial: `3`" in md and "(`optimizer=async_sgd async_emb=off`)" in md
+    # The CSV keeps each trial's full overrides (data, not display).
+    assert _rows(root)[1]["overrides"] == ("trainer.steps=200 trainer.log_interval=20 optimizer=async_adam "
+                                           "async_emb=off logger=none")
+
+    from runner.report import auc_figure
+
+    trials, common = _loaded(root)
+    assert common == COMMON
+    assert [t.distinct for t in trials] == [["optimizer=async_adam", "async_emb=on"],
+                                            ["optimizer=async_adam", "async_emb=off"],
+                                            ["optimizer=async_sgd", "async_emb=on"],
+                                            ["optimizer=async_sgd", "async_emb=off"]]
+    fig = auc_figure(trials)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:4] == ["0: optimizer=async_adam async_emb=on", "1: optimizer=async_adam async_emb=off",
+                          "2: optimizer=async_sgd async_emb=on", "3: optimizer=async_sgd async_emb=off"]
+    assert not any("trainer.steps" in text for text in legend)
+
+
+def test_a_single_run_keeps_all_its_overrides_in_its_label(tmp_path):
+    root = _sweep(tmp_path / "sweep")
+    md = build_report(root / "2", out=tmp_path / "one").read_text()
+    assert "common:" not in md
+    assert "`trainer.steps=200 trainer.log_interval=20 optimizer=async_sgd async_emb=on logger=none`" in md
+
+
+def test_bayes_optimal_is_a_reference_line_on_its_eval_panel_not_a_panel(tmp_path):
+    from runner.report import auc_figure, auc_panels
+
+    trials, _ = _loaded(_sweep(tmp_path / "sweep"))
+    panels = auc_panels(trials)
+    assert panels.keys == ["eval/auc_click", "eval/auc_like", "eval/auc_mean", "train/auc_click", "train/auc_like"]
+    assert not panels.unplaced
+    for a, v in BAYES.items():
+        assert panels.reference(f"eval/auc_{a}") == pytest.approx(v)
+        assert set(panels.references[f"eval/auc_{a}"]) == {"0", "1", "2", "3"}
+
+    fig = auc_figure(trials, panels)
+    axes = {ax.get_title().split(" ")[0]: ax for ax in fig.axes if ax.get_visible()}
+    assert sorted(axes) == panels.keys  # 5 panels: none for bayes/*
+
+    def flat_lines(ax):
+        return [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+
+    for a, v in BAYES.items():
+        ax = axes[f"eval/auc_{a}"]
+        (ref,) = flat_lines(ax)
+        assert list(ref.get_ydata()) == pytest.approx([v, v])
+        assert ref.get_label() == "Bayes-optimal (eval labels)"
+        assert ax.get_title() == f"eval/auc_{a} (Bayes-optimal {v:.4g})"
+        assert ax.get_ylim()[1] >= v  # the line is inside the panel
+        assert len(ax.get_lines()) == 4 + 1  # the 4 trials and the reference
+    for key in ("train/auc_click", "train/auc_like"):
+        assert flat_lines(axes[key]) == [] and len(axes[key].get_lines()) == 4
+    assert "Bayes-optimal (eval labels)" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+    md = build_report(tmp_path / "sweep").read_text()
+    assert "Bayes-optimal (dotted lines in auc.png): `bayes/auc_click` 0.826, `bayes/auc_like` 0.852" in md
+    assert "`bayes/" not in md.split("AUC keys:")[1]
+
+
+def test_trials_with_other_eval_data_get_one_reference_line_each(tmp_path):
+    from runner.report import auc_figure, auc_panels
+
+    trials, _ = _loaded(_sweep(tmp_path / "sweep", bayes_shift=(0.0, 0.0, 0.01, 0.01)))
+    panels = auc_panels(trials)
+    assert panels.reference("eval/auc_click") is None  # they disagree
+    assert panels.references["eval/auc_click"]["2"] == pytest.approx(0.836)
+    fig = auc_figure(trials, panels)
+    (ax,) = [ax for ax in fig.axes if ax.get_title() == "eval/auc_click"]
+    refs = sorted(ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_linestyle() == ":")
+    assert refs == pytest.approx([0.826, 0.826, 0.836, 0.836])
+
+
+def test_a_bayes_metric_without_its_eval_panel_is_listed_in_the_header(tmp_path):
+    root = tmp_path / "run"
+    _write_trial(root, [], [{"step": 1, "eval/auc_mean": 0.7, "bayes/auc_mean": 0.8, "bayes/auc_view": 0.9}])
+    md = build_report(root).read_text()
+    assert "- `bayes/auc_view` (no `eval/auc_view` panel): `run` 0.9" in md
+    assert "AUC keys: `eval/auc_mean`\n" in md
+
+
+# --------------------------------------------------------------------------- refused arguments
+
+
+def _tree(d: Path) -> set[str]:
+    return {p.relative_to(d).as_posix() for p in d.rglob("*")}
+
+
+def test_a_folder_without_trials_is_refused_and_nothing_is_written(tmp_path, capsys):
+    root = tmp_path / "not-a-sweep"
+    (root / "notes").mkdir(parents=True)
+    (root / "notes" / "todo.txt").write_text("x\n")
+    (root / "wandb" / "x").mkdir(parents=True)
+    (root / "wandb" / "x" / "metrics.jsonl").write_text("{}\n")  # inside a skipped folder: not a trial
+    before = _tree(root)
+    out = tmp_path / "report-out"
+    assert main([str(root), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith(f"error: {root} holds no trial: a trial folder holds metrics.jsonl, "
+                           ".hydra/overrides.yaml or a FAILED file")
+    assert _tree(root) == before and not out.exists()
+    assert main([str(root)]) == 2 and _tree(root) == before  # default out (the folder itself): still nothing
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: d / "missing", "does not exist; give a run folder (outputs/<date>/<time>) or a sweep folder"),
+    (lambda d: _touch(d / "0" / "metrics.jsonl"), "is a file, not a folder; give the folder that holds it: "),
+    (lambda d: _touch(d / "notes.txt"), "is a file, not a folder; give a run or sweep folder"),
+])
+def test_bad_paths_are_refused_with_one_line(tmp_path, capsys, make, needle):
+    path = make(tmp_path)
+    assert main([str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {path} ") and needle in line
+
+
+def test_out_that_is_a_file_is_refused_before_writing(multirun, tmp_path, capsys):
+    out = _touch(tmp_path / "out.md")
+    assert main([str(multirun), "--out", str(out)]) == 2
+    assert f"--out {out} is a file" in capsys.readouterr().err
+    assert not (multirun / "report.md").exists() and out.read_text() == ""
+
+
+def _touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    return path
+
+
+@pytest.mark.slow
+def test_cli_exit_status_and_message(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "runner.report", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"error: {tmp_path} holds no trial") and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -308,9 +308,12 @@ def test_multirun_one_wandb_run_per_trial_in_one_group_and_a_report(tmp_path):
     assert rep.returncode == 0, rep.stderr
     md = (sweep / "report.md").read_text()
     assert "- trials: 4 (4 ok, 0 failed)" in md
-    for d in trials:
-        overrides = " ".join(yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()))
+    assert f"- common: `{' '.join(TINY)} logger=wandb`" in md  # what every trial shares, once
+    for d in trials:  # each row shows what differs: the swept choices
+        overrides = " ".join(yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())[:2])
         assert f"| {d.name} | ok | `{overrides}` | 6 |" in md
+    assert "- Bayes-optimal (dotted lines in auc.png): `bayes/auc_click` " in md
+    assert "`bayes/" not in md.split("AUC keys:")[1]  # a reference line on its eval panel, not a panel
     with open(sweep / "report.csv", newline="") as f:
         table = {r["trial"]: r for r in csv.DictReader(f)}
     for d in trials:

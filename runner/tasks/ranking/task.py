@@ -49,6 +49,10 @@ class RankingTask:
         return {"users": (s.num_users, 1), "items": (s.num_items, s.history_len + 1),
                 "authors": (s.num_authors, s.history_len + 1)}
 
+    def metric_names(self) -> list[str]:
+        """The keys ``evaluate`` returns (what ``trainer.objective`` may name)."""
+        return [f"{p}/auc_{a}" for p in ("eval", "bayes") for a in (*self.actions, "mean")] + ["eval/loss"]
+
     def make_model(self, specs, model_cfg: DictConfig) -> RankingModel:
         return RankingModel(specs, self.actions, tuple(model_cfg.hidden))
 

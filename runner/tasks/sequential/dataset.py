@@ -76,13 +76,22 @@ class SequenceDataset:
         counts = np.bincount(ucode)
         kept = counts >= min_interactions
         if not kept.any():
-            raise DataError(f"{inter.source}: no user has >= {min_interactions} interactions")
+            raise DataError(f"{inter.source}: no user has >= {min_interactions} interactions (data.min_interactions; "
+                            f"the longest sequence has {int(counts.max())}): leave-one-out takes a test and a "
+                            f"validation target from each user and trains on the rest; use data where users have "
+                            f">= 4 interactions")
         item, ts = inter.item, inter.timestamp
         if not kept.all():
             keep = kept[ucode]
             item, ts = item[keep], ts[keep]
             ucode = (np.cumsum(kept) - 1)[ucode[keep]]
             user_ids, counts = user_ids[kept], counts[kept]
+        if counts.max() < 4:  # every kept user has exactly 3: nothing left to train on
+            raise DataError(
+                f"{inter.source}: no user can be trained on: the longest kept sequence has {int(counts.max())} "
+                f"interactions, and leave-one-out training needs a user with >= 4 (two training items to "
+                f"predict one from, plus the validation and test targets); use data where some users have >= 4 "
+                f"interactions")
         icode, item_uniq = _dense_codes(item)
         # stable order by (user, timestamp); ties keep file order
         tmin, tspan = int(ts.min()), int(ts.max()) - int(ts.min()) + 1

@@ -154,6 +154,13 @@ def _resolve_path(path: Path) -> Path:
                     f"({', '.join(str(p.relative_to(path)) for p in found)}); pass one of them")
 
 
+def _binary(text: str) -> bool:
+    """More than 1% undecodable or control characters (tab, CR, LF aside): not a text file."""
+    sample = text[:8192]
+    bad = sum(1 for c in sample if c == "\ufffd" or (ord(c) < 32 and c not in "\t\r\n") or c == "\x7f")
+    return bad > max(len(sample) // 100, 0)
+
+
 def _detect(path: Path) -> _TextSpec | str:
     """Returns "parquet" or the text layout; raises DataError for empty/unknown files."""
     with open(path, "rb") as f:
@@ -164,10 +171,13 @@ def _detect(path: Path) -> _TextSpec | str:
         return "parquet"
     if not head.strip():
         raise DataError(f"{path}: file is empty")
-    if b"\x00" in head:
-        raise DataError(f"{path}: unknown interaction file format (binary content); "
-                        f"supported: {SUPPORTED_FORMATS}")
+    if head.startswith((b"\x1f\x8b", b"PK\x03\x04", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")):
+        raise DataError(f"{path}: a compressed file or archive (gzip/zip/bz2/xz/zstd): extract it first and "
+                        f"point data.path at the interaction file inside")
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
+    if b"\x00" in head or _binary(text):
+        raise DataError(f"{path}: unknown interaction file format (binary content, not text); "
+                        f"supported: {SUPPORTED_FORMATS}")
     first = next((ln.rstrip("\r") for ln in text.split("\n") if ln.strip("\r")), "")
 
     fields = first.split("\t")
@@ -478,7 +488,15 @@ def _load_parquet(path: Path) -> Interactions:
 
 def load_interactions(path: str | Path) -> Interactions:
     """Reads an interaction file (or a directory holding one); see the module docstring for formats."""
-    path = _resolve_path(Path(path).expanduser())
+    try:
+        return _load(Path(path).expanduser())
+    except OSError as e:  # unreadable: permissions, a vanished file, an I/O error
+        where = e.filename or path
+        raise DataError(f"{where}: cannot read: {e.strerror or e}") from None
+
+
+def _load(path: Path) -> Interactions:
+    path = _resolve_path(path)
     spec = _detect(path)
     if spec == "parquet":
         return _load_parquet(path)

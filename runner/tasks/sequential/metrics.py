@@ -11,8 +11,11 @@ best; ``"optimistic"`` counts only strictly higher scores; ``"average"`` is the 
 Exclusion: items with ``exclude[b, i] = True`` (e.g. already-seen history) never outrank the
 target. The target itself is never excluded, even if it is set in the mask.
 
-NaN scores: a NaN candidate never outranks the target; a NaN target score gets the worst rank
-(the number of other non-excluded candidates).
+NaN scores: NaN is the worst score, below every number (``-inf`` included), so a broken score can
+never help an item. A NaN candidate never outranks a target with a number; a NaN target is outranked
+by every candidate with a number and ties with the other NaN candidates, so under the default
+``"pessimistic"`` ties it gets the worst rank (the number of other non-excluded candidates), under
+``"optimistic"`` the number of candidates with a number, under ``"average"`` the mean of the two.
 """
 from __future__ import annotations
 
@@ -53,17 +56,17 @@ def rank_of_target(scores, target, exclude=None, *, ties: str = "pessimistic") -
         cand &= ~exclude
     cand[rows, target] = False  # the target is not its own competitor (and is never excluded)
     t = scores[rows, target][:, None]
-    target_nan = np.isnan(t[:, 0]) if np.issubdtype(scores.dtype, np.floating) else np.zeros(b, bool)
-    higher = np.count_nonzero((scores > t) & cand, axis=1)
-    equal = np.count_nonzero((scores == t) & cand, axis=1)
+    # NaN is the worst score: below every number, equal to another NaN.
+    nan = np.isnan(scores) if np.issubdtype(scores.dtype, np.floating) else np.zeros(scores.shape, bool)
+    target_nan = nan[rows, target][:, None]
+    higher = np.count_nonzero(cand & ~nan & ((scores > t) | target_nan), axis=1)
+    equal = np.count_nonzero(cand & np.where(target_nan, nan, scores == t), axis=1)
     if ties == "pessimistic":
         ranks = higher + equal
     elif ties == "optimistic":
         ranks = higher
     else:
         ranks = higher + equal / 2.0
-    worst = np.count_nonzero(cand, axis=1)
-    ranks = np.where(target_nan, worst, ranks)
     return ranks.astype(np.float64 if ties == "average" else np.int64)
 
 

@@ -30,7 +30,6 @@ from .metrics import rank_of_target, ranking_report
 from .model import SequentialModel
 from .synthetic import SequenceSpec, SequenceWorld
 
-LOSSES = ("sampled_softmax", "full_softmax")
 SPLITS = ("valid", "test")
 
 
@@ -51,8 +50,6 @@ def check(cfg: DictConfig) -> None:
                       f"validation target and one training item)")
     if not d.ks or min(d.ks) < 1:
         errors.append(f"data.ks={list(d.ks)} must list positive cutoffs, e.g. [10]")
-    if m.loss not in LOSSES:
-        errors.append(f"model.loss={m.loss!r}: use {' or '.join(LOSSES)}")
     if m.loss == "sampled_softmax" and m.num_negatives < 1:
         errors.append(f"model.num_negatives={m.num_negatives} must be >= 1 with sampled_softmax")
     if m.num_blocks < 0 or m.ffn_mult < 1:
@@ -80,13 +77,19 @@ def load_dataset(d: DictConfig) -> tuple[SequenceDataset, SequenceWorld | None]:
     """The data source's sequences (and the synthetic world, whose oracle the evaluation reports)."""
     if d.name == "synthetic_sequences":
         world = SequenceWorld(_spec(d))
-        return SequenceDataset.from_interactions(world.interactions(), d.max_len, d.min_interactions), world
+        try:
+            return SequenceDataset.from_interactions(world.interactions(), d.max_len, d.min_interactions), world
+        except DataError as e:
+            raise PreflightError(f"data=synthetic_sequences cannot be used: {e}. Fix data.max_length (and "
+                                 f"data.min_length, data.min_interactions).") from None
     try:
         return SequenceDataset.from_interactions(load_interactions(d.path), d.max_len, d.min_interactions), None
     except DataError as e:
-        raise PreflightError(f"data.path={d.path!r} cannot be used: {e}. Fix data.path (a MovieLens u.data, "
-                             f"ratings.dat or ratings.csv, a RecBole .inter, a csv/parquet file with user "
-                             f"and item columns, or a folder holding one of them).") from None
+        why = str(e).rstrip(".")
+        fix = ("Fix data.path." if "supported:" in why else
+               "Fix data.path (a MovieLens u.data, ratings.dat or ratings.csv, a RecBole .inter, a csv/parquet file "
+               "with user and item columns, or a folder holding one of them).")
+        raise PreflightError(f"data.path={d.path!r} cannot be used: {why}. {fix}") from None
 
 
 @dataclasses.dataclass
@@ -115,10 +118,26 @@ class SequentialTask:
                    tuple(d.ks), keys, objective=f"valid/ndcg@{d.ks[0]}")
 
     # ----- what the trainer needs --------------------------------------------------------------------
+    @property
+    def num_train_examples(self) -> int:
+        """What one epoch passes over (``trainer.epochs``, runner/budget.py): the users a training batch draws
+        from, those whose training prefix has >= 2 items (an input and a target)."""
+        return int(np.count_nonzero(self.data.train_lengths >= 2))
+
+    def num_eval_batches(self, batch_size: int) -> int:
+        """Model predictions one evaluation makes: every user once per split (for the progress bar)."""
+        return len(SPLITS) * -(-self.data.num_users // batch_size)
+
     def tables(self) -> dict[str, tuple[int, int]]:
         L = self.data.max_len
         tokens = L + self.catalog_per_example if self.catalog_per_example else 2 * L + self.num_negatives
         return {"items": (self.data.num_items, tokens)}
+
+    def metric_names(self) -> list[str]:
+        """The keys ``evaluate`` returns (what ``trainer.objective`` may name)."""
+        per = [f"{m}@{k}" for k in self.ks for m in ("hr", "ndcg")] + ["mrr"]
+        models = ("", "popularity/") + (("oracle/",) if self.world is not None else ())
+        return [f"{p}{split}/{m}" for p in models for split in SPLITS for m in per]
 
     def make_model(self, specs, m: DictConfig) -> SequentialModel:
         return SequentialModel(specs["items"], self.data.num_items, self.data.max_len, m.num_blocks, m.num_heads,

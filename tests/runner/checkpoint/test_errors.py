@@ -2,10 +2,14 @@
 the one before it is used, an unwritable or full disk fails loudly, bad settings are refused up front."""
 import json
 import logging
+import os
 import re
 import resource
 import shutil
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -15,8 +19,11 @@ import pytest
 from runner.app import run
 from runner.build import build
 from runner.checkpoint import CheckpointError, open_checkpoints
+from runner.checkpoint import lock as ckpt_lock
+from runner.checkpoint import meta as ckpt_meta
+from runner.checkpoint.lock import LOCK_FILE
 from runner.preflight import PreflightError
-from tests.runner.support import compose_config
+from tests.runner.support import TINY, compose_config
 from tests.runner.checkpoint.test_resume import BASE, launch, saved_arrays, steps_in
 
 RUN = ["trainer.steps=4", "trainer.run_id=bad-input"]
@@ -28,6 +35,7 @@ def saved(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("saved")
     launch(d, "first", RUN)
     assert steps_in(d / "ck") == [2, 4]
+    assert not (d / "ck" / LOCK_FILE).exists()  # the run released checkpoint.dir when it ended
     return d / "ck"
 
 
@@ -51,6 +59,7 @@ def test_incompatible_config_is_refused_by_name(saved, override, message):
         open_with(saved, [override])
     assert "written by an incompatible config" in str(e.value) and "checkpoint.resume=never" in str(e.value)
     assert steps_in(saved) == [2, 4]  # nothing was touched
+    assert not (saved / LOCK_FILE).exists()  # the refused run let go of checkpoint.dir
 
 
 def _truncate(step_dir: Path):
@@ -70,21 +79,31 @@ def _garble_meta(step_dir: Path):
     (step_dir / "meta" / "metadata").write_text("{not json")
 
 
-# Orbax leaves the reads of the other arrays un-awaited when one fails: that is its error path, not ours.
-ORBAX_ABANDONED_READS = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def _drop_meta(step_dir: Path):  # the metadata file is gone: the arrays cannot be checked, so not trusted
+    (step_dir / "meta" / "metadata").unlink()
+
+
+# Orbax abandons the reads of the other arrays when one fails; the restore collects and drops their echoes
+# (runner.checkpoint.manager._abandoned_reads_dropped), so none may reach pytest's unraisable-exception hook.
+ORBAX_ABANDONED_READS = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 
 
 @ORBAX_ABANDONED_READS
-@pytest.mark.parametrize("corrupt", [_truncate, _flip, _garble_meta], ids=["truncated", "flipped", "meta"])
+@pytest.mark.parametrize("corrupt", [_truncate, _flip, _garble_meta, _drop_meta],
+                         ids=["truncated", "flipped", "meta", "meta-missing"])
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, saved, caplog, corrupt):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
     corrupt(ck / "4")
     with caplog.at_level(logging.WARNING, logger="runner"):
         program, checkpoints = open_with(ck)
-    assert re.search(rf"checkpoint {ck}/4 is unreadable or corrupted .*falling back to the one before it",
-                     caplog.text)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings  # one line says it all
+    assert re.fullmatch(rf"checkpoint {ck}/4 is unreadable or corrupted \(step 4 \(.+\)\); moved to {ck}/_corrupt/4, "
+                        r"falling back to the one before it", warnings[0]), warnings[0]
+    assert "See full TensorStore details" not in warnings[0]
     state, start, _ = checkpoints.resume_point()
+    checkpoints.close()
     assert start == 2 and steps_in(ck) == [2] and (ck / "_corrupt" / "4").is_dir()
     want = saved_arrays(saved, 2)
     np.testing.assert_array_equal(np.asarray(state.tables["items"]), want["['tables']['items']"])
@@ -109,7 +128,16 @@ def test_unwritable_checkpoint_dir_is_refused_before_training(tmp_path):
         open_with(blocker / "ck")
 
 
-def test_full_disk_fails_the_save_loudly_and_keeps_the_previous_checkpoint(tmp_path):
+def test_checkpoint_dir_that_is_a_file_is_refused_and_left_alone(tmp_path):
+    blocker = tmp_path / "ck"
+    blocker.write_text("not a directory")
+    with pytest.raises(PreflightError, match=rf"^checkpoint.dir={blocker} is a file, not a directory; point "
+                                             r"checkpoint.dir at a directory .*or move the file away$"):
+        open_with(blocker)
+    assert blocker.read_text() == "not a directory"
+
+
+def test_full_disk_fails_the_save_loudly_and_keeps_the_previous_checkpoint(tmp_path, caplog):
     """RLIMIT_FSIZE makes every write past 1 KiB fail (EFBIG), as a full disk fails with ENOSPC; it works
     for root too, where a read-only chmod would not."""
     program, checkpoints = open_with(tmp_path / "ck", ["checkpoint.resume=never"])
@@ -122,13 +150,15 @@ def test_full_disk_fails_the_save_loudly_and_keeps_the_previous_checkpoint(tmp_p
     resource.setrlimit(resource.RLIMIT_FSIZE, (1024, limit[1]))
     try:
         with pytest.raises(CheckpointError, match=r"saving checkpoint step 2 to .*/ck failed: OSError: \[Errno 27\] "
-                                                  r"File too large\nThe previous checkpoints are intact"):
+                                                  r"File too large\nThe previous checkpoints are intact"), \
+                caplog.at_level(logging.WARNING):
             checkpoints.save(2, state)
             checkpoints.wait()
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limit)
         signal.signal(signal.SIGXFSZ, handler)
     checkpoints.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "absl"] == []  # the error says it once
     assert steps_in(tmp_path / "ck") == [1]
     _, again = open_with(tmp_path / "ck")
     assert again.resume_point()[1] == 1
@@ -164,6 +194,7 @@ def test_changed_settings_are_named_in_a_warning(saved, caplog):
     with caplog.at_level(logging.WARNING, logger="runner"):
         _, checkpoints = open_with(saved, ["optimizer.learning_rate=0.5"])
     assert checkpoints.resume_point()[1] == 4
+    checkpoints.close()
     assert re.search(r"resuming with settings that differ from the checkpoint's: optimizer.learning_rate: "
                      r"[0-9.e-]+ -> 0.5$", caplog.text, re.M)
 
@@ -179,3 +210,188 @@ def test_finished_run_resumed_into_a_new_directory_only_evaluates(tmp_path, save
     summary = json.loads((saved.parent / "first" / "summary.json").read_text())
     assert run(cfg, tmp_path / "out") == summary["eval/auc_mean"]
     assert steps_in(tmp_path / "ck") == []  # nothing new to save: the run was complete
+
+
+# ----- one run per checkpoint directory: the lock -----------------------------------------------------------
+def _lock_record(pid: int, host: str | None = None, **extra) -> dict:
+    return {"host": host or socket.gethostname(), "pid": pid, "pid_start": ckpt_lock._proc_start(pid),
+            "started": "2026-11-30 21:00:00 UTC", "output_dir": "/runs/first", "run_id": "bad-input",
+            "command": "python -m runner", "token": "t0", **extra}
+
+
+def _restores_step_4(ck: Path) -> None:
+    """The directory's checkpoints are untouched and still restore (and the lock is released again)."""
+    _, again = open_with(ck)
+    state, start, _ = again.resume_point()
+    again.close()
+    assert start == 4 and steps_in(ck) == [2, 4] and not (ck / LOCK_FILE).exists()
+    np.testing.assert_array_equal(np.asarray(state.tables["items"]), saved_arrays(ck, 4)["['tables']['items']"])
+
+
+def test_a_second_open_of_a_checkpoint_dir_is_refused_naming_the_holder(tmp_path, saved):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    _, first = open_with(ck, out=tmp_path / "first")
+    holder = json.loads((ck / LOCK_FILE).read_text())
+    assert holder["pid"] == os.getpid() and holder["output_dir"] == str(tmp_path / "first")
+    with pytest.raises(PreflightError, match=rf"checkpoint.dir={ck} is in use by another run: pid {os.getpid()} on "
+                                             rf"host {re.escape(socket.gethostname())}, started .* UTC, output dir "
+                                             rf"{tmp_path / 'first'} \(lock {ck / LOCK_FILE}\).*Wait for that run to "
+                                             r"end or stop it, or give this run another checkpoint.dir"):
+        open_with(ck, out=tmp_path / "second")
+    assert json.loads((ck / LOCK_FILE).read_text()) == holder  # the holder keeps it
+    first.close()
+    _restores_step_4(ck)
+
+
+def test_a_lock_held_by_another_live_process_is_refused(tmp_path, saved):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    holder = subprocess.Popen(["sleep", "600"])
+    try:
+        (ck / LOCK_FILE).write_text(json.dumps(_lock_record(holder.pid)))
+        with pytest.raises(PreflightError, match=rf"is in use by another run: pid {holder.pid} on host .*, started "
+                                                 r"2026-11-30 21:00:00 UTC, output dir /runs/first"):
+            open_with(ck)
+        assert json.loads((ck / LOCK_FILE).read_text())["pid"] == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone now: its lock is stale and the next open breaks it
+    _restores_step_4(ck)
+
+
+def test_a_stale_lock_of_a_dead_process_is_broken(tmp_path, saved, caplog):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (ck / LOCK_FILE).write_text(json.dumps(_lock_record(dead.pid, pid_start="1")))  # "1": even a reused pid is not it
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        _, checkpoints = open_with(ck)
+    assert f"checkpoint.dir lock {ck / LOCK_FILE} was left by a run that is no longer running (pid {dead.pid}" \
+           in caplog.text
+    assert json.loads((ck / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert checkpoints.resume_point()[1] == 4
+    checkpoints.close()
+    assert not (ck / LOCK_FILE).exists() and not [p for p in ck.iterdir() if p.name.startswith(".run.lock")]
+
+
+def test_a_lock_from_another_host_is_never_broken(tmp_path, saved):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    (ck / LOCK_FILE).write_text(json.dumps(_lock_record(12345, host="node-17")))
+    with pytest.raises(PreflightError, match=rf"checkpoint.dir={ck} is locked by a run on another host: pid 12345 on "
+                                             rf"host node-17, .*If it is not, remove {ck / LOCK_FILE} and re-launch"):
+        open_with(ck)
+    assert json.loads((ck / LOCK_FILE).read_text())["host"] == "node-17"
+    (ck / LOCK_FILE).unlink()  # the fix the message gives
+    _restores_step_4(ck)
+
+
+def test_a_garbled_lock_file_is_refused_by_name(tmp_path, saved):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    (ck / LOCK_FILE).write_text("{half a lock")
+    with pytest.raises(PreflightError, match=rf"checkpoint.dir lock {ck / LOCK_FILE} is not a lock this runner wrote "
+                                             r"\('\{half a lock'\); if no other run uses this checkpoint.dir, remove "
+                                             r"it and re-launch"):
+        open_with(ck)
+    (ck / LOCK_FILE).unlink()
+    _restores_step_4(ck)
+
+
+# ----- the command line: one clear message, no traceback --------------------------------------------------
+NOISE = ("Traceback", "Task exception was never retrieved", "Exception ignored in", "Event loop is closed")
+
+
+def cli(tmp: Path, run_dir: str, *overrides: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "runner", *TINY, *BASE, *RUN, f"hydra.run.dir={tmp / run_dir}", *overrides]
+    return subprocess.run(args, cwd=tmp, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_refusals_on_the_command_line_are_one_message_and_leave_the_directory_alone(tmp_path, saved):
+    """checkpoint.resume=<missing path> with checkpoints on, and a second run on a locked checkpoint.dir."""
+    missing = cli(tmp_path, "r1", f"checkpoint.dir={tmp_path / 'fresh'}", "checkpoint.resume=/nope")
+    assert missing.returncode == 2
+    assert "error: checkpoint.resume=/nope is not a checkpoint (no step directory with a meta/ item there); use " \
+           "auto, never, or the path of a checkpoint step or checkpoint directory" in missing.stderr
+    assert not [n for n in NOISE if n in missing.stdout + missing.stderr], missing.stderr[-3000:]
+    assert not (tmp_path / "fresh").exists()  # refused before anything was created
+
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    _, holder = open_with(ck, out=tmp_path / "first")  # this test process is the first run
+    try:
+        second = cli(tmp_path, "r2", f"checkpoint.dir={ck}")
+    finally:
+        holder.close()
+    assert second.returncode == 2
+    assert (f"error: checkpoint.dir={ck} is in use by another run: pid {os.getpid()} on host "
+            f"{socket.gethostname()}, started ") in second.stderr
+    assert f"output dir {tmp_path / 'first'} (lock {ck / LOCK_FILE})" in second.stderr
+    assert not [n for n in NOISE if n in second.stdout + second.stderr], second.stderr[-3000:]
+    _restores_step_4(ck)
+
+
+@pytest.mark.slow
+def test_a_truncated_newest_checkpoint_is_one_warning_on_the_command_line(tmp_path, saved):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    _truncate(ck / "4")
+    proc = cli(tmp_path, "r", f"checkpoint.dir={ck}")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    assert text.count("is unreadable or corrupted") == 1 and not [n for n in NOISE if n in text], text[-6000:]
+    assert re.search(rf"\[runner\]\[WARNING\] - checkpoint {ck}/4 is unreadable or corrupted \(step 4 \(.*\)\); "
+                     rf"moved to {ck}/_corrupt/4, falling back to the one before it", text)
+    assert f"resuming from {ck / '2'}: step 2 of 4" in text
+    assert steps_in(ck) == [2, 4] and not (ck / LOCK_FILE).exists()  # 4 written again, the lock released
+
+
+# ----- older and newer checkpoint formats -------------------------------------------------------------------
+def test_a_format_1_checkpoint_is_verified_with_its_own_digest_and_a_newer_format_is_refused(tmp_path, saved):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    program, checkpoints = open_with(ck)
+    state = checkpoints.resume_point()[0]
+    checkpoints.close()
+    meta_file = ck / "4" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    assert meta["format"] == ckpt_meta.FORMAT == 2
+    old = ckpt_meta.digests(state, ckpt_meta.tables_of(program), 1)  # as the runner before format 2 wrote them
+    assert old != {k: a["digest"] for k, a in meta["arrays"].items()}
+    meta_file.write_text(json.dumps({**meta, "format": 1,
+                                     "arrays": {k: {**a, "digest": old[k]} for k, a in meta["arrays"].items()}}))
+    _restores_step_4(ck)  # read, and its digests matched under the old scheme
+
+    meta_file.write_text(json.dumps({**meta, "format": 99}))
+    with pytest.raises(PreflightError, match=r"checkpoint format: the checkpoint has 99, this runner reads \[1, 2\] "
+                                             r"\(a newer runner wrote it: resume it with that version\)"):
+        open_with(ck)
+    assert steps_in(ck) == [2, 4] and not (ck / LOCK_FILE).exists()
+
+
+@pytest.mark.slow
+def test_a_locked_checkpoint_dir_stops_every_process_of_a_multi_process_run(tmp_path):
+    """Process 0 holds the lock for the run; when it cannot, every process ends with an error, none hangs."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    holder = subprocess.Popen(["sleep", "600"])
+    try:
+        (ck / LOCK_FILE).write_text(json.dumps(_lock_record(holder.pid)))
+        proc = subprocess.run([sys.executable, "-m", "runner.launch", "-n", "2", "--", *TINY, "mesh=data",
+                               "mesh.cpu_devices=1", "checkpoint.interval=2", f"checkpoint.dir={ck}",
+                               f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+        assert json.loads((ck / LOCK_FILE).read_text())["pid"] == holder.pid  # still the holder's
+    finally:
+        holder.kill()
+        holder.wait()
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert (f"[p0] error: checkpoint.dir={ck} is in use by another run: pid {holder.pid} on host "
+            f"{socket.gethostname()}, started 2026-11-30 21:00:00 UTC, output dir /runs/first") in text, text[-3000:]
+    assert f"[p1] error: checkpoint.dir={ck} is in use by another run: process 0 could not lock it" in text
+    assert "Traceback" not in text

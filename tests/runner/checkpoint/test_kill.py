@@ -1,5 +1,6 @@
 """A process killed (SIGKILL) in the middle of a save: the partial checkpoint is never committed, the next
-launch of the same command resumes from the previous complete one and ends bit-identical to a straight run.
+launch of the same command breaks the dead run's lock, resumes from the previous complete one and ends
+bit-identical to a straight run.
 
 ``RUNNER_TEST_KILL_BEFORE_COMMIT=4`` makes the runner kill itself once every array of step 4 is written
 but before Orbax's rename commits it: the latest point a crash can hit, with the most partial data on disk.
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.checkpoint.lock import LOCK_FILE
 from runner.checkpoint.manager import KILL_ENV, TMP_SUFFIX
 from tests.runner.support import TINY
 from tests.runner.checkpoint.test_resume import BASE, assert_same_arrays, metric_rows, saved_arrays, steps_in
@@ -34,12 +36,16 @@ def test_killed_mid_save_resumes_from_the_previous_checkpoint(tmp_path):
     partial = [p for p in (tmp_path / "ck").iterdir() if p.name.startswith("4" + TMP_SUFFIX)]
     assert len(partial) == 1 and any(f.is_file() for f in (partial[0] / "state").rglob("*"))  # written, not committed
     assert steps_in(tmp_path / "ck") == [2]
+    assert (tmp_path / "ck" / LOCK_FILE).exists()  # the killed run could not release checkpoint.dir
     logged = [r["step"] for r in metric_rows(tmp_path / "run")]
     assert logged[:4] == [1, 2, 3, 4]  # training went on while step 4 was being written; all of it is redone
 
     again = runner(tmp_path, "run", "ck")
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resuming from {tmp_path / 'ck' / '2'}: step 2 of 6" in again.stdout + again.stderr
+    assert f"checkpoint.dir lock {tmp_path / 'ck' / LOCK_FILE} was left by a run that is no longer running (pid " \
+        in again.stdout + again.stderr  # same host, dead pid: broken, with a warning
+    assert not (tmp_path / "ck" / LOCK_FILE).exists()
     assert not any(TMP_SUFFIX in p.name for p in (tmp_path / "ck").iterdir())  # the partial one is cleaned up
     assert steps_in(tmp_path / "ck") == [2, 4, 6]
     assert_same_arrays(saved_arrays(tmp_path / "ck_straight", 6), saved_arrays(tmp_path / "ck", 6))

@@ -45,8 +45,35 @@ def test_edge_cases():
         auc([0, 1], [0.1, 0.2, 0.3])
     with pytest.raises(ValueError):
         auc([0, 2], [0.1, 0.2])
-    with pytest.raises(ValueError):
-        auc([0, 1], [0.1, float("nan")])
+    assert auc([0, 1], [0.1, float("nan")]) == 0.0  # NaN is the lowest score, not an error
+
+
+def _brute_auc_nan_lowest(labels, scores):
+    """Pairwise wins with NaN below every number and tied with NaN."""
+    wins = 0.0
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    for p in pos:
+        for q in neg:
+            if np.isnan(p) and np.isnan(q):
+                wins += 0.5
+            elif np.isnan(q) or (not np.isnan(p) and p > q):
+                wins += 1.0
+            elif not np.isnan(p) and p == q:
+                wins += 0.5
+    return wins / (len(pos) * len(neg))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_nan_scores_rank_lowest(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 40))
+    labels = rng.integers(0, 2, n)
+    labels[0], labels[1] = 0, 1
+    scores = rng.integers(-2, 3, n).astype(np.float64)
+    scores[rng.random(n) < 0.3] = np.nan
+    scores[rng.random(n) < 0.1] = -np.inf  # NaN is below -inf too
+    assert auc(labels, scores) == pytest.approx(_brute_auc_nan_lowest(labels, scores), abs=1e-12)
+    assert auc([1, 0, 0], [np.nan, -np.inf, np.nan]) == 0.25  # loses to -inf, ties the other NaN
 
 
 def test_random_scores_near_half_on_large_input():

@@ -63,12 +63,33 @@ def test_rank_exclusion():
 
 def test_rank_nan_and_validation():
     scores = np.array([[0.0, np.nan, 0.5, 0.3], [0.0, 0.2, np.nan, 0.1]])
-    # NaN candidates never outrank; a NaN target gets the worst rank
+    # NaN is the worst score: NaN candidates never outrank; a NaN target gets the worst rank
     assert rank_of_target(scores, [3, 2]).tolist() == [1, 2]
     with pytest.raises(ValueError, match="1..3"):
         rank_of_target(scores, [0, 1])  # 0 is padding, not an item
     with pytest.raises(ValueError, match="1..3"):
         rank_of_target(scores, [4, 1])
+
+
+def test_nan_is_the_worst_score_under_every_tie_rule():
+    # item:            1       2       3     4     5
+    scores = np.array([[0.0, np.nan, -np.inf, 0.5, np.nan, 0.1]])
+    nan_target = {t: rank_of_target(scores, [1], ties=t).item() for t in ("pessimistic", "optimistic", "average")}
+    # 3 candidates with a number outrank it; the other NaN (item 4) ties with it
+    assert nan_target == {"pessimistic": 4, "optimistic": 3, "average": 3.5}
+    # a -inf target: the numbers 0.5 and 0.1 outrank it, the NaNs rank below it
+    assert rank_of_target(scores, [2], ties="pessimistic").item() == 2
+    # excluded candidates take no part, NaN or not
+    exclude = np.array([[False, False, False, True, True, False]])
+    assert rank_of_target(scores, [1], exclude, ties="pessimistic").item() == 2
+    # reference: NaN mapped below every number keeps the order of the numbers
+    rng = np.random.default_rng(3)
+    s = rng.integers(-3, 3, size=(32, 21)).astype(np.float64)
+    s[rng.random(s.shape) < 0.3] = np.nan
+    target = rng.integers(1, 21, 32)
+    key = np.where(np.isnan(s), -1e9, s)
+    for t in ("pessimistic", "optimistic", "average"):
+        np.testing.assert_array_equal(rank_of_target(s, target, ties=t), rank_of_target(key, target, ties=t))
 
 
 def test_rank_matches_argsort_on_random_scores():

@@ -1,0 +1,418 @@
+"""Hostile inputs: every bad config value, mesh shape, data file and command-line argument ends with one clear
+message that names the bad key and value and the fix, and a non-zero exit; never a bare traceback, never a
+silent success.
+
+In-process wherever possible (``build(compose_config(...))`` raises ``PreflightError``, which the CLI prints as
+``error: ...`` with exit code 2; ``runner.report.main`` and ``runner.launch.main`` parse their arguments); a few
+``slow`` subprocess cases prove the command line itself gives exit 2, one message and no traceback.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from runner import launch, report
+from runner.build import build
+from runner.preflight import PreflightError
+from tests.runner.support import ROOT, compose_config, seq_config
+
+
+GROUPS = {"optimizer", "async_emb", "mesh", "distributed", "model", "data", "logger", "experiment", "debug"}
+_BASE: dict = {}
+
+
+def fast(*overrides: str, seq: bool = False):
+    """``compose_config(overrides)`` (``seq_config`` with ``seq``) in milliseconds instead of ~0.6 s: the base
+    config is composed once, then each plain ``key=value`` override is applied the way Hydra applies it
+    (``OmegaConf.update(cfg, key, parsed value, merge=True)`` on the typed config: the same parsing and type
+    checks). Group choices and ``+``/``~`` overrides go through a full compose."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    if any(o.type != OverrideType.CHANGE or o.package is not None or o.key_or_group.split(".")[0] in GROUPS
+           and "." not in o.key_or_group for o in parsed):
+        return seq_config(*overrides) if seq else compose_config(list(overrides))
+    if seq not in _BASE:
+        _BASE[seq] = seq_config() if seq else compose_config()
+    cfg = copy.deepcopy(_BASE[seq])
+    for o in parsed:
+        OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    return cfg
+
+
+def test_fast_path_composes_like_hydra():
+    for ov in (["model.emb_width=0", "data.zipf_a=nan", "model.hidden=[16,0]", "logger.project=''"],
+               ["mesh.axes={data:0}", "optimizer.learning_rate=inf", "trainer.objective=nope/metric"]):
+        assert OmegaConf.to_yaml(fast(*ov)) == OmegaConf.to_yaml(compose_config(ov))
+    assert OmegaConf.to_yaml(fast("data.ks=[0]", seq=True)) == OmegaConf.to_yaml(seq_config("data.ks=[0]"))
+
+
+def refused(cfg) -> str:
+    """The preflight message ``build`` refuses ``cfg`` with (and it is a message, not a traceback)."""
+    with pytest.raises(PreflightError) as e:
+        build(cfg)
+    text = str(e.value)
+    assert text.strip() and "Traceback" not in text
+    return text
+
+
+# ---- config values: each setting against the range declared beside its field ---------------------------
+
+RANKING = [
+    ("model.emb_width=0", "model.emb_width=0 is outside [1, 65536] (width of every table without its own)"),
+    ("model.emb_width=-8", "model.emb_width=-8 is outside [1, 65536]"),
+    ("model.hidden=[16,0]", "model.hidden=[16, 0] must list integers in [1, 65536], e.g. model.hidden=[128,64]"),
+    ("model.tables.users.width=0", "model.tables.users.width=0 is outside [1, 65536]"),
+    ("model.tables.items.init_scale=-1", "model.tables.items.init_scale=-1.0 is outside [0, inf)"),
+    ("model.tables.users.vocab=5", "model.tables.users.vocab=5 is too small: the data's users ids go up to 300, "
+                                   "so the table needs >= 301 rows"),
+    ("data.num_users=0", "data.num_users=0 is outside [1, 100000000] (user ids 1..num_users)"),
+    ("data.num_items=-5", "data.num_items=-5 is outside [1, 100000000]"),
+    ("data.num_authors=1000000000", "data.num_authors=1000000000 is outside [1, 100000000]"),
+    ("data.history_len=0", "data.history_len=0 is outside [1, 4096]"),
+    ("data.latent_dim=0", "data.latent_dim=0 is outside [1, 4096]"),
+    ("data.zipf_a=nan", "data.zipf_a=nan is outside [0, inf)"),
+    ("data.zipf_a=-1", "data.zipf_a=-1.0 is outside [0, inf)"),
+    ("data.seed=-1", "data.seed=-1 is outside [0, 4294967295]"),
+    ("data.actions=[]", "data.actions=[] must list one or more distinct non-empty action names"),
+    ("data.actions=[click,click]", "data.actions=['click', 'click'] must list one or more distinct"),
+    ("trainer.steps=0", "trainer.steps=0 is outside [1, inf)"),
+    ("trainer.batch_size=0", "trainer.batch_size=0 is outside [1, 16777216]"),
+    ("trainer.batch_size=1000000000", "trainer.batch_size=1000000000 is outside [1, 16777216]"),
+    ("trainer.seed=-1", "trainer.seed=-1 is outside [0, 4294967295]"),
+    ("trainer.log_interval=0", "trainer.log_interval=0 is outside [1, inf)"),
+    ("trainer.eval_interval=-1", "trainer.eval_interval=-1 is outside [1, inf)"),
+    ("trainer.eval_batches=0", "trainer.eval_batches=0 is outside [1, 1000000]"),
+    ("dense_optimizer.learning_rate=0", "dense_optimizer.learning_rate=0.0 is outside (0, inf)"),
+    ("dense_optimizer.learning_rate=inf", "dense_optimizer.learning_rate=inf is outside (0, inf)"),
+    ("dense_optimizer.learning_rate=nan", "dense_optimizer.learning_rate=nan is outside (0, inf)"),
+    ("dense_optimizer.b1=1.0", "dense_optimizer.b1=1.0 is outside [0, 1) (decay of the first-moment estimate)"),
+    ("dense_optimizer.b2=-0.1", "dense_optimizer.b2=-0.1 is outside [0, 1)"),
+    ("dense_optimizer.weight_decay=-1e-4", "dense_optimizer.weight_decay=-0.0001 is outside [0, inf)"),
+    ("dense_optimizer.clip_norm=0", "dense_optimizer.clip_norm=0.0 is outside (0, inf)"),
+    ("dense_optimizer.warmup_steps=-1", "dense_optimizer.warmup_steps=-1 is outside [0, inf)"),
+    ("dense_optimizer.end_learning_rate_ratio=2", "dense_optimizer.end_learning_rate_ratio=2.0 is outside [0, 1]"),
+    ("logger.project=a/b", "logger.project='a/b' must be a non-empty name of at most 128 characters"),
+    ("logger.project=''", "logger.project='' must be a non-empty name"),
+    ("logger.tags=['']", "logger.tags has '': each tag must be non-empty and at most 64 characters"),
+    ("logger.group=''", "logger.group='' must be null or a non-empty name"),
+]
+
+
+@pytest.mark.parametrize("override, needle", RANKING, ids=[o for o, _ in RANKING])
+def test_ranking_config_value_is_refused_by_name(override, needle):
+    assert needle in refused(fast(override))
+
+
+def test_all_problems_are_reported_together():
+    text = refused(fast("model.emb_width=0", "data.num_users=0", "dense_optimizer.b1=1.0"))
+    assert text.startswith("invalid config:\n  - ")
+    assert "model.emb_width=0" in text and "data.num_users=0" in text and "dense_optimizer.b1=1.0" in text
+
+
+SEQUENTIAL = [
+    ("model.emb_width=0", "model.emb_width=0 is outside [1, 65536] (item embedding and hidden width)"),
+    ("model.num_blocks=-1", "model.num_blocks=-1 is outside [0, 1024]"),
+    ("model.num_heads=0", "model.num_heads=0 is outside [1, 65536]"),
+    ("model.num_heads=3", "model.num_heads=3 must divide model.emb_width=16"),
+    ("model.ffn_mult=0", "model.ffn_mult=0 is outside [1, 1024]"),
+    ("model.dropout=1.0", "model.dropout=1.0 is outside [0, 1) (dropout rate)"),
+    ("model.temperature=0", "model.temperature=0.0 is outside (0, inf) (logits are divided by this)"),
+    ("model.num_negatives=0", "model.num_negatives=0 is outside [1, 100000000]"),
+    ("data.max_len=0", "data.max_len=0 is outside [1, 65536]"),
+    ("data.min_interactions=2", "data.min_interactions=2 is outside [3, inf)"),
+    ("data.ks=[0]", "data.ks=[0] must list one or more integers in [1, 65536], e.g. data.ks=[10]"),
+    ("data.ks=[]", "data.ks=[] must list one or more integers"),
+    ("data.num_users=0", "data.num_users=0 is outside [1, 100000000]"),
+    ("data.num_items=0", "data.num_items=0 is outside [1, 100000000]"),
+    ("data.num_clusters=0", "data.num_clusters=0 is outside [1, 100000000]"),
+    ("data.num_clusters=500", "data.num_clusters=500 must be in 1..num_items=200"),
+    ("data.min_length=2", "data.min_length=2 is outside [3, 65536]"),
+    ("data.max_length=3", "data.max_length=3 is outside [4, 65536] (longest sequence, >= min_length; training "
+                          "needs sequences of >= 4 items)"),
+    ("data.noise=1.5", "data.noise=1.5 is outside [0, 1]"),
+    ("data.zipf_a=-1", "data.zipf_a=-1.0 is outside [0, inf)"),
+    ("data.seed=-3", "data.seed=-3 is outside [0, 4294967295]"),
+]
+
+
+@pytest.mark.parametrize("override, needle", SEQUENTIAL, ids=[o for o, _ in SEQUENTIAL])
+def test_sequential_config_value_is_refused_by_name(override, needle):
+    assert needle in refused(fast(override, seq=True))
+
+
+def test_wrong_type_is_refused_when_composing():
+    with pytest.raises(ConfigCompositionException, match="model.emb_width=abc"):
+        compose_config(["model.emb_width=abc"])
+
+
+# ---- embedding optimizer hyperparameters: the ranges each optimizer class declares ---------------------
+
+@dataclasses.dataclass(frozen=True)
+class PlainSGD:
+    """A user's optimizer class that declares no ranges (plain fields): its learning rate is still checked."""
+
+    learning_rate: float = 0.1
+    weight_decay: float = 0.0
+
+
+OPTIMIZER = [
+    (["optimizer.learning_rate=inf"], "optimizer.learning_rate=inf is outside (0, inf) (step size)"),
+    (["optimizer.learning_rate=nan"], "optimizer.learning_rate=nan is outside (0, inf)"),
+    (["optimizer.learning_rate=-0.1"], "optimizer.learning_rate=-0.1 is outside (0, inf)"),
+    (["optimizer.eps=0"], "optimizer.eps=0.0 is outside (0, inf) (added to sqrt(second moment)"),
+    (["optimizer.b2=1.0"], "optimizer.b2=1.0 is outside [0, 1)"),
+    (["optimizer.weight_decay=-1"], "optimizer.weight_decay=-1.0 is outside [0, inf)"),
+    (["optimizer=async_rowwise_adagrad", "optimizer.learning_rate=0"], "optimizer.learning_rate=0.0 is outside"),
+    (["optimizer=adam", "async_emb=off", "optimizer.learning_rate=inf"], "optimizer.learning_rate=inf is outside"),
+    (["+optimizer@table_optimizers.items=async_adam", "table_optimizers.items.b1=1.0"],
+     "table_optimizers.items.b1=1.0 is outside [0, 1) (decay of the first-moment (mean) estimate)"),
+    (["optimizer=async_sgd", f"optimizer._target_={__name__}.PlainSGD", "optimizer.learning_rate=inf"],
+     "optimizer.learning_rate=inf is outside (0, inf) (step size of PlainSGD: a finite number > 0)"),
+    (["optimizer._target_=nope.Nope"], "optimizer._target_='nope.Nope' cannot be built: Error locating target "
+                                       "'nope.Nope'"),
+    (["+optimizer@table_optimizers.users=async_sgd", "table_optimizers.users._target_=optimizers.Missing"],
+     "table_optimizers.users._target_='optimizers.Missing' cannot be built"),
+    (["+table_optimizers.items={learning_rate:0.1}"], "table_optimizers.items={'learning_rate': 0.1} names no "
+                                                      "optimizer class (_target_); pick one with "
+                                                      "+optimizer@table_optimizers.items=async_adam"),
+    (["+table_optimizers.items={_target_:optimizers.AsyncSGD,lr:0.1}"],
+     "table_optimizers.items._target_='optimizers.AsyncSGD' cannot be built: Error in call to target "
+     "'optimizers.async_sgd.AsyncSGD': TypeError(\"AsyncSGD.__init__() got an unexpected keyword argument 'lr'\")"),
+]
+
+
+@pytest.mark.parametrize("overrides, needle", OPTIMIZER, ids=[" ".join(o) for o, _ in OPTIMIZER])
+def test_optimizer_hyperparameter_is_refused_by_name(overrides, needle):
+    assert needle in refused(fast(*overrides))
+
+
+# ---- the objective: a metric the task reports, checked before compiling --------------------------------
+
+def test_unknown_objective_is_refused_with_the_task_metrics():
+    text = refused(fast("trainer.objective=nope/metric"))
+    assert text.startswith("trainer.objective='nope/metric' is not a metric this run reports; use one of "
+                           "eval/auc_click, ")
+    assert "(or trainer.objective=null for the task's own, eval/auc_mean)" in text
+    text = refused(fast("trainer.objective=valid/ndcg@20", seq=True))
+    assert "trainer.objective='valid/ndcg@20' is not a metric" in text and "valid/ndcg@10" in text
+
+
+@pytest.mark.parametrize("cfg, objective", [
+    (lambda o: fast(o), "eval/auc_like"),
+    (lambda o: fast(o), "final/train_loss"),
+    (lambda o: fast(o, seq=True), "test/ndcg@10"),
+    (lambda o: fast(o, "data.ks=[5,20]", seq=True), "oracle/valid/hr@20"),
+])
+def test_known_objectives_pass(cfg, objective):
+    build(cfg(f"trainer.objective={objective}"))
+
+
+def test_metric_names_are_what_evaluate_returns():
+    """The objective check trusts ``metric_names``: it must list exactly ``evaluate``'s keys."""
+    _, task, _ = build(compose_config())
+    got = task.evaluate(lambda s, b: np.full((len(b["user"]), len(task.actions)), 0.5), None, lambda b: b, 32)
+    assert sorted(got) == sorted(task.metric_names())
+    _, task, _ = build(seq_config("data.ks=[5,10]"))
+    n = task.data.num_items + 1
+    got = task.evaluate(lambda s, b: np.zeros((b["inputs"].shape[0], n), np.float32), None, lambda b: b, 64)
+    assert sorted(got) == sorted(task.metric_names())
+
+
+# ---- mesh shapes: refused before any device is created ---------------------------------------------------
+
+MESH = [
+    (["mesh.cpu_devices=0"], "mesh.cpu_devices=0 is outside [1, 4096]"),
+    (["mesh.cpu_devices=-1"], "mesh.cpu_devices=-1 is outside [1, 4096]"),
+    (["mesh.cpu_devices=100000"], "mesh.cpu_devices=100000 is outside [1, 4096] (virtual CPU devices to create "
+                                  "before JAX starts; CPU only)"),
+    (["mesh=data", "mesh.cpu_devices=5"], "trainer.batch_size=32 does not divide over the 5 devices of "
+                                          "mesh.axes={'data': -1} with mesh.cpu_devices=5; use a multiple of 5"),
+    (["mesh=data_table", "mesh.cpu_devices=6", "mesh.axes.table=4"],
+     "6 devices do not divide by the fixed axes' product 4"),
+    (["mesh=data_table", "mesh.cpu_devices=2", "mesh.axes={data:2,table:2}"],
+     "mesh.axes={'data': 2, 'table': 2} needs 4 devices but mesh.cpu_devices=2"),
+    (["mesh.axes={data:0}"], "mesh.axes {'data': 0}: axis sizes must be positive or -1"),
+    (["mesh=data_table", "mesh.axes={data:-1,table:3}"], "8 devices do not divide by the fixed axes' product 3"),
+    (["mesh.axes={data:100000}"], "mesh data=100000 needs 100000 devices but only 8 exist; shrink mesh.axes"),
+]
+
+
+@pytest.mark.parametrize("overrides, needle", MESH, ids=[" ".join(o) for o, _ in MESH])
+def test_mesh_shape_is_refused_by_name(overrides, needle):
+    assert needle in refused(fast(*overrides))
+
+
+# ---- data files ------------------------------------------------------------------------------------------
+
+def udata(rows) -> str:
+    return "".join(f"{u}\t{i}\t5\t{t}\n" for u, i, t in rows)
+
+
+def users(n_users: int, length: int, first_item=lambda u: 1):
+    return [(u, first_item(u) + k, k) for u in range(1, n_users + 1) for k in range(length)]
+
+
+def write(tmp_path: Path, name: str, content) -> Path:
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+def bad_line_file() -> str:
+    lines = udata(users(20, 6)).splitlines(True)
+    lines[40] = "7\tabc\t5\t9\n"
+    return "".join(lines)
+
+
+DATA = {
+    "missing": (None, "interaction data not found: {path}"),
+    "empty": ("", "{path}: file is empty"),
+    "binary": (b"\x00\x01\x02binary\x00" * 100, "{path}: unknown interaction file format (binary content, not text)"),
+    "binary_no_nul": (bytes(np.random.default_rng(0).integers(1, 256, 5000, dtype=np.uint8)),
+                      "{path}: unknown interaction file format (binary content, not text)"),
+    "gzip": (gzip.compress(b"1::2::5::100\n" * 100), "{path}: a compressed file or archive (gzip/zip/bz2/xz/zstd): "
+                                                     "extract it first"),
+    "wrong_columns": ("a,b,c\n1,2,3\n", "{path}: unknown interaction file format (no user or item column among "
+                                        "a, b, c)"),
+    "one_column": ("user\n1\n2\n", "{path}: unknown interaction file format (first line has no tab, comma, "
+                                   "semicolon or '::' separator: 'user')"),
+    "bad_line": (bad_line_file(), "{path}:41: malformed ml-100k line (column 'item' must be an integer, got 'abc'): "
+                                  "'7\\tabc\\t5\\t9'"),
+    "id_beyond_int64": (udata([(u, i + 2**64, t) for u, i, t in users(10, 5)]),
+                        "{path}:1: malformed ml-100k line (column 'item' must be an integer, got "
+                        "'18446744073709551617')"),
+    "too_few": (udata(users(30, 2)), "{path}: no user has >= 3 interactions (data.min_interactions; the longest "
+                                     "sequence has 2)"),
+    "exactly_three": (udata(users(30, 3, first_item=lambda u: u)),
+                      "{path}: no user can be trained on: the longest kept sequence has 3 interactions, and "
+                      "leave-one-out training needs a user with >= 4"),
+    "empty_dir": ("DIR", "{path}: directory holds no interaction file"),
+    "header_only": ("user,item,timestamp\n", "{path}: file is empty (no interactions after the header)"),
+    "float_ids": ("user,item\n1,2\n1,2.5\n", "{path}:3: malformed csv line (item id must be an integer, got 2.5)"),
+    "empty_field": ("user,item\n1,2\n,3\n", "{path}:3: malformed csv line (user id is empty): ',3'"),
+    "corrupt_parquet": (b"PAR1" + b"garbage" * 50, "{path}: cannot read Parquet file: Parquet magic bytes not found"),
+}
+SUFFIX = {"wrong_columns": ".csv", "one_column": ".csv", "binary_no_nul": ".csv", "header_only": ".csv",
+          "float_ids": ".csv", "empty_field": ".csv", "corrupt_parquet": ".parquet"}
+
+
+@pytest.mark.parametrize("case", list(DATA))
+def test_bad_data_file_is_refused_naming_the_file(tmp_path, case):
+    content, needle = DATA[case]
+    path = tmp_path / f"{case}{SUFFIX.get(case, '.data')}"
+    if content == "DIR":
+        path.mkdir()
+    elif content is not None:
+        write(tmp_path, path.name, content)
+    text = refused(seq_config(data=["data=movielens", f"data.path={path}"]))
+    assert text.startswith(f"data.path='{path}' cannot be used: ")
+    assert needle.format(path=path) in text
+    assert text.count("Fix data.path") == 1 and ".." not in text.replace("...", "")
+    assert "\ufffd" not in text and "\x00" not in text  # no binary garbage echoed to the terminal
+
+
+@pytest.mark.parametrize("offset", [-(2**40), 2**40], ids=["negative_ids", "ids_beyond_int32"])
+def test_negative_and_huge_raw_ids_are_remapped_not_refused(tmp_path, offset):
+    """Raw ids are only labels: the loader maps users to 0..U-1 and items to 1..N, so ids that are negative or
+    do not fit int32 train like any others (the tables never see them)."""
+    path = write(tmp_path, "u.data", udata([(u + offset, i + offset, t) for u, i, t in users(40, 6)]))
+    _, task, _ = build(seq_config(data=["data=movielens", f"data.path={path}"]))
+    assert task.data.num_users == 40 and task.data.num_items == 6
+    assert task.data.item_ids[1] == 1 + offset
+    b = task.batch(0, 64)
+    assert b["inputs"].dtype == np.int32 and 0 <= b["inputs"].min() and b["inputs"].max() <= 6
+
+
+# ---- python -m runner.report / runner.launch arguments ------------------------------------------------------
+
+def test_report_refuses_an_empty_folder_and_writes_nothing(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path} holds no trial")
+    assert "metrics.jsonl" in err and ".hydra/overrides.yaml" in err  # what it expected
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "out"
+    assert report.main([str(tmp_path), "--out", str(out)]) == 2 and not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "out_is_file"])
+def test_report_bad_arguments(tmp_path, capsys, kind):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "train/loss": 0.5}\n')
+    (tmp_path / "f.txt").write_text("x")
+    argv, needle = {
+        "missing": ([str(tmp_path / "nope")], f"error: {tmp_path / 'nope'} does not exist"),
+        "file": ([str(tmp_path / "f.txt")], f"error: {tmp_path / 'f.txt'} is a file, not a folder"),
+        "out_is_file": ([str(tmp_path / "run"), "--out", str(tmp_path / "f.txt")],
+                        f"error: --out {tmp_path / 'f.txt'} is a file"),
+    }[kind]
+    assert report.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(needle) and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run" / "report.md").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["-n", "0"], "error: -n 0: need at least one process"),
+    (["-n", "-3", "--", "trainer.steps=1"], "error: -n -3: need at least one process"),
+    (["-n", "100000"], "error: -n 100000: at most 256 processes on one machine (for more, use distributed=slurm"),
+    (["-n", "abc"], "error: argument -n/--num-processes: invalid int value: 'abc'"),
+    ([], "error: the following arguments are required: -n/--num-processes"),
+    (["-n", "2", "trainer.steps=3"], "error: runner overrides go after --, e.g. python -m runner.launch -n 2 -- "
+                                     "trainer.steps=3"),
+    (["-n", "2", "--port", "70000", "--"], "error: --port 70000: a TCP port must be in 1..65535"),
+    (["-n", "2", "--grace", "nan"], "error: --grace nan: must be a finite number of seconds >= 0"),
+])
+def test_launch_bad_arguments(capsys, argv, needle):
+    with pytest.raises(SystemExit) as e:
+        launch.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+# ---- the command line itself: exit 2, one message, no traceback (a few subprocess runs) ---------------------
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", "runner", *args, f"hydra.run.dir={cwd}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["emb_width", "objective", "cpu_devices", "binary_data", "three_interactions"])
+def test_cli_refuses_with_exit_2_and_one_message(tmp_path, case):
+    data = tmp_path / "data"
+    data.mkdir()
+    binary = write(data, "ratings.dat", b"\x00\x01binary" * 200)
+    three = write(data, "u.data", udata(users(30, 3, first_item=lambda u: u)))
+    seq = ["model=sequential", "model.emb_width=16", "model.num_blocks=1", "model.num_negatives=8",
+           "logger=none", "trainer.batch_size=16", "trainer.steps=2", "data=movielens"]
+    args, needle = {
+        "emb_width": (["debug=tiny", "model.emb_width=0"], "model.emb_width=0 is outside [1, 65536]"),
+        "objective": (["debug=tiny", "trainer.objective=nope/metric"], "trainer.objective='nope/metric' is not"),
+        "cpu_devices": (["debug=tiny", "mesh.cpu_devices=100000"], "mesh.cpu_devices=100000 is outside [1, 4096]"),
+        "binary_data": (seq + [f"data.path={binary}"], "binary content, not text"),
+        "three_interactions": (seq + [f"data.path={three}"], "no user can be trained on"),
+    }[case]
+    proc = run_cli(*args, cwd=tmp_path / "run")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out
+    assert proc.stderr.count("error: ") == 1 and needle in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
