@@ -230,6 +230,12 @@ class TrainerConfig:
                                                 "run, on logged steps", low=1)
     eval_batches: int = hparam(4, "batches per ranking evaluation", low=1, high=10**6)
     objective: Optional[str] = None  # the metric a run returns to a sweep; None = the task's own
+    # Model selection (runner/core/selection.py): keep the best evaluated state by the objective and report its
+    # metrics as best/*; a sweep gets the best value. null = on where the task has a validation split
+    # (sequential), off for the ranking task (its only held-out set is the one it reports).
+    select_best: Optional[bool] = None
+    early_stop_patience: Optional[int] = hparam(None, "stop after this many evaluations in a row without an "
+                                                      "improvement of the objective; null = never", low=1)
     run_id: Optional[str] = None  # names the run's checkpoint dir and W&B id; None = a hash of the config
     stop_after: Optional[int] = None  # pre-emption drill: save a checkpoint at this step and exit
     max_skipped_updates: int = hparam(10, "stop the run after this many consecutive skipped (non-finite) "

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from ...preflight import PreflightError
 from .. import TASKS
-from .dataset import SequenceDataset, popularity_scores
+from .dataset import SequenceDataset, cold_targets, popularity_scores
 from .interactions import DataError, load_interactions
 from .metrics import rank_of_target, ranking_report
 from .model import SequentialModel
@@ -104,6 +104,7 @@ class SequentialTask:
     ks: tuple[int, ...]
     model_keys: tuple[str, ...]
     objective: str = "valid/ndcg@10"
+    selects_on_validation = True  # trainer.select_best=null: keep the best state by valid/..., report its test/...
     _baselines: dict | None = None
 
     @classmethod
@@ -195,6 +196,12 @@ class SequentialTask:
             out.update(self._report(split, self._ranks(split, batch_size, lambda b, dev: predict(state, put(dev)))))
         return {**out, **self.baselines(batch_size)}
 
+    def data_metrics(self) -> dict[str, int]:
+        """Cold items: validation / test targets whose item never occurs in any training prefix (no training
+        signal at all for that row). ``data/cold_*_targets`` count targets (users), ``data/cold_items`` the
+        distinct items."""
+        return cold_targets(self.data)
+
     def summary_lines(self, s: Mapping[str, Any]) -> list[str]:
         k = self.ks[0]
 
@@ -207,6 +214,13 @@ class SequentialTask:
                  f"popularity test  {line('popularity/test')}"]
         if self.world is not None:
             lines.append(f"oracle (Bayes-optimal) test  {line('oracle/test')}")
+        if "best/step" in s and "best/test/mrr" in s:
+            lines.insert(1, f"best  test  {line('best/test')}   (valid {line('best/valid')}; step {s['best/step']}, "
+                            f"selected on {self.objective if f'best/{self.objective}' in s else 'the objective'})")
+            lines[2] = "final " + lines[2]
+        if "data/cold_valid_targets" in s:
+            lines.append(f"cold targets (item never in a training prefix): valid {s['data/cold_valid_targets']:,}, "
+                         f"test {s['data/cold_test_targets']:,} of {self.data.num_users:,}")
         return lines
 
 
