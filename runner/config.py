@@ -77,6 +77,14 @@ class Loss(Choice):
     full_softmax = "full_softmax"
 
 
+class Negatives(Choice):
+    """sampled_softmax's negatives (runner/tasks/sequential/model.py)."""
+
+    uniform = "uniform"  # num_negatives ids per sequence, uniform over the items; no correction
+    popularity = "popularity"  # num_negatives ids per sequence ~ training-prefix counts; logits - log q
+    in_batch = "in_batch"  # the other sequences' targets at the same position; logits - log q
+
+
 @dataclass
 class AsyncEmbConfig:
     enabled: bool = True
@@ -182,8 +190,9 @@ class SequentialModelConfig:
     ffn_mult: int = hparam(4, "FFN hidden width = ffn_mult * emb_width", low=1, high=1024)
     dropout: float = hparam(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
     loss: Loss = Loss.sampled_softmax
-    num_negatives: int = hparam(128, "sampled_softmax: uniform negatives per sequence, shared by its "
-                                "positions", low=1, high=MAX_IDS)
+    negatives: Negatives = Negatives.uniform  # sampled_softmax: uniform | popularity | in_batch (both logQ-corrected)
+    num_negatives: int = hparam(128, "sampled_softmax with uniform or popularity negatives: negatives per "
+                                "sequence, shared by its positions", low=1, high=MAX_IDS)
     l2_norm: bool = False  # cosine logits: L2-normalise the hidden state and the item rows
     temperature: float = hparam(1.0, "logits are divided by this", low=0.0, low_open=True)
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {"items": TableConfig()})

@@ -17,10 +17,12 @@ from tests.runner.support import seq_config
 LR = 0.5
 
 
-@pytest.mark.parametrize("loss", ["sampled_softmax", "full_softmax"])
-def test_one_fused_sgd_step_equals_the_dense_table_gradient(loss):
-    program, task, _ = build(seq_config(f"model.loss={loss}", "optimizer=async_sgd", f"optimizer.learning_rate={LR}",
-                                        "async_emb=off", "data.num_users=200"))
+@pytest.mark.parametrize("loss, negatives", [("sampled_softmax", "uniform"), ("full_softmax", "uniform"),
+                                             pytest.param("sampled_softmax", "popularity", marks=pytest.mark.slow),
+                                             pytest.param("sampled_softmax", "in_batch", marks=pytest.mark.slow)])
+def test_one_fused_sgd_step_equals_the_dense_table_gradient(loss, negatives):
+    program, task, _ = build(seq_config(f"model.loss={loss}", f"model.negatives={negatives}", "optimizer=async_sgd",
+                                        f"optimizer.learning_rate={LR}", "async_emb=off", "data.num_users=200"))
     state = program.init_state(0)
     state0 = numpy_tree(state)
     host = task.batch(0, 64)
@@ -41,8 +43,8 @@ def test_one_fused_sgd_step_equals_the_dense_table_gradient(loss):
     if loss == "full_softmax":
         assert moved.size == task.data.num_items  # every item row is a token
     else:
-        touched = set(np.unique(np.concatenate([host["inputs"].ravel(), host["targets"].ravel(),
-                                                host["negatives"].ravel()]))) - {0}
+        used = ["inputs", "targets"] + (["negatives"] if negatives != "in_batch" else [])
+        touched = set(np.unique(np.concatenate([host[k].ravel() for k in used]))) - {0}
         assert set(moved) == touched
     assert not got[0].any()  # the padding row never moves
 
