@@ -125,3 +125,15 @@ def test_best_state_and_value_survive_a_resume(tmp_path, async_emb):
         kept.append(jax.tree.map(np.asarray, arrays))
         ck.close()
     jax.tree.map(np.testing.assert_array_equal, kept[0], kept[1])
+
+
+@pytest.mark.slow  # two launches with checkpoints: ~14 s on shared cores
+def test_a_relaunched_early_stopped_run_trains_no_further(tmp_path, monkeypatch):
+    scripted(monkeypatch, [0.5, 0.7, 0.6, 0.65, 0.9, 0.95, 0.99])
+    over = ["trainer.steps=12", "trainer.eval_interval=2", "trainer.select_best=true", "trainer.early_stop_patience=2",
+            "checkpoint.interval=2", f"checkpoint.dir={tmp_path / 'ck'}"]
+    first = run(compose_config(over), tmp_path / "a")
+    again = run(compose_config(over), tmp_path / "b")  # the same command: resumes from the early stop's checkpoint
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert first == again == 0.7 and s["early_stop/step"] == 8 and s["best/step"] == 4
+    assert max(r["step"] for r in rows_of(tmp_path / "b")) == 8  # nothing trained past the stop
