@@ -70,6 +70,7 @@ def test_sharded_mesh_equals_one_device(layout):
         assert m2[k] == pytest.approx(m1[k], abs=2e-3), k
 
 
+@pytest.mark.slow  # 200 steps and two evaluations of the tiny sequence run
 @pytest.mark.parametrize("optimizer", ["async_adam", "async_rowwise_adagrad"])
 def test_short_run_beats_popularity_and_nears_the_oracle(tmp_path, optimizer):
     objective = run(seq_config(f"optimizer={optimizer}", "async_emb=on"), tmp_path)
