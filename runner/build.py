@@ -8,13 +8,13 @@ from typing import Any
 
 import hydra
 import jax
-import optax
 from omegaconf import DictConfig, OmegaConf
 
 from optimizers import AsyncEmbContext
 
 from . import budget, preflight
 from .config import TableConfig
+from .core.dense import DenseOptimizer
 from .core.embeddings import TableSpec
 from .core.mesh import MeshPlan, build_mesh, resolve_axes
 from .core.step import TrainProgram
@@ -86,14 +86,10 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
     return specs
 
 
-def dense_optimizer(cfg: DictConfig):
-    d, steps = cfg.dense_optimizer, cfg.trainer.steps
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, d.learning_rate, max(d.warmup_steps, 1), max(steps, d.warmup_steps + 1),
-        end_value=d.learning_rate * d.end_learning_rate_ratio)
-    tx = optax.chain(optax.clip_by_global_norm(d.clip_norm),
-                     optax.adamw(schedule, d.b1, d.b2, weight_decay=d.weight_decay))
-    return tx, schedule
+def dense_optimizer(cfg: DictConfig) -> DenseOptimizer:
+    d = cfg.dense_optimizer
+    return DenseOptimizer(d.learning_rate, d.warmup_steps, int(cfg.trainer.steps),
+                          d.learning_rate * d.end_learning_rate_ratio, d.b1, d.b2, d.weight_decay, d.clip_norm)
 
 
 def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
@@ -128,8 +124,7 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     contexts = {n: AsyncEmbContext(s.rows, s.width, B * s.tokens_per_example, mesh=mesh,
                                    table_axis=plan.table_axis, layout=plan.layout) for n, s in specs.items()}
     model = task.make_model(specs, cfg.model)
-    tx, schedule = dense_optimizer(cfg)
-    program = TrainProgram(model, specs, contexts, opts, tx, schedule, cfg.async_emb.enabled, mesh,
+    program = TrainProgram(model, specs, contexts, opts, dense_optimizer(cfg), cfg.async_emb.enabled, mesh,
                            tuple(task.model_keys), detail_interval=int(cfg.trainer.log_interval),
                            detail_last=int(cfg.trainer.steps))
     return program, task, plan

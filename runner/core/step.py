@@ -27,6 +27,7 @@ from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, su
 from optimizers.fused import compiler_options, dedupe
 
 from . import mesh as mesh_lib
+from .dense import DenseOptimizer
 from .embeddings import TableSpec, lookup, table_values
 from .state import SkipCounts, TrainState
 
@@ -39,8 +40,7 @@ class TrainProgram:
     tables: Mapping[str, TableSpec]
     contexts: Mapping[str, AsyncEmbContext]
     emb_optimizers: Mapping[str, Any]
-    dense_tx: optax.GradientTransformation
-    dense_schedule: Any
+    dense: DenseOptimizer
     async_emb: bool
     mesh: Mesh
     model_keys: tuple[str, ...]
@@ -48,6 +48,20 @@ class TrainProgram:
     # on steps the loop logs: every ``detail_interval``-th step and the last one (``detail_last``); -1 else.
     detail_interval: int = 1
     detail_last: int = 0
+
+    @property
+    def dense_tx(self) -> optax.GradientTransformation:
+        """The dense optimizer with its schedule's numbers as constants (the step gets them as arguments)."""
+        return self.dense.tx()
+
+    def run_args(self) -> dict[str, jax.Array]:
+        """The numbers the compiled step takes as arguments rather than constants (the dense schedule and
+        which steps are logged), so runs that differ only in them share one program."""
+        args = {**self.dense.schedule_args(), "detail_interval": self.detail_interval,
+                "detail_last": self.detail_last}
+        rep = mesh_lib.replicated(self.mesh)
+        return {k: jax.device_put(jnp.asarray(v, jnp.int32 if k.startswith("detail") else jnp.float32), rep)
+                for k, v in args.items()}
 
     # ----- state -------------------------------------------------------------------------------------
     def state_shardings(self, state: TrainState) -> TrainState:
@@ -113,7 +127,9 @@ class TrainProgram:
             ids[n] = jnp.where(bad[n], self.contexts[n].vocab, raw)
         return ids, bad
 
-    def train_step(self, state: TrainState, batch: Mapping[str, jax.Array]):
+    def train_step(self, state: TrainState, batch: Mapping[str, jax.Array], args: Mapping[str, jax.Array] | None = None):
+        """One step; ``args`` are ``run_args()`` (traced in the compiled step; None = the same as constants)."""
+        args = self.run_args() if args is None else args
         ids, bad_ids = self.table_ids(batch)
         raw_ids = self.model.table_ids(batch)
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
@@ -125,7 +141,7 @@ class TrainProgram:
 
         if self.async_emb:  # apply G_{t-1}, ordered after this step's lookups, beside the forward pass
             gate = sum(e.reshape(-1)[0] for e in embs.values())
-            detail = self._detail_step(state.step + 1)
+            detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
             for n, upd in state.pending.items():
                 metrics[f"emb/stale_rows/{n}"] = jax.lax.cond(
                     detail, partial(_overlap, vocab=ctxs[n].vocab), lambda *_: jnp.int32(-1), dedup[n][0], upd)
@@ -136,7 +152,7 @@ class TrainProgram:
 
         dense_norm = optax.tree.norm(g_params)
         dense_ok = jnp.isfinite(dense_norm)
-        upd, new_opt_state = self.dense_tx.update(g_params, state.opt_state, state.params)
+        upd, new_opt_state = self.dense.tx(args).update(g_params, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, upd)
         params, opt_state = jax.tree.map(lambda new, old: jnp.where(dense_ok, new, old),
                                          (new_params, new_opt_state), (state.params, state.opt_state))
@@ -157,7 +173,7 @@ class TrainProgram:
             "emb/valid_step": jnp.all(jnp.stack([a[1] for a in applied.values()])) if applied else jnp.array(False),
             "emb/unique_rows": sum(jnp.sum(d[0] < ctxs[n].vocab) for n, d in dedup.items()),
             "dense/grad_norm": dense_norm,
-            "dense/learning_rate": self.dense_schedule(state.step),
+            "dense/learning_rate": self.dense.schedule(args)(state.step),
             "outputs": outputs,
         })
         for n, (norm, valid, rows) in applied.items():
@@ -192,9 +208,6 @@ class TrainProgram:
                                 jnp.where(skipped, s.streak + 1, jnp.where(v, 0, s.streak)).astype(jnp.int32))
         return out
 
-    def _detail_step(self, step: jax.Array) -> jax.Array:
-        return is_log_step(step, self.detail_interval, self.detail_last)
-
     def flush(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
         """Apply every pending deferred update now; afterwards nothing is pending. Returns the state and the
         flush's record: ``emb/flush_grad_norm``, ``emb/flush_valid`` (and per table) and the skip counts
@@ -228,9 +241,11 @@ class TrainProgram:
         s_sh = self.state_shardings(state)
         b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
         opts = compiler_options([t.dtype for t in self.tables.values()])  # bf16 tables: no f32 table copies
-        step = StepFn(jax.jit(lambda rest, pending, batch: self.train_step(rest._replace(pending=pending), batch),
-                              in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh),
-                              out_shardings=(s_sh, None), donate_argnums=0, compiler_options=opts))
+        args = self.run_args()
+        step = StepFn(jax.jit(lambda rest, pending, batch, a: self.train_step(rest._replace(pending=pending), batch, a),
+                              in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh,
+                                            {k: v.sharding for k, v in args.items()}),
+                              out_shardings=(s_sh, None), donate_argnums=0, compiler_options=opts), args)
         flush = FlushFn(jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=(s_sh, None), donate_argnums=0,
                                 compiler_options=opts))
         predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh), compiler_options=opts)
@@ -273,16 +288,17 @@ class StepFn:
     """``step(state, batch) -> (state, metrics)``: the jitted step, every state buffer donated except the
     deferred update. Its new value is written while the old one is still being applied, so donating it
     only makes XLA copy both (four copies of the per-token gradients per table per step); fresh buffers
-    cost nothing. ``lower`` takes the same arguments, for inspecting the compiled step."""
+    cost nothing. The run's numbers (``TrainProgram.run_args``) go in as arguments too. ``lower`` takes the
+    same arguments, for inspecting the compiled step."""
 
-    def __init__(self, jitted):
-        self.jitted = jitted
+    def __init__(self, jitted, args):
+        self.jitted, self.args = jitted, args
 
     def __call__(self, state: TrainState, batch):
-        return self.jitted(state._replace(pending={}), state.pending, batch)
+        return self.jitted(state._replace(pending={}), state.pending, batch, self.args)
 
     def lower(self, state: TrainState, batch):
-        return self.jitted.lower(state._replace(pending={}), state.pending, batch)
+        return self.jitted.lower(state._replace(pending={}), state.pending, batch, self.args)
 
 
 def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, vocab: int) -> jax.Array:
