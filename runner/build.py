@@ -125,7 +125,8 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     mesh = build_mesh(plan)
     B = cfg.trainer.batch_size
     contexts = {n: AsyncEmbContext(s.rows, s.width, B * s.tokens_per_example, mesh=mesh,
-                                   table_axis=plan.table_axis, layout=plan.layout) for n, s in specs.items()}
+                                   table_axis=plan.table_axis, layout=plan.layout, routing=str(cfg.mesh.routing),
+                                   route_capacity=float(cfg.mesh.route_capacity)) for n, s in specs.items()}
     model = task.make_model(specs, cfg.model)
     tx, schedule = dense_optimizer(cfg)
     program = TrainProgram(model, specs, contexts, opts, tx, schedule, cfg.async_emb.enabled, mesh,
