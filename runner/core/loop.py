@@ -155,7 +155,7 @@ def route_overflow_message(program: TrainProgram, name: str, overflow: int, peak
     return (f"training stopped at {where}: table '{name}': {overflow} distinct ids of the batch (summed over "
             f"devices) had no slot at their owning table shard: mesh.route_capacity={ctx.route_capacity:g} gives "
             f"{slots} slots per device and shard (the even share is {even:.0f} ids). None was dropped silently: "
-            f"they would have read zeros, so the step's embedding update was refused.{fits} Raise "
+            f"they read zeros, and an embedding update holding them is refused whole.{fits} Raise "
             f"mesh.route_capacity (hot ids crowd one shard; see emb/route_peak/{name}), or set mesh.routing=gather.")
 
 

@@ -1,0 +1,77 @@
+"""Id routing (row layout): bucketing by owner against numpy, and capacity overflow counted and refused.
+
+Equality of the routed update with one device is in ``test_sharded.py`` (the row layout routes by default).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+import optimizers
+from optimizers import context, routing
+from runner.core.embeddings import lookup_counted
+from tests.optimizers.test_contract import fused_step
+
+VOCAB, WIDTH = 32, 8
+
+
+def table_mesh():
+    return Mesh(np.array(jax.devices()), ("table",))
+
+
+def test_bucket_puts_each_id_in_its_owners_slots():
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, 8 * 16, mesh=table_mesh(), table_axis="table",
+                                     route_capacity=1.0, route_min_slots=1)
+    assert (ctx.table_shards, ctx.shard_rows, ctx.local_unique, ctx.route_slots) == (8, 4, 17, 2)
+    unique = np.array(sorted({0, 1, 2, 5, 9, 10, 11, 31}) + [VOCAB] * 9, np.int32)
+    b = jax.jit(lambda u: routing.bucket(ctx, u))(unique)
+    # owner 0 holds rows 0..3: ids 0, 1 fit, 2 overflows; owner 1: 5; owner 2: 9, 10 fit, 11 overflows; owner 7: 31
+    want = np.full((8, 2), 4)
+    want[0], want[1, 0], want[2], want[7, 0] = [0, 1], 1, [1, 2], 3
+    np.testing.assert_array_equal(np.asarray(b.send), want)
+    assert int(b.overflow) == 2 and int(b.peak) == 3
+    slot = np.asarray(b.slot)
+    assert list(slot[:8]) == [0, 1, 16, 2, 4, 5, 16, 14] and (slot[8:] == 16).all()
+
+
+def skewed(tokens):
+    """Every device's tokens hold ids 1, 2, 3: all owned by shard 0 of 8."""
+    ids = np.tile(np.array([1, 2, 3], np.int32), tokens // 3)
+    grads = np.ones((tokens, WIDTH), np.float32)
+    return ids, grads
+
+
+def test_overflow_is_counted_and_the_update_refused():
+    mesh = table_mesh()
+    tokens = 24  # 3 per device
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", layout=context.ROW,
+                                     route_capacity=1.0, route_min_slots=1)
+    assert ctx.routed and ctx.route_slots == 1
+    opt = optimizers.create("async_sgd", learning_rate=0.1)
+    ids, grads = skewed(tokens)
+    update = jax.jit(lambda i, g: optimizers.make_update(ctx, i, g))(ids, grads)
+    table0 = np.random.default_rng(0).normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    table = jax.device_put(table0, NamedSharding(mesh, ctx.table_spec()))
+    state = opt.init(VOCAB, WIDTH)
+
+    def step(table, state, update):
+        c = ctx.fresh()
+        keep, table, state = opt.gradient_update_start(c, update, table, state, jnp.zeros(()))
+        return table, state, opt.gradient_update_done(c, keep[0])[1], c.results["route_overflow"]
+
+    table, state, valid, overflow = jax.jit(step)(table, state, update)
+    assert int(overflow) == 8 * 2 and not bool(valid)  # 2 of 3 ids per device had no slot: nothing written
+    np.testing.assert_array_equal(np.asarray(table), table0)
+
+    rows, (overflow, peak) = jax.jit(lambda t, i: lookup_counted(ctx, t, i))(table, ids.reshape(8, 3))
+    assert (int(overflow), int(peak)) == (16, 3)
+    assert np.count_nonzero(np.asarray(rows).any(axis=-1)) == 8  # only the routed id of each device was read
+
+    roomy = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", route_capacity=8.0,
+                                       route_min_slots=1)
+    assert roomy.route_slots == 3
+    step_ok = fused_step(opt, roomy)
+    _, _, _, valid = step_ok(jax.device_put(table0, NamedSharding(mesh, roomy.table_spec())), state, update)
+    assert bool(valid)
