@@ -85,3 +85,33 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     urows = got.at[b.slot].get(mode="fill", fill_value=0)  # [U, width]; no slot -> zeros (overflow)
     out = jnp.where((seg >= 0)[:, None], urows.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=0), 0)
     return out.reshape(*ids.shape, table_shard.shape[1]), b
+
+
+_MUL = (0x9E3779B1, 0x85EBCA77)  # odd multipliers (bijections modulo any power of two)
+
+
+def permute_ids(ids: jax.Array, vocab: int) -> jax.Array:
+    """A fixed bijection of the ids ``[1, vocab)`` onto themselves (0, the padding id, and ids outside stay).
+
+    Zipf-distributed ids put the hottest rows (the smallest ids) in the first row shard; after this
+    relabelling, neighbouring ids land far apart, so every shard owns about as many hot rows. It is a
+    multiply-xorshift permutation of ``[0, 2**b)`` (``2**b >= vocab - 1``), cycle-walked until it falls back
+    into ``[0, vocab - 1)`` (about two rounds), so the table keeps its size and no row is shared.
+    """
+    n = vocab - 1
+    ids = jnp.asarray(ids).astype(jnp.int32)
+    if n <= 2:
+        return ids
+    bits = (n - 1).bit_length()
+    mask, shift = jnp.uint32((1 << bits) - 1), max(1, bits // 2)
+
+    def mix(x):
+        for m in _MUL:
+            x = (x * jnp.uint32(m)) & mask
+            x = x ^ (x >> shift)
+        return x
+
+    inside = (ids >= 1) & (ids < vocab)
+    y = mix(jnp.where(inside, ids - 1, 0).astype(jnp.uint32))
+    y = lax.while_loop(lambda y: jnp.any(y >= n), lambda y: jnp.where(y >= n, mix(y), y), y)
+    return jnp.where(inside, y.astype(jnp.int32) + 1, ids)
