@@ -75,3 +75,16 @@ def test_overflow_is_counted_and_the_update_refused():
     step_ok = fused_step(opt, roomy)
     _, _, _, valid = step_ok(jax.device_put(table0, NamedSharding(mesh, roomy.table_spec())), state, update)
     assert bool(valid)
+
+
+def test_permute_ids_is_a_bijection_that_spreads_hot_ids():
+    for vocab in (3, 5, 32, 501, 4096, 4097):
+        x = np.arange(-2, vocab + 2, dtype=np.int32)
+        y = np.asarray(jax.jit(lambda a, v=vocab: routing.permute_ids(a, v))(x))
+        inside = (x >= 1) & (x < vocab)
+        np.testing.assert_array_equal(y[~inside], x[~inside])  # padding 0 and out-of-range ids stay
+        np.testing.assert_array_equal(np.sort(y[inside]), np.arange(1, vocab))
+    vocab, shards = 4096, 8
+    hot = np.asarray(routing.permute_ids(np.arange(1, 257, dtype=np.int32), vocab))
+    per_shard = np.bincount(hot // (vocab // shards), minlength=shards)
+    assert per_shard.max() <= 1.5 * 256 / shards  # the 256 hottest ids: about even, not all on shard 0
