@@ -29,15 +29,20 @@ def plan(rows: int, width: int, batch: int, optimizer: str = "async_adam", async
     import jax
     import numpy as np
 
+    from hydra import compose, initialize_config_dir
+
     from runner.build import build
+    from runner.config import register
     from runner.core import mesh as mesh_lib
-    from tests.runner.support import compose_config
 
     from .hlo import collective_bytes
 
     n = jax.device_count()
-    cfg = compose_config(["mesh=table", f"optimizer={optimizer}", f"async_emb={'on' if async_emb else 'off'}",
-                          f"trainer.batch_size={batch}", f"model.emb_width={width}", "logger=none", *overrides], tiny=False)
+    register()
+    with initialize_config_dir(config_dir=str(common.ROOT / "conf"), version_base="1.3", job_name="plan"):
+        cfg = compose("config", overrides=[
+            "mesh=table", f"optimizer={optimizer}", f"async_emb={'on' if async_emb else 'off'}",
+            f"trainer.batch_size={batch}", f"model.emb_width={width}", "logger=none", *overrides])
     program, task, mplan = build(cfg)
     shards = mplan.table_shards
     padded = -(-rows // shards) * shards
