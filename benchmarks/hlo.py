@@ -31,7 +31,7 @@ def _group_size(line: str) -> int:
     if iota:
         return int(iota.group(2))
     groups = re.search(r"replica_groups=\{\{([0-9,]*)\}", line)
-    return len(groups.group(1).split(",")) if groups else 1
+    return len(groups.group(1).split(",")) if groups else 0  # 0: unknown (e.g. every device)
 
 
 def collective_bytes(hlo_text: str) -> dict[str, int]:
@@ -42,6 +42,8 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
         if not m:
             continue
         result, kind, start = m.group(1), m.group(2), m.group(3)
+        if _group_size(line) == 1 and "replica_groups" in line:  # a group of one device moves nothing
+            continue
         if start:  # an async pair's shape is (operand, result, ...): the first element is what goes in
             first = _SHAPE.search(result)
             size = _bytes(first.group(0)) if first else 0
@@ -50,10 +52,20 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
             if kind == "all-gather":
                 size //= max(1, _group_size(line))
             elif kind == "reduce-scatter":
-                size *= _group_size(line)
+                size *= max(1, _group_size(line))
         out[kind] += size
     out["total"] = sum(out[k] for k in KINDS)
     return out
+
+
+def collectives_by_op(hlo_text: str, top: int = 8) -> list[tuple[str, str, int]]:
+    """The largest collectives: (kind, the JAX op that made it, bytes), biggest first (for reading a plan)."""
+    rows = []
+    for line in hlo_text.splitlines():
+        if _INSTR.match(line):
+            name = re.search(r'op_name="([^"]*)"', line)
+            rows.append((_INSTR.match(line).group(2), name.group(1) if name else "?", collective_bytes(line)["total"]))
+    return sorted(rows, key=lambda r: -r[2])[:top]
 
 
 def summarize(b: Mapping[str, int]) -> str:

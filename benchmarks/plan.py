@@ -35,7 +35,7 @@ def plan(rows: int, width: int, batch: int, optimizer: str = "async_adam", async
     from runner.config import register
     from runner.core import mesh as mesh_lib
 
-    from .hlo import collective_bytes
+    from .hlo import collective_bytes, collectives_by_op
 
     n = jax.device_count()
     register()
@@ -74,6 +74,7 @@ def plan(rows: int, width: int, batch: int, optimizer: str = "async_adam", async
         "table_bytes": table_bytes, "optimizer_state_bytes": state_bytes,
         "per_device": {"argument": args, "output": out, "alias": alias, "temp": temp, "peak": peak},
         "collective_bytes": collective_bytes(compiled.as_text()), "compile_s": seconds,
+        "collectives_by_op": collectives_by_op(compiled.as_text()),
         "fits_device": peak <= DEVICE_GB * 1e9,
         "min_devices_at_80gb": math.ceil(peak * n / (DEVICE_GB * 1e9)),
     }

@@ -57,7 +57,8 @@ def exchange(ctx: AsyncEmbContext, x: jax.Array) -> jax.Array:
 
 
 def data_axes(ctx: AsyncEmbContext) -> tuple[str, ...]:
-    return tuple(a for a in ctx.batch_axes if a != ctx.table_axis)
+    """The mesh axes besides the table axis that hold more than one device."""
+    return tuple(a for a in ctx.batch_axes if a != ctx.table_axis and ctx.mesh.shape[a] > 1)
 
 
 def gather_over_data(ctx: AsyncEmbContext, x: jax.Array) -> jax.Array:
