@@ -93,11 +93,17 @@ class AsyncEmbContext:
 
     @property
     def route_slots(self) -> int:
-        """Per-destination capacity C of the id routing: ``route_capacity`` times the even share of a
-        device's distinct ids, at least ``route_min_slots``, at most what can ever be needed (a device's
-        distinct ids, or the rows one shard owns)."""
-        most = min(self.local_tokens, self.vocab, self.shard_rows)
-        even = min(self.local_tokens, self.vocab) / self.table_shards
+        """Per-destination capacity C of the id routing for a train batch (``slots_for(local_tokens)``)."""
+        return self.slots_for(self.local_tokens)
+
+    def slots_for(self, tokens: int, exact: bool = False) -> int:
+        """C for a device holding ``tokens`` ids: ``route_capacity`` times the even share of its distinct ids,
+        at least ``route_min_slots``, at most what can ever be needed (its distinct ids, or the rows one shard
+        owns); ``exact``: that most, so nothing can overflow."""
+        most = max(1, min(tokens, self.vocab, self.shard_rows))
+        if exact:
+            return most
+        even = min(tokens, self.vocab) / self.table_shards
         return max(1, min(most, max(math.ceil(self.route_capacity * even), self.route_min_slots)))
 
     @property

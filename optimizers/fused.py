@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .context import COLUMN, ROW, AsyncEmbContext
+from .context import COLUMN, ROW, AsyncEmbContext, num_unique_for
 from . import routing
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 
@@ -272,14 +272,16 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
     to their owners -> the owner sums what every device sent for the same row -> rule on its own rows."""
     axis = ctx.table_axis
     ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)  # this device's tokens
-    unique, seg = dedupe(ids, ctx.vocab, ctx.local_unique, pad_id=None)
-    g = segment_sum(update.grads, seg, ctx.local_unique)  # [U_local, width]
-    b = routing.bucket(ctx, unique)
+    n = ids.shape[0]  # this device's tokens (ctx.local_tokens for a train batch's record)
+    unique, seg = dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
+    g = segment_sum(update.grads, seg, unique.shape[0])  # [U_local, width]
+    b = routing.bucket(ctx, unique, ctx.slots_for(n))
     send_g = jnp.where(b.filled[..., None], g.at[b.index].get(mode="fill", fill_value=0), 0)
     rows_in = routing.gather_over_data(ctx, routing.exchange(ctx, b.send)).reshape(-1)
     g_in = routing.gather_over_data(ctx, routing.exchange(ctx, send_g)).reshape(-1, g.shape[-1])
-    local, oseg = dedupe(rows_in, ctx.shard_rows, ctx.owner_unique, pad_id=None)
-    g_own = segment_sum(g_in, oseg, ctx.owner_unique)  # every sender's gradient for each owned row
+    owner_unique = min(rows_in.shape[0], ctx.shard_rows) + 1  # every sender's slots, or every owned row
+    local, oseg = dedupe(rows_in, ctx.shard_rows, owner_unique, pad_id=None)
+    g_own = segment_sum(g_in, oseg, owner_unique)  # every sender's gradient for each owned row
     owned = local < ctx.shard_rows
     gids = jnp.where(owned, local + lax.axis_index(axis) * ctx.shard_rows, ctx.vocab)
     overflow = lax.psum(b.overflow, ctx.batch_axes)

@@ -33,9 +33,11 @@ class Buckets(NamedTuple):
     peak: jax.Array  # int32: the most ids bound for one shard (the capacity this batch needed)
 
 
-def bucket(ctx: AsyncEmbContext, unique: jax.Array) -> Buckets:
-    """Bucket sorted unique ids (padded with ``ctx.vocab``) by owning row shard."""
-    shards, rows, slots = ctx.table_shards, ctx.shard_rows, ctx.route_slots
+def bucket(ctx: AsyncEmbContext, unique: jax.Array, slots: int | None = None) -> Buckets:
+    """Bucket sorted unique ids (padded with ``ctx.vocab``) by owning row shard, ``slots`` (default
+    ``ctx.route_slots``) per shard."""
+    shards, rows = ctx.table_shards, ctx.shard_rows
+    slots = ctx.route_slots if slots is None else slots
     bounds = jnp.arange(shards + 1, dtype=jnp.int32) * rows
     starts = jnp.searchsorted(unique, bounds, side="left").astype(jnp.int32)  # [shards + 1]
     counts = starts[1:] - starts[:-1]
@@ -73,13 +75,15 @@ def token_ids(ctx: AsyncEmbContext, unique: jax.Array, segment_ids: jax.Array) -
         mode="fill", fill_value=ctx.vocab))
 
 
-def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array):
-    """Per-device body of the routed lookup: ids [...] -> (rows [..., width] float32, ``Buckets``)."""
+def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, exact: bool = False):
+    """Per-device body of the routed lookup: ids [...] -> (rows [..., width] float32, ``Buckets``). Sizes
+    follow ``ids`` (an evaluation batch may differ from the train batch); ``exact``: room for every id."""
     from .fused import dedupe  # noqa: PLC0415 - fused imports this module
+    from .context import num_unique_for  # noqa: PLC0415
 
     flat = ids.reshape(-1)
-    unique, seg = dedupe(flat, ctx.vocab, ctx.local_unique, pad_id=None)  # out-of-range ids: seg -1
-    b = bucket(ctx, unique)
+    unique, seg = dedupe(flat, ctx.vocab, num_unique_for(flat.shape[0], ctx.vocab), pad_id=None)  # bad ids: -1
+    b = bucket(ctx, unique, ctx.slots_for(flat.shape[0], exact))
     wanted = exchange(ctx, b.send)  # [shards, C]: rows other devices want from me
     rows = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)
     got = exchange(ctx, rows).reshape(-1, table_shard.shape[1])  # [shards * C, width]: my ids' rows

@@ -99,11 +99,13 @@ def lookup(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array) -> jax.Array:
     """Rows for ``ids`` ([B, n] int32, batch split over every mesh axis) -> [B, n, width] float32.
 
     An id outside ``[0, rows)`` reads a row of zeros on every layout (a negative id never wraps around to
-    the end of the table). ``TrainProgram.table_ids`` maps ids outside the logical vocab here first."""
-    return lookup_counted(ctx, table, ids)[0]
+    the end of the table). ``TrainProgram.table_ids`` maps ids outside the logical vocab here first. Routed
+    ids get room for every id (no capacity: nothing here reports an overflow); the train step uses
+    ``lookup_counted``."""
+    return lookup_counted(ctx, table, ids, exact=True)[0]
 
 
-def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array):
+def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact: bool = False):
     """``lookup`` and, on the routed path, ``(overflow, peak)``: the distinct ids (summed over devices) the
     id routing had no slot for (they read zeros, so a step with any must not be trusted:
     ``emb/route_overflow/<table>``) and the most ids one device sent one shard (the slots this batch
@@ -116,7 +118,7 @@ def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array):
     batch_axes = tuple(mesh.axis_names)
     if ctx.routed:
         def routed(table_shard, ids_local):
-            rows, b = routing.routed_lookup_local(ctx, table_shard, ids_local)
+            rows, b = routing.routed_lookup_local(ctx, table_shard, ids_local, exact)
             return rows, (lax.psum(b.overflow, batch_axes), lax.pmax(b.peak, batch_axes))
 
         return jax.shard_map(routed, mesh=mesh, in_specs=(ctx.table_spec(), P(batch_axes, None)),

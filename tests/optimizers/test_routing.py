@@ -88,3 +88,18 @@ def test_permute_ids_is_a_bijection_that_spreads_hot_ids():
     hot = np.asarray(routing.permute_ids(np.arange(1, 257, dtype=np.int32), vocab))
     per_shard = np.bincount(hot // (vocab // shards), minlength=shards)
     assert per_shard.max() <= 1.5 * 256 / shards  # the 256 hottest ids: about even, not all on shard 0
+
+
+def test_lookup_of_a_larger_batch_than_the_train_batch_reads_every_row():
+    """Evaluation batches may be bigger than the train batch the context was sized for: the lookup sizes its
+    buffers from the ids it gets and, without a capacity (``lookup``), reads every row."""
+    from runner.core.embeddings import lookup
+
+    mesh = table_mesh()
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, 24, mesh=mesh, table_axis="table", route_min_slots=1)
+    table0 = np.arange(VOCAB * WIDTH, dtype=np.float32).reshape(VOCAB, WIDTH)
+    table = jax.device_put(table0, NamedSharding(mesh, ctx.table_spec()))
+    ids = np.random.default_rng(3).integers(-2, VOCAB + 2, size=(8, 40)).astype(np.int32)  # 40 per device
+    got = np.asarray(jax.jit(lambda t, i: lookup(ctx, t, i))(table, ids))
+    want = np.where(((ids >= 0) & (ids < VOCAB))[..., None], table0[np.clip(ids, 0, VOCAB - 1)], 0)
+    np.testing.assert_array_equal(got, want)
