@@ -25,7 +25,8 @@ class AsyncAdagrad(FusedEmbOptimizer):
     eps: float = hparam(1e-10, "added to sqrt(accumulator): keeps the step finite for a zero gradient",
                         low=0.0, low_open=True)
     initial_accumulator_value: float = hparam(0.1, "every element's accumulator before its first touch", low=0.0)
-    weight_decay: float = hparam(0.0, "decay of a touched row, times the learning rate", low=0.0)
+    weight_decay: float = hparam(0.0, "decay of a row, times the learning rate, applied lazily: only to the rows an update "
+                                 "touches, once per update (untouched rows do not decay)", low=0.0)
 
     def init_rows(self, num_rows: int, width: int) -> AdagradRows:
         return AdagradRows(jnp.full((num_rows, width), self.initial_accumulator_value, jnp.float32))

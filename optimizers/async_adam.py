@@ -31,7 +31,8 @@ class AsyncAdam(FusedEmbOptimizer):
     b2: float = hparam(0.999, "decay of the second-moment estimate", low=0.0, high=1.0, high_open=True)
     eps: float = hparam(1e-8, "added to sqrt(second moment): keeps the step finite for a zero gradient",
                         low=0.0, low_open=True)
-    weight_decay: float = hparam(0.0, "decoupled (AdamW) decay of a touched row, times the learning rate",
+    weight_decay: float = hparam(0.0, "decoupled (AdamW) decay of a row, times the learning rate, applied lazily: only to the rows an update "
+                                 "touches, once per update (untouched rows do not decay)",
                                  low=0.0)
 
     def init_rows(self, num_rows: int, width: int) -> AdamRows:

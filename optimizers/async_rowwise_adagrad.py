@@ -37,7 +37,8 @@ class AsyncRowwiseAdagrad(FusedEmbOptimizer):
                                          "lazy_decay); 0 = no decay", low=0.0)
     lazy_decay: bool = dataclasses.field(default=True, metadata={
         "doc": "decay by the updates since the row's last touch, not once per touch"})
-    weight_decay: float = hparam(0.0, "decay of a touched row, times the learning rate", low=0.0)
+    weight_decay: float = hparam(0.0, "decay of a row, times the learning rate, applied lazily: only to the rows an update "
+                                 "touches, once per update (untouched rows do not decay)", low=0.0)
 
     @property
     def decay(self) -> float:

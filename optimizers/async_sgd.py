@@ -21,7 +21,8 @@ class SGDRows(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class AsyncSGD(FusedEmbOptimizer):
     learning_rate: float = hparam(0.1, "step size", low=0.0, low_open=True)
-    weight_decay: float = hparam(0.0, "decay of a touched row, times the learning rate", low=0.0)
+    weight_decay: float = hparam(0.0, "decay of a row, times the learning rate, applied lazily: only to the rows an update "
+                                 "touches, once per update (untouched rows do not decay)", low=0.0)
 
     def init_rows(self, num_rows: int, width: int) -> SGDRows:
         return SGDRows()

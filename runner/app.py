@@ -35,7 +35,8 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
 
 
 def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | None = None) -> float:
-    """Train one config; returns ``cfg.trainer.objective`` from the final evaluation (for sweeps)."""
+    """Train one config; returns ``cfg.trainer.objective`` (for sweeps): its best value over the run's
+    evaluations when the run selects on it (``trainer.select_best``), else the final evaluation's."""
     out = Path(output_dir)
     distributed.initialize(cfg.distributed)  # joins the other processes, before anything starts JAX
     program, task, plan = build(cfg)  # raises PreflightError before anything compiles
@@ -80,9 +81,17 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         f"throughput {s['perf/examples_per_s'] or float('nan'):,.0f} examples/s",
         f"outputs: {out} (metrics.jsonl, summary.json" + (", wandb/)" if lg.kind == "wandb" else ")"),
     ]
+    name = cfg.trainer.objective or task.objective
+    if "early_stop/step" in s:
+        lines.insert(1, f"stopped early at step {s['early_stop/step']} of {cfg.trainer.steps}: {name} had not "
+                        f"improved for {cfg.trainer.early_stop_patience} evaluations (trainer.early_stop_patience)")
+    if "best/step" in s:
+        lines.insert(1, f"best {name} {s[f'best/{name}']:.4f} at step {s['best/step']} (its state is what best/* "
+                        f"reports; final/* is the last state's)")
     for line in lines:
         say(line)
-    objective = s.get(cfg.trainer.objective or task.objective)
+    # A sweep gets the best validation value when the run selects on it, else the final evaluation's.
+    objective = s.get(f"best/{name}", s.get(name))
     return float(objective) if objective is not None else float("nan")
 
 

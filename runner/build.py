@@ -106,6 +106,7 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     task = make_task(cfg)
     budget.resolve(cfg, task)  # trainer.steps from trainer.epochs and the data size (and a derived eval_interval)
     preflight.check_objective(cfg.trainer.objective, task)
+    preflight.check_selection(cfg.trainer, task)
     names = list(task.tables())
     opts = emb_optimizers(cfg, names, configured)
     preflight.check_values(cfg, opts, names)

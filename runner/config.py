@@ -82,6 +82,14 @@ class Loss(Choice):
     full_softmax = "full_softmax"
 
 
+class Negatives(Choice):
+    """sampled_softmax's negatives (runner/tasks/sequential/model.py)."""
+
+    uniform = "uniform"  # num_negatives ids per sequence, uniform over the items; no correction
+    popularity = "popularity"  # num_negatives ids per sequence ~ training-prefix counts; logits - log q
+    in_batch = "in_batch"  # the other sequences' targets at the same position; logits - log q
+
+
 @dataclass
 class AsyncEmbConfig:
     enabled: bool = True
@@ -192,8 +200,9 @@ class SequentialModelConfig:
     ffn_mult: int = hparam(4, "FFN hidden width = ffn_mult * emb_width", low=1, high=1024)
     dropout: float = hparam(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
     loss: Loss = Loss.sampled_softmax
-    num_negatives: int = hparam(128, "sampled_softmax: uniform negatives per sequence, shared by its "
-                                "positions", low=1, high=MAX_IDS)
+    negatives: Negatives = Negatives.uniform  # sampled_softmax: uniform | popularity | in_batch (both logQ-corrected)
+    num_negatives: int = hparam(128, "sampled_softmax with uniform or popularity negatives: negatives per "
+                                "sequence, shared by its positions", low=1, high=MAX_IDS)
     l2_norm: bool = False  # cosine logits: L2-normalise the hidden state and the item rows
     temperature: float = hparam(1.0, "logits are divided by this", low=0.0, low_open=True)
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {"items": TableConfig()})
@@ -240,6 +249,12 @@ class TrainerConfig:
                                                 "run, on logged steps", low=1)
     eval_batches: int = hparam(4, "batches per ranking evaluation", low=1, high=10**6)
     objective: Optional[str] = None  # the metric a run returns to a sweep; None = the task's own
+    # Model selection (runner/core/selection.py): keep the best evaluated state by the objective and report its
+    # metrics as best/*; a sweep gets the best value. null = on where the task has a validation split
+    # (sequential), off for the ranking task (its only held-out set is the one it reports).
+    select_best: Optional[bool] = None
+    early_stop_patience: Optional[int] = hparam(None, "stop after this many evaluations in a row without an "
+                                                      "improvement of the objective; null = never", low=1)
     run_id: Optional[str] = None  # names the run's checkpoint dir and W&B id; None = a hash of the config
     stop_after: Optional[int] = None  # pre-emption drill: save a checkpoint at this step and exit
     max_skipped_updates: int = hparam(10, "stop the run after this many consecutive skipped (non-finite) "

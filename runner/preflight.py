@@ -171,6 +171,18 @@ def check_objective(objective: str | None, task: Any) -> None:
             f"(or trainer.objective=null for the task's own, {task.objective})")
 
 
+def check_selection(trainer: Any, task: Any) -> None:
+    """Best-state selection and early stopping need an objective that every evaluation reports."""
+    objective = trainer.get("objective") or task.objective
+    wanted = [f"trainer.{k}={trainer.get(k)}" for k in ("select_best", "early_stop_patience")
+              if trainer.get(k) is not None and trainer.get(k) is not False]
+    if wanted and objective not in list(task.metric_names()):
+        raise PreflightError(
+            f"{' and '.join(wanted)} select on the objective each evaluation reports, but "
+            f"trainer.objective={objective!r} is not an evaluation metric; use one of "
+            f"{', '.join(task.metric_names())}, or drop {' and '.join(w.split('=')[0] for w in wanted)}")
+
+
 def _accelerator_installed() -> bool:
     for dist in importlib.metadata.distributions():
         name = (dist.metadata["Name"] or "").lower().replace("_", "-")

@@ -4,6 +4,10 @@ Compiled programs are shared through JAX's persistent compilation cache (``.jax_
 ignored by git; ``RUNNER_TEST_JAX_CACHE`` moves it): many tests compile the same tiny train step, in this
 process, in the other xdist worker and in the ``python -m runner`` subprocesses the CLI tests start (they
 inherit the environment set here), and each distinct program is compiled once per cache.
+
+Tests compile with XLA's backend (LLVM) optimisation off: they check numbers, not speed, and the tiny
+programs they run compile in less than half the time (``RUNNER_TEST_XLA_OPT=1`` keeps XLA's default level,
+as the runner and the benchmarks use). Runs compared with each other in a test are compiled alike.
 """
 import os
 from pathlib import Path
@@ -14,6 +18,9 @@ _CACHE = os.environ.setdefault("RUNNER_TEST_JAX_CACHE", str(Path(__file__).resol
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+if os.environ.get("RUNNER_TEST_XLA_OPT", "0") != "1" and "xla_backend_optimization_level" not in os.environ.get(
+        "XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 import jax  # noqa: E402
 

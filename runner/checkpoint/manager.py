@@ -82,28 +82,41 @@ class Checkpoints:
         self.interval, self.steps = int(c.interval), int(cfg.trainer.steps)
         self.stop_after = cfg.trainer.get("stop_after")
         self.restored: Restored | None = None
+        self.restored_selection, self.restored_best = None, None  # selection.py's record and BestState
         self.last_step, self.rows, self.last_row = -1, 0, {}
         self.written: int | None = None  # the step of the last save this launch started
         self.manager = None if directory is None else _manager(directory, keep=c.keep, async_save=c.async_save,
                                                                compress=c.compress)
 
     # ----- saving ------------------------------------------------------------------------------------
-    def step_done(self, step: int, state: Any) -> None:
-        """After a train step (and its log row): save if the interval or the pre-emption drill says so."""
-        if step < self.steps and ((self.interval > 0 and step % self.interval == 0) or step == self.stop_after):
-            self.save(step, state)
+    def step_done(self, step: int, state: Any, selection: Any = None) -> None:
+        """After a train step (and its log row): save if the interval or the pre-emption drill says so, or
+        the run stops early here (``selection.stopped_at``)."""
+        stops = selection is not None and selection.stopped_at == step
+        if step < self.steps and not stops and ((self.interval > 0 and step % self.interval == 0)
+                                                or step == self.stop_after):
+            self.save(step, state, selection)
 
-    def save_final(self, state: Any) -> None:
-        """After the final flush: the end state, so a re-launch of a finished run only re-evaluates."""
-        self.save(self.steps, state)
+    def save_final(self, state: Any, selection: Any = None, step: int | None = None) -> None:
+        """After the final flush: the end state (at ``step``, an early stop's, else trainer.steps), so a
+        re-launch of a finished run only re-evaluates."""
+        self.save(self.steps if step is None else step, state, selection)
 
-    def save(self, step: int, state: Any) -> None:
+    def save(self, step: int, state: Any, selection: Any = None) -> None:
+        """The state, and beside it the best-state selection's record (meta ``selection``) and the best
+        params and tables (item ``best``, with their digests in meta ``best_arrays``)."""
         if self.manager is None or step <= self.last_step:
             return
         meta = meta_lib.describe(self.cfg, self.program, state, step=step, metrics_rows=self.rows,
                                  run=self.run_id, output_dir=str(self.output_dir.absolute()),
                                  mesh=self.plan.describe())
-        args = ocp.args.Composite(state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(meta))
+        items = dict(state=ocp.args.PyTreeSave(state))
+        if selection is not None and selection.step is not None:
+            meta["selection"] = selection.record()
+            if selection.best is not None:
+                meta["best_arrays"] = meta_lib.describe_arrays(self.program, selection.best)
+                items["best"] = ocp.args.PyTreeSave(selection.best)
+        args = ocp.args.Composite(**items, meta=ocp.args.JsonSave(meta))
         try:
             self.manager.save(step, args=args, force=True)  # first waits for (and raises) the previous save
         except Exception as e:  # noqa: BLE001 - any failure to write is fatal, with the path and the cause
@@ -143,6 +156,10 @@ class Checkpoints:
         """Count the rows the run logs, so a resume keeps exactly those logged before its checkpoint."""
         return _CountingTracker(tracker, self)
 
+    def selection_point(self) -> tuple[dict | None, Any]:
+        """(the restored checkpoint's selection record or None, its best params and tables or None)."""
+        return self.restored_selection, self.restored_best
+
     def resume_point(self) -> tuple[Any, int, dict]:
         """(restored state or None, first step to run, last train row logged); hands the state over once."""
         if self.restored is None:
@@ -180,6 +197,9 @@ class Checkpoints:
             if failure is not None:
                 bad.append(failure)
                 continue
+            self.restored_selection, self.restored_best = meta.get("selection"), None
+            if meta.get("best_arrays") and self.restored_selection:
+                self.restored_best = self._restore_best(manager, step, abstract, shardings, meta, where)
             changes = meta_lib.config_changes(meta["config"], self.cfg)
             if changes:
                 log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changes))
@@ -191,6 +211,30 @@ class Checkpoints:
                 "(own run) or left as they are; re-launch to start from scratch, or resume from a copy "
                 "with checkpoint.resume=<path>.")
         return None
+
+    def _restore_best(self, manager: Any, step: int, abstract: Any, shardings: Any, meta: Mapping[str, Any],
+                      where: Path) -> Any:
+        """The best params and tables saved beside the state, checked against their digests; None (with a
+        warning: selection goes on from the restored record without them) if they cannot be read."""
+        from ..core.selection import BestState
+
+        best_abstract = BestState(abstract.params, abstract.tables)
+        best_shardings = BestState(shardings.params, shardings.tables)
+        try:
+            target = meta_lib.restore_target({"arrays": meta["best_arrays"]}, best_abstract, best_shardings,
+                                             mesh_lib.replicated(self.program.mesh), str(where))
+            how = ocp.checkpoint_utils.construct_restore_args(target, strict=False)
+            args = ocp.args.Composite(best=ocp.args.PyTreeRestore(target, restore_args=how))
+            with _abandoned_reads_dropped():
+                best = manager.restore(step, args=args).best
+            got = meta_lib.digests(best, meta_lib.tables_of(self.program), int(meta["format"]))
+            if any(got.get(k) != a["digest"] for k, a in meta["best_arrays"].items()):
+                raise ValueError("content does not match the digests written with it")
+            return BestState(best.params, best.tables)
+        except Exception as e:  # noqa: BLE001
+            log.warning("checkpoint %s: the best state saved beside it is unreadable (%s); its record is kept, "
+                        "the best state itself is not", where, _summary(e))
+            return None
 
     def _unreadable(self, where: Path, step: int, e: BaseException, own: bool) -> str:
         """Report an unreadable checkpoint in one warning; this run's own is moved to ``_corrupt/``."""
@@ -258,6 +302,7 @@ def _manager(directory: Path, *, keep: int, async_save: bool, compress: bool = F
     if os.environ.get(KILL_ENV) and not read_only:
         opts["temporary_path_class"] = _KillBeforeCommit
     handlers = {"state": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=compress),
+                "best": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=compress),
                 "meta": ocp.JsonCheckpointHandler()}
     return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(**opts), item_handlers=handlers)
 

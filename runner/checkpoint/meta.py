@@ -98,6 +98,13 @@ def digests(state: Any, tables: Mapping[str, Mapping[str, Any]], fmt: int = FORM
     return checkpoint_digest.digests(leaves(state, tables), scheme=DIGEST_SCHEMES[fmt])
 
 
+def describe_arrays(program: Any, tree: Any) -> dict[str, dict[str, Any]]:
+    """Shape, dtype, logical rows and digest of every array of ``tree`` (a TrainState or a BestState)."""
+    info = leaves(tree, tables_of(program))
+    sums = checkpoint_digest.digests(info, scheme=DIGEST_SCHEMES[FORMAT])
+    return {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r in info}
+
+
 def describe(cfg: DictConfig, program: Any, state: Any, *, step: int, metrics_rows: int, run: str,
              output_dir: str, mesh: str) -> dict[str, Any]:
     tables = tables_of(program)

@@ -77,11 +77,17 @@ def init_table(spec: TableSpec, key: jax.Array, sharding: NamedSharding | None, 
     one chunk of work, never a table-sized temporary (drawing a 10M x 64 table with ``jax.random.normal``
     in one go peaks near 10 GB on CPU; a sharded fill through the SPMD partitioner gathers whole tables).
     """
-    seed = jax.random.bits(key, (2,), jnp.uint32)
     options = compiler_options([spec.dtype])  # bfloat16: keep XLA:CPU from filling an f32 copy
+    fill = lambda k: table_values(spec, k, sharding, chunk_rows)  # noqa: E731
+    return jax.jit(fill, out_shardings=sharding, compiler_options=options)(key)
+
+
+def table_values(spec: TableSpec, key: jax.Array, sharding: NamedSharding | None, chunk_rows: int = 1 << 14):
+    """``init_table``'s values as a traceable function, for a jitted program that builds several things
+    (``TrainProgram.init_state``); jit it with ``out_shardings=sharding``."""
+    seed = jax.random.bits(key, (2,), jnp.uint32)
     if sharding is None or len(sharding.device_set) == 1:
-        fill = lambda s: _fill_block(spec, s, (spec.rows, spec.width), 0, 0, chunk_rows)  # noqa: E731
-        return jax.jit(fill, out_shardings=sharding, compiler_options=options)(seed)
+        return _fill_block(spec, seed, (spec.rows, spec.width), 0, 0, chunk_rows)
     mesh, pspec = sharding.mesh, sharding.spec
     local = sharding.shard_shape((spec.rows, spec.width))
 
@@ -91,8 +97,7 @@ def init_table(spec: TableSpec, key: jax.Array, sharding: NamedSharding | None, 
                   for axes, size in zip(tuple(pspec) + (None,) * (2 - len(pspec)), local)]
         return _fill_block(spec, s, local, starts[0], starts[1], chunk_rows)
 
-    fill = jax.shard_map(fill_shard, mesh=mesh, in_specs=P(), out_specs=pspec, check_vma=False)
-    return jax.jit(fill, out_shardings=sharding, compiler_options=options)(seed)
+    return jax.shard_map(fill_shard, mesh=mesh, in_specs=P(), out_specs=pspec, check_vma=False)(seed)
 
 
 def lookup(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array) -> jax.Array:

@@ -1,8 +1,9 @@
 """The train loop: one readable function. Feed batches, step, log every ``log_interval``, evaluate every
 ``eval_interval`` (on its own schedule: an evaluation on a step that is not a log step is a row of its own),
 stop with a ``TrainingError`` when updates keep being refused (``trainer.max_skipped_updates``) or an id is
-out of range under ``trainer.strict_ids``, flush the deferred update at the end (its record goes into the
-final row), evaluate once more, summarise."""
+out of range under ``trainer.strict_ids``, keep the best evaluated state and stop early when the objective
+stops improving (``selection.py``), flush the deferred update at the end (its record goes into the final
+row), evaluate once more, summarise."""
 from __future__ import annotations
 
 import time
@@ -15,6 +16,7 @@ from .. import distributed
 from .. import progress as progress_lib
 from ..budget import train_examples
 from ..preflight import TrainingError
+from .selection import Selection
 from .step import TrainProgram, is_log_step
 from ..tracking import Tracker
 
@@ -25,10 +27,22 @@ def to_device(program: TrainProgram, batch: Mapping[str, np.ndarray], keys=None)
     return distributed.put_global(program.mesh, {k: batch[k] for k in keys})
 
 
+def make_selection(task: Any, trainer: Any) -> Selection:
+    """Selection by ``trainer.objective`` (else the task's): on where the task selects on a validation split
+    (``task.selects_on_validation``) unless ``trainer.select_best`` says otherwise."""
+    objective = getattr(trainer, "objective", None) or task.objective
+    select = getattr(trainer, "select_best", None)
+    select = bool(getattr(task, "selects_on_validation", False)) if select is None else bool(select)
+    evaluated = objective in set(getattr(task, "metric_names", lambda: [objective])())
+    return Selection(objective, select=select and evaluated,
+                     patience=getattr(trainer, "early_stop_patience", None) if evaluated else None)
+
+
 def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=print,
           checkpoints: Any = None) -> dict[str, Any]:
-    """Run ``trainer.steps`` steps; returns {"summary": ..., "state": final state}. With ``checkpoints``
-    (runner.checkpoint.Checkpoints): start from its restored state and save as it says."""
+    """Run ``trainer.steps`` steps (fewer when it stops early); returns {"summary": ..., "state": final state,
+    "best": the best evaluated BestState or None}. With ``checkpoints`` (runner.checkpoint.Checkpoints):
+    start from its restored state (and selection record) and save as it says."""
     B = trainer.batch_size
     put = lambda b: to_device(program, b)  # noqa: E731
     # Several processes: each generates and feeds only the rows of the global batch its devices hold.
@@ -38,7 +52,12 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     predict_host = lambda s, b: distributed.fetch(predict(s, b))  # noqa: E731
     state, start, last = checkpoints.resume_point() if checkpoints is not None else (None, 0, {})
     state = program.init_state(trainer.seed) if state is None else state
+    selection = make_selection(task, trainer)
+    if checkpoints is not None:
+        selection.restore(*checkpoints.selection_point())
     stop = max(getattr(trainer, "stop_after", None) or trainer.steps, start)  # stop_after: pre-emption drill
+    if selection.stopped_at is not None:  # a run that had stopped early: nothing more to train
+        stop = start
     host = task.batch(start, B, **rows)
     step_fn, flush_fn, predict = program.compile(state, put_rows(host))
     # What the run shows as it goes (trainer.progress): a bar on a terminal, plain lines otherwise; process 0 only.
@@ -49,6 +68,9 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     step_fn = progress.first_call(step_fn, f"the train step (async_emb={'on' if program.async_emb else 'off'}, "
                                            f"{_devices(program.mesh.devices.size)})")
     evaluate = progress.evaluation(task.evaluate, getattr(task, "num_eval_batches", lambda _: None)(B))
+    # Selection scores what it keeps: in async mode a mid-run evaluation scores the state with its deferred
+    # update applied (a flushed copy; the live state is not touched), as the final evaluation does.
+    peek = _peek_flush(program, state) if selection.active and program.async_emb else (lambda s: s)
     tracker.define_summary(task.objective, "maximize")
     tracker.define_summary("train/loss", "minimize")
 
@@ -82,7 +104,11 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
                 row[f"emb/learning_rate/{name}"] = float(getattr(opt, "learning_rate", float("nan")))
         if (step + 1) % trainer.eval_interval == 0 and not done:  # its own schedule, not only on log steps
             t_eval = time.perf_counter()
-            row.update(evaluate(predict_host, state, put, B))
+            scored = peek(state)
+            evaluated = evaluate(predict_host, scored, put, B)
+            selection.update(step + 1, evaluated, scored)
+            del scored
+            row.update(evaluated)
             if "train/loss" not in row:  # keep evaluation time out of the next throughput window
                 t_window += time.perf_counter() - t_eval
         if row:
@@ -105,36 +131,54 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
         if checkpoints is not None or step + 1 == stop:
             check_health(program, trainer, *lagged, checkpoints)
             lagged = None
+        if selection.should_stop():
+            selection.stopped_at = step + 1
+            log(f"stopping early at step {step + 1}: {selection.objective} has not improved for "
+                f"{selection.stale} evaluations (trainer.early_stop_patience={selection.patience}; best "
+                f"{selection.value:.4f} at step {selection.step})")
         if checkpoints is not None:
             with progress.timed(f"checkpoint at step {step + 1}"):
-                checkpoints.step_done(step + 1, state)
+                checkpoints.step_done(step + 1, state, selection)
+        if selection.stopped_at is not None:
+            break
 
-    if stop < trainer.steps:  # stopped as a pre-empted job would be, its checkpoint written: resume later
+    end = trainer.steps if selection.stopped_at is None else selection.stopped_at
+    if selection.stopped_at is None and stop < trainer.steps:  # pre-empted (stop_after), its checkpoint written
         if checkpoints is not None:
             checkpoints.wait()
         progress.close()
         return {"summary": {"steps": stop, "stopped_at": stop, "final/train_loss": last.get("train/loss")},
-                "state": state}
+                "state": state, "best": selection.best}
     # Apply the last deferred update: every update lands exactly once. Its record (emb/flush_grad_norm,
     # emb/flush_valid; async only) and the skip counts after it go into the final row, at the last step.
     with progress.timed("the final flush"):
         state, flushed = flush_fn.with_metrics(state)
-    check_health(program, trainer, flushed, trainer.steps, checkpoints, what="the final flush")
-    if checkpoints is not None:
-        with progress.timed(f"checkpoint at step {trainer.steps}"):
-            checkpoints.save_final(state)
+    check_health(program, trainer, flushed, end, checkpoints, what="the final flush")
     final = evaluate(predict_host, state, put, B)
+    selection.update(end, final, state)
+    if checkpoints is not None:
+        with progress.timed(f"checkpoint at step {end}"):
+            checkpoints.save_final(state, selection, step=end)
     flushed = {k: _scalar(v) for k, v in distributed.fetch(flushed).items()}
-    tracker.log({**final, **flushed}, step=trainer.steps)
+    data = dict(getattr(task, "data_metrics", dict)())
+    best = selection.summary()
+    tracker.log({**final, **flushed, **data, **best}, step=end)
     skipped = {k: v for k, v in flushed.items() if k.startswith("emb/skipped_updates")}
-    summary = {"steps": trainer.steps, "final/train_loss": last.get("train/loss"),
-               "perf/examples_per_s": last.get("perf/examples_per_s"), **skipped, **final}
+    summary = {"steps": end, "final/train_loss": last.get("train/loss"),
+               "perf/examples_per_s": last.get("perf/examples_per_s"), **skipped, **final,
+               **{f"final/{k}": v for k, v in final.items()}, **data, **best}
     tracker.log_summary(summary)
     if checkpoints is not None:
         with progress.timed("waiting for the last checkpoint save"):
             checkpoints.wait()  # the last save is committed, or its failure raised, before the run ends
     progress.close()
-    return {"summary": summary, "state": state}
+    return {"summary": summary, "state": state, "best": selection.best}
+
+
+def _peek_flush(program: TrainProgram, state: Any):
+    """``state`` with its deferred update applied, as new buffers: a flush that does not donate its input."""
+    shardings = program.state_shardings(state)
+    return jax.jit(lambda s: program.flush(s)[0], in_shardings=(shardings,), out_shardings=shardings)
 
 
 EXAMPLE_ID = "emb/dropped_id_example/"  # the step's first out-of-range id per table: for strict_ids' message only

@@ -27,7 +27,7 @@ from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, su
 from optimizers.fused import compiler_options, dedupe
 
 from . import mesh as mesh_lib
-from .embeddings import TableSpec, init_table, lookup, lookup_counted
+from .embeddings import TableSpec, lookup, lookup_counted, table_values
 from .state import SkipCounts, TrainState
 
 
@@ -66,27 +66,29 @@ class TrainProgram:
         )
 
     def init_state(self, seed: int) -> TrainState:
-        key = jax.random.key(seed)
+        """The initial state, built by one jitted program straight into its shardings (each table shard
+        filled in place on its device; see ``init_table``)."""
+        key, rng = jax.random.key(seed), jax.random.key_data(jax.random.key(seed + 1))
+        shapes = jax.eval_shape(self._init, key, rng)
+        opts = compiler_options([t.dtype for t in self.tables.values()])
+        init = jax.jit(self._init, out_shardings=self.state_shardings(shapes), compiler_options=opts)
+        return init(key, rng)
+
+    def _init(self, key: jax.Array, rng: jax.Array) -> TrainState:
         k_params, k_tables = jax.random.split(key)
-        rep = mesh_lib.replicated(self.mesh)
-        params = jax.jit(self.model.init, out_shardings=rep)(k_params)
-        opt_state = jax.jit(self.dense_tx.init, out_shardings=rep)(params)
+        params = self.model.init(k_params)
+        opt_state = self.dense_tx.init(params)
         tables, emb_states, pending = {}, {}, {}
         for i, (name, spec) in enumerate(sorted(self.tables.items())):
             ctx = self.contexts[name]
-            tables[name] = init_table(spec, jax.random.fold_in(k_tables, i),
+            tables[name] = table_values(spec, jax.random.fold_in(k_tables, i),
                                       NamedSharding(self.mesh, ctx.table_spec()))
-            opt = self.emb_optimizers[name]
-            shape = jax.eval_shape(lambda: opt.init(spec.rows, spec.width))
-            emb_states[name] = jax.jit(lambda o=opt, s=spec: o.init(s.rows, s.width),
-                                       out_shardings=mesh_lib.named(self.mesh, ctx.state_specs(shape)))()
+            emb_states[name] = self.emb_optimizers[name].init(spec.rows, spec.width)
             if self.async_emb:
                 pending[name] = empty_update(ctx)
-        zero = lambda: jnp.zeros((), jnp.int32)  # noqa: E731 - a buffer per leaf: the step donates each
-        state = TrainState(jnp.zeros((), jnp.int32), params, opt_state, tables, emb_states, pending,
-                           jax.random.key_data(jax.random.key(seed + 1)),
-                           {name: SkipCounts(zero(), zero()) for name in sorted(self.tables)})
-        return jax.device_put(state, self.state_shardings(state))
+        zero = jnp.zeros((), jnp.int32)
+        return TrainState(zero, params, opt_state, tables, emb_states, pending, rng,
+                          {name: SkipCounts(zero, zero) for name in sorted(self.tables)})
 
     # ----- the step ----------------------------------------------------------------------------------
     def _apply(self, name: str, ctx: AsyncEmbContext, update, table, emb_state, gate):

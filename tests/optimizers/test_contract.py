@@ -242,3 +242,30 @@ def test_update_with_non_finite_result_is_refused(case):
     reported = run(poisoned, steps)  # checks the refused step leaves table and state bit-for-bit unchanged
     assert [valid for _, valid in reported] == [True, False, True, True]
     assert np.isfinite(reported[1][0]), "the gradient itself was finite: only the result was refused"
+
+
+@pytest.mark.parametrize("case", [p for p in PARAMS if p.values[0][1].get("weight_decay", 0) > 0])
+def test_weight_decay_is_lazy(case):
+    """Weight decay is lazy: an update decays only the rows its batch touches, once per update (however many
+    tokens share the row), with the rule's own factor ``1 - learning_rate * weight_decay``; a row the batch
+    does not touch keeps its value however long it waits (no catch-up on its next touch). With zero
+    gradients every rule reduces to that decay, so the reference is plain numpy on the dense table.
+    (Adam's moments stay zero under zero gradients: its step is 0 / (0 + eps) + weight_decay * row.)"""
+    _, hp = case
+    opt, step = library(case)
+    table0 = initial_table(3)
+    table, state = jnp.asarray(table0), opt.init(VOCAB, WIDTH)
+    want = table0.astype(np.float64)
+    factor = 1.0 - hp["learning_rate"] * hp["weight_decay"]
+    rng = np.random.default_rng(11)
+    for i in range(4):
+        ids = rng.integers(1, 8 if i < 3 else DRAWN, size=(BATCH, SEQ)).astype(np.int32)  # rows 8.. wait 3 updates
+        ids[0, :3] = ids[0, 0]  # one row three times in a batch: still one decay
+        ids[1, 0] = 0  # padding: row 0 never decays
+        table, state, _, valid = step(table, state, build_update(ids, np.zeros((BATCH, SEQ, WIDTH), np.float32),
+                                                                 True))
+        assert bool(valid)
+        touched = np.unique(ids[ids > 0])
+        want[touched] *= factor  # the dense reference: decay exactly the touched rows, once
+        np.testing.assert_allclose(np.array(table), want, rtol=1e-6, atol=1e-7, err_msg=f"update {i}")
+    np.testing.assert_array_equal(np.array(table)[0], table0[0])

@@ -106,6 +106,7 @@ def test_bad_progress_mode_is_refused_at_composition():
     assert "auto" in str(e.value.__cause__) and "lines" in str(e.value.__cause__)
 
 
+@pytest.mark.slow
 def test_a_budget_far_beyond_the_data_warns_once_and_the_summary_counts_epochs(tmp_path, caplog):
     # 20 users, batches of 64: 70 steps are 224 passes over the data.
     cfg = seq_config("data.num_users=20", "trainer.steps=70", "trainer.log_interval=35",

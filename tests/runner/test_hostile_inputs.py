@@ -92,6 +92,8 @@ RANKING = [
     ("trainer.seed=-1", "trainer.seed=-1 is outside [0, 4294967295]"),
     ("trainer.log_interval=0", "trainer.log_interval=0 is outside [1, inf)"),
     ("trainer.eval_interval=-1", "trainer.eval_interval=-1 is outside [1, inf)"),
+    ("trainer.early_stop_patience=0", "trainer.early_stop_patience=0 is outside [1, inf) (stop after this many "
+                                      "evaluations in a row without an improvement"),
     ("trainer.eval_batches=0", "trainer.eval_batches=0 is outside [1, 1000000]"),
     ("dense_optimizer.learning_rate=0", "dense_optimizer.learning_rate=0.0 is outside (0, inf)"),
     ("dense_optimizer.learning_rate=inf", "dense_optimizer.learning_rate=inf is outside (0, inf)"),
@@ -206,6 +208,12 @@ def test_unknown_objective_is_refused_with_the_task_metrics():
     assert "(or trainer.objective=null for the task's own, eval/auc_mean)" in text
     text = refused(fast("trainer.objective=valid/ndcg@20", seq=True))
     assert "trainer.objective='valid/ndcg@20' is not a metric" in text and "valid/ndcg@10" in text
+
+
+def test_selection_on_an_objective_no_evaluation_reports_is_refused():
+    text = refused(fast("trainer.objective=final/train_loss", "trainer.early_stop_patience=3"))
+    assert text.startswith("trainer.early_stop_patience=3 select on the objective each evaluation reports, but "
+                           "trainer.objective='final/train_loss' is not an evaluation metric; use one of eval/")
 
 
 @pytest.mark.parametrize("cfg, objective", [

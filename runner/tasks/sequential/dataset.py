@@ -18,7 +18,7 @@ import numpy as np
 
 from .interactions import DataError, Interactions
 
-__all__ = ["SequenceDataset", "popularity_scores"]
+__all__ = ["SequenceDataset", "cold_targets", "popularity_scores"]
 
 
 def _dense_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -227,3 +227,14 @@ def popularity_scores(dataset: SequenceDataset) -> np.ndarray:
     counts = np.bincount(dataset.train_items(), minlength=dataset.num_items + 1)
     counts[0] = 0
     return counts.astype(np.float32)
+
+
+def cold_targets(dataset: SequenceDataset) -> dict[str, int]:
+    """Validation and test targets whose item never occurs in any training prefix: ``data/cold_valid_targets``
+    and ``data/cold_test_targets`` (users), ``data/cold_items`` (distinct such items)."""
+    seen = popularity_scores(dataset) > 0
+    ends = dataset.offsets[1:]
+    valid, test = dataset.items[ends - 2], dataset.items[ends - 1]
+    cold_v, cold_t = ~seen[valid], ~seen[test]
+    return {"data/cold_valid_targets": int(cold_v.sum()), "data/cold_test_targets": int(cold_t.sum()),
+            "data/cold_items": int(np.unique(np.concatenate([valid[cold_v], test[cold_t]])).size)}

@@ -11,8 +11,17 @@ the score of item j after position t is ``<h[b, t], row_j> / temperature`` (both
 The model never sees the table while training: ``table_ids`` names the rows a batch uses and ``loss``
 gets them looked up, so the fused embedding optimizer receives per-token gradients:
 
-- ``sampled_softmax``: tokens are the inputs, the targets and ``num_negatives`` uniform negatives per
-  sequence, shared by its positions; a negative equal to the target is masked out.
+- ``sampled_softmax``: tokens are the inputs, the targets and the negatives; a negative equal to the
+  target is masked out. ``negatives`` chooses them (``model.negatives``):
+  - ``uniform``: ``num_negatives`` ids per sequence drawn uniformly from 1..N, shared by its positions;
+    logits as they are;
+  - ``popularity``: ``num_negatives`` ids per sequence drawn with probability q_j proportional to item j's
+    count in the training prefixes; each negative's logit gets the logQ correction ``- log q_j`` (the batch
+    carries ``negatives_logq``), so the sampled softmax estimates the full one instead of over-penalising
+    popular items (Bengio & Senecal 2008; Yi et al. 2019, "Sampling-bias-corrected neural modeling");
+  - ``in_batch``: no extra ids: at position t the negatives are the other sequences' targets at position t
+    (B - 1 candidates; padding and accidental hits masked), each corrected by ``- log q`` of its item (the
+    batch carries ``targets_logq``), the positive uncorrected in both cases.
 - ``full_softmax``: tokens are the inputs plus the whole catalog, spread over the batch (each example
   carries ``ceil(N / batch)`` catalog ids), so every item row gets a gradient every step. The step
   computes batch * max_len * N logits (ML-1M: 128 * 200 * 3,706 = 95M, about 0.4 GB in fp32, plus the
@@ -44,6 +53,7 @@ class SequentialModel:
     ffn_mult: int = 4
     dropout: float = 0.0
     loss_kind: str = "sampled_softmax"  # sampled: the negatives come with the batch (batch["negatives"])
+    negatives: str = "uniform"  # sampled_softmax: uniform | popularity (logQ) | in_batch (logQ)
     catalog_per_example: int = 0  # full_softmax: catalog ids carried by each example
     l2_norm: bool = False
     temperature: float = 1.0
@@ -59,6 +69,8 @@ class SequentialModel:
             B, c = inputs.shape[0], self.catalog_per_example
             cat = jnp.arange(1, B * c + 1, dtype=jnp.int32).reshape(B, c)
             return {"items": jnp.concatenate([inputs, jnp.where(cat <= self.num_items, cat, 0)], 1)}
+        if self.negatives == "in_batch":
+            return {"items": jnp.concatenate([inputs, batch["targets"]], 1)}
         return {"items": jnp.concatenate([inputs, batch["targets"], batch["negatives"]], 1)}
 
     def init(self, key: jax.Array) -> dict[str, Any]:
@@ -124,8 +136,15 @@ class SequentialModel:
             h, rows = self._out(h, e[:, L:])  # [B, L + K, D]: the targets' rows, then the negatives'
             tgt, neg = rows[:, :L], rows[:, L:]
             pos = jnp.sum(h * tgt, -1)
-            others = jnp.einsum("bld,bkd->blk", h, neg)
-            others = jnp.where(batch["negatives"][:, None, :] == targets[:, :, None], NEG, others)
+            if self.negatives == "in_batch":  # candidate c at (b, t): sequence c's target at t
+                others = jnp.einsum("bld,cld->blc", h, tgt) - batch["targets_logq"].T[None]
+                cand = targets.T[None]  # [1, L, B]
+                others = jnp.where((cand == targets[:, :, None]) | (cand == 0), NEG, others)  # own, hits, padding
+            else:
+                others = jnp.einsum("bld,bkd->blk", h, neg)
+                if self.negatives == "popularity":
+                    others = others - batch["negatives_logq"][:, None, :]
+                others = jnp.where(batch["negatives"][:, None, :] == targets[:, :, None], NEG, others)
             lse = jnp.logaddexp(pos, jax.nn.logsumexp(others, -1))
             hit = pos > others.max(-1)
         w = valid.astype(jnp.float32)

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from ...preflight import PreflightError
 from .. import TASKS
-from .dataset import SequenceDataset, popularity_scores
+from .dataset import SequenceDataset, cold_targets, popularity_scores
 from .interactions import DataError, load_interactions
 from .metrics import rank_of_target, ranking_report
 from .model import SequentialModel
@@ -104,7 +104,10 @@ class SequentialTask:
     ks: tuple[int, ...]
     model_keys: tuple[str, ...]
     objective: str = "valid/ndcg@10"
+    negatives: str = "uniform"  # full (full_softmax) | uniform | popularity | in_batch
+    selects_on_validation = True  # trainer.select_best=null: keep the best state by valid/..., report its test/...
     _baselines: dict | None = None
+    _sampling: tuple | None = None
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "SequentialTask":
@@ -112,10 +115,13 @@ class SequentialTask:
         d, m = cfg.data, cfg.model
         data, world = load_dataset(d)
         full = m.loss == "full_softmax"
-        keys = ("inputs", "targets") + (() if full else ("negatives",)) + (("seed",) if m.dropout > 0 else ())
-        return cls(data, world, cfg.trainer.seed, 0 if full else m.num_negatives,
+        negatives = "full" if full else str(m.get("negatives", "uniform"))
+        extra = {"full": (), "uniform": ("negatives",), "popularity": ("negatives", "negatives_logq"),
+                 "in_batch": ("targets_logq",)}[negatives]
+        keys = ("inputs", "targets") + extra + (("seed",) if m.dropout > 0 else ())
+        return cls(data, world, cfg.trainer.seed, 0 if negatives in ("full", "in_batch") else m.num_negatives,
                    -(-data.num_items // cfg.trainer.batch_size) if full else 0, d.random_crop, d.exclude_seen,
-                   tuple(d.ks), keys, objective=f"valid/ndcg@{d.ks[0]}")
+                   tuple(d.ks), keys, objective=f"valid/ndcg@{d.ks[0]}", negatives=negatives)
 
     # ----- what the trainer needs --------------------------------------------------------------------
     @property
@@ -141,18 +147,39 @@ class SequentialTask:
 
     def make_model(self, specs, m: DictConfig) -> SequentialModel:
         return SequentialModel(specs["items"], self.data.num_items, self.data.max_len, m.num_blocks, m.num_heads,
-                               m.ffn_mult, m.dropout, m.loss, catalog_per_example=self.catalog_per_example,
+                               m.ffn_mult, m.dropout, m.loss, negatives=self.negatives,
+                               catalog_per_example=self.catalog_per_example,
                                l2_norm=m.l2_norm, temperature=m.temperature)
 
     def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
         """Rows [shard*B/n, (shard+1)*B/n) of the global batch of ``step``: a pure function of (seed, step)."""
         b = self.data.train_batch(step, batch_size, self.seed, random_crop=self.random_crop)
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, step, 0x5E9]))
-        b["negatives"] = rng.integers(1, self.data.num_items + 1, (batch_size, max(self.num_negatives, 1)),
-                                      dtype=np.int32)
+        shape = (batch_size, max(self.num_negatives, 1))
+        if self.negatives == "popularity":  # ids ~ training-prefix counts, by inverting the CDF
+            cdf, logq = self.sampling()
+            b["negatives"] = (np.searchsorted(cdf, rng.random(shape), side="right") + 1).astype(np.int32)
+            b["negatives_logq"] = logq[b["negatives"]]
+        else:
+            b["negatives"] = rng.integers(1, self.data.num_items + 1, shape, dtype=np.int32)
+        if self.negatives == "in_batch":
+            b["targets_logq"] = self.sampling()[1][b["targets"]]
         b["seed"] = rng.integers(0, 2**31 - 1, batch_size, dtype=np.int32)
         n = batch_size // num_shards
         return {k: v[shard * n:(shard + 1) * n] for k, v in b.items()}
+
+    def sampling(self) -> tuple[np.ndarray, np.ndarray]:
+        """(CDF over items 1..N, float32 log q [N+1]) of q_j = item j's share of the training-prefix counts:
+        popularity negatives are drawn from it and logQ-corrected by it; in-batch negatives are corrected by it.
+        An item never in a training prefix has q = 0 (never drawn; log q = 0 where it is padding or unused)."""
+        if self._sampling is None:
+            counts = popularity_scores(self.data).astype(np.float64)
+            q = counts / counts.sum()
+            logq = np.where(q > 0, np.log(np.where(q > 0, q, 1.0)), 0.0).astype(np.float32)
+            cdf = np.cumsum(q[1:])
+            cdf[-1] = 1.0
+            self._sampling = (cdf, logq)
+        return self._sampling
 
     def train_metrics(self, host_batch: Mapping[str, np.ndarray], outputs: Mapping[str, Any]) -> dict[str, float]:
         name = "train/top1_full" if self.catalog_per_example else "train/top1_sampled"
@@ -163,7 +190,8 @@ class SequentialTask:
         B, L = batch_size, self.data.max_len
         zeros = {"targets": np.zeros((B, L), np.int32), "negatives": np.zeros((B, max(self.num_negatives, 1)),
                                                                               np.int32),
-                 "seed": np.zeros((B,), np.int32)}
+                 "seed": np.zeros((B,), np.int32), "targets_logq": np.zeros((B, L), np.float32),
+                 "negatives_logq": np.zeros((B, max(self.num_negatives, 1)), np.float32)}
         for b in self.data.eval_batches(split, B, history=self.exclude_seen, pad_last=True):
             yield b, {**zeros, "inputs": b["inputs"]}
 
@@ -195,6 +223,12 @@ class SequentialTask:
             out.update(self._report(split, self._ranks(split, batch_size, lambda b, dev: predict(state, put(dev)))))
         return {**out, **self.baselines(batch_size)}
 
+    def data_metrics(self) -> dict[str, int]:
+        """Cold items: validation / test targets whose item never occurs in any training prefix (no training
+        signal at all for that row). ``data/cold_*_targets`` count targets (users), ``data/cold_items`` the
+        distinct items."""
+        return cold_targets(self.data)
+
     def summary_lines(self, s: Mapping[str, Any]) -> list[str]:
         k = self.ks[0]
 
@@ -207,6 +241,13 @@ class SequentialTask:
                  f"popularity test  {line('popularity/test')}"]
         if self.world is not None:
             lines.append(f"oracle (Bayes-optimal) test  {line('oracle/test')}")
+        if "best/step" in s and "best/test/mrr" in s:
+            lines.insert(1, f"best  test  {line('best/test')}   (valid {line('best/valid')}; step {s['best/step']}, "
+                            f"selected on {self.objective if f'best/{self.objective}' in s else 'the objective'})")
+            lines[2] = "final " + lines[2]
+        if "data/cold_valid_targets" in s:
+            lines.append(f"cold targets (item never in a training prefix): valid {s['data/cold_valid_targets']:,}, "
+                         f"test {s['data/cold_test_targets']:,} of {self.data.num_users:,}")
         return lines
 
 

@@ -23,6 +23,10 @@ def _oracle(program, data, state0, steps, delay):
     tables = {n: np.array(t, np.float32) for n, t in state0.tables.items()}
     params, opt_state = state0.params, state0.opt_state
     pending, losses = None, []
+    # jitted once per program (op-by-op dispatch compiled every primitive on its own); the oracle's point is
+    # the plain numpy table update and the explicit delay below, not the model's gradient
+    loss_and_grads = jax.jit(jax.value_and_grad(model.loss, argnums=(0, 1), has_aux=True))
+    dense_update = jax.jit(program.dense_tx.update)
 
     def apply(grads):
         for n, (ids, g) in grads.items():
@@ -37,9 +41,9 @@ def _oracle(program, data, state0, steps, delay):
         batch = {k: jnp.asarray(host[k]) for k in program.model_keys}
         ids = {n: np.asarray(v) for n, v in model.table_ids(batch).items()}
         embs = {n: jnp.asarray(tables[n][ids[n]]) for n in ids}
-        (loss, _), (gp, ge) = jax.value_and_grad(model.loss, argnums=(0, 1), has_aux=True)(params, embs, batch)
+        (loss, _), (gp, ge) = loss_and_grads(params, embs, batch)
         losses.append(float(loss))
-        upd, opt_state = program.dense_tx.update(gp, opt_state, params)
+        upd, opt_state = dense_update(gp, opt_state, params)
         params = optax.apply_updates(params, upd)
         grads = {n: (ids[n].reshape(-1), np.asarray(ge[n]).reshape(-1, ge[n].shape[-1])) for n in ids}
         if delay:
@@ -119,7 +123,7 @@ def test_every_update_applied_exactly_once_after_flush(cfg_of):
         assert not bool(state.pending[n].pending)
 
 
-@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("mode", ["on", pytest.param("off", marks=pytest.mark.slow)])
 def test_nonfinite_step_is_skipped_and_training_continues(cfg_of, mode):
     program, data, _ = build(cfg_of(["optimizer=async_rowwise_adagrad", f"async_emb={mode}"]))
     B = program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example

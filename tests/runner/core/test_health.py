@@ -86,6 +86,7 @@ def test_consecutive_skipped_updates_stop_the_run_before_a_checkpoint_of_that_st
     assert rows[-1]["step"] == stopped
 
 
+@pytest.mark.slow
 def test_without_checkpoints_the_run_stops_too(tmp_path):
     with pytest.raises(TrainingError, match=r"^training stopped at step \d+: the last 10 embedding updates of "
                                             r"table '\w+' were all skipped \(trainer.max_skipped_updates=10\)"):
@@ -94,6 +95,7 @@ def test_without_checkpoints_the_run_stops_too(tmp_path):
         "status") != "ok"
 
 
+@pytest.mark.slow
 def test_max_skipped_updates_zero_never_stops_and_the_summary_counts(tmp_path):
     run(compose_config(DIVERGING[:2] + ["trainer.steps=14", "trainer.max_skipped_updates=0"]), tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -148,7 +150,7 @@ def same(a, b):
     return all(np.array_equal(a[n], b[n]) for n in a)
 
 
-@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("mode", ["on", pytest.param("off", marks=pytest.mark.slow)])
 def test_mid_run_eval_scores_the_state_as_documented_and_the_flush_is_logged(mode):
     cfg = compose_config(["optimizer=async_sgd", f"async_emb={mode}", "trainer.steps=4", "trainer.log_interval=4",
                           "trainer.eval_interval=2"])
@@ -240,7 +242,7 @@ def one_bad_step(layout):
     return program, task, state0, numpy_tree(state.tables), losses[0], metrics[0]
 
 
-@pytest.mark.parametrize("layout", ["row", "column"])
+@pytest.mark.parametrize("layout", ["row", pytest.param("column", marks=pytest.mark.slow)])
 def test_out_of_range_ids_read_zeros_and_are_counted_on_every_layout(layout):
     program, task, state0, tables, loss, m = one_bad_step("single")
     # Reference: the model's loss with the out-of-range ids' rows as zeros, from the initial numpy table.
@@ -261,7 +263,7 @@ def test_out_of_range_ids_read_zeros_and_are_counted_on_every_layout(layout):
     assert not sharded_tables["items"][vocab:].any()  # padded rows stay zero
 
 
-@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("strict", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_strict_ids_stops_with_the_table_the_id_and_the_vocab(strict):
     cfg = seq_config("trainer.steps=3", "trainer.log_interval=1", "trainer.eval_interval=1000",
                      f"trainer.strict_ids={str(strict).lower()}")

@@ -49,8 +49,11 @@ def assert_same_run(optimizer, mode, mesh):
     return metrics
 
 
-@pytest.mark.parametrize("mode", ["on", "off"])
-@pytest.mark.parametrize("mesh", list(MESHES))
+FAST = {("2x4-row", "on"), ("4x2-column", "off")}  # make test-fast; the rest run in make test
+
+
+@pytest.mark.parametrize("mesh, mode", [(m, a) if (m, a) in FAST else pytest.param(m, a, marks=pytest.mark.slow)
+                                        for m in MESHES for a in ("on", "off")])
 def test_mesh_matches_single_device(mesh, mode):
     metrics = assert_same_run("async_rowwise_adagrad", mode, mesh)
     if mesh != "data8":  # load balance is visible per shard

@@ -32,6 +32,8 @@ def test_synthetic_sequences_run_completes(tmp_path):
         assert 0 <= summary[key] <= 1, key
     log = (tmp_path / "runner.log").read_text()
     assert "popularity test  HR@10" in log and "oracle (Bayes-optimal) test" in log and "300 users" in log
+    assert f"best valid/ndcg@10 {summary['best/valid/ndcg@10']:.4f} at step {summary['best/step']}" in log
+    assert "best  test  HR@10" in log and "final test  HR@10" in log and "cold targets" in log
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.tasks.sequential.dataset import SequenceDataset, popularity_scores
+from runner.tasks.sequential.dataset import SequenceDataset, cold_targets, popularity_scores
 from runner.tasks.sequential.interactions import DataError, Interactions
 
 
@@ -138,3 +138,21 @@ def test_popularity_baseline():
     ranks = rank_of_target(scores, test["target"], exclude=test["history"])
     assert ranks.tolist() == [1, 0]
     assert ranking_report(ranks, ks=(1,)) == {"hr@1": 0.5, "ndcg@1": 0.5, "mrr": 0.75}
+
+
+def test_cold_targets_are_targets_never_in_a_training_prefix():
+    ds = SequenceDataset.from_interactions(tiny_inter(), max_len=3)
+    # training prefixes [2] and [3, 2, 4]; valid targets 1, 1 (never trained on); test targets 3 (seen), 5 (not)
+    assert cold_targets(ds) == {"data/cold_valid_targets": 2, "data/cold_test_targets": 1, "data/cold_items": 2}
+    rng = np.random.default_rng(0)  # against a plain set-based count on random data
+    u, i = rng.integers(0, 40, 600), rng.zipf(1.3, 600) % 300
+    ds = SequenceDataset.from_interactions(Interactions(user=u, item=i, timestamp=np.arange(600), rating=None,
+                                                        source="r", fmt="test"), max_len=5)
+    seqs = [ds.items[ds.offsets[k]:ds.offsets[k + 1]].tolist() for k in range(ds.num_users)]
+    trained = {x for s in seqs for x in s[:-2]}
+    want_v, want_t = [s[-2] not in trained for s in seqs], [s[-1] not in trained for s in seqs]
+    got = cold_targets(ds)
+    assert got["data/cold_valid_targets"] == sum(want_v) and got["data/cold_test_targets"] == sum(want_t)
+    assert got["data/cold_items"] == len({s[-2] for s, c in zip(seqs, want_v) if c}
+                                         | {s[-1] for s, c in zip(seqs, want_t) if c})
+    assert sum(want_v) + sum(want_t) > 0

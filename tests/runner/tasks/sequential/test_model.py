@@ -13,7 +13,8 @@ N, L, D, K, B = 30, 6, 8, 5, 4
 
 def make(loss="sampled_softmax", **kw):
     c = -(-N // B) if loss == "full_softmax" else 0
-    spec = TableSpec("items", N + 1, D, L + c if c else 2 * L + K, rows=N + 1)
+    tokens = L + c if c else 2 * L if kw.get("negatives") == "in_batch" else 2 * L + K
+    spec = TableSpec("items", N + 1, D, tokens, rows=N + 1)
     model = SequentialModel(spec, N, L, num_blocks=2, num_heads=2, loss_kind=loss,
                             catalog_per_example=c, **kw)
     params = model.init(jax.random.key(0))
@@ -107,6 +108,52 @@ def test_full_softmax_and_predict_match_numpy():
     assert scores.shape == (B, N + 1)
     np.testing.assert_allclose(scores[:, 1:], (h[:, -1] @ table.T)[:, 1:], rtol=1e-4, atol=1e-5)
     assert (scores[:, 0] < -1e8).all()
+
+
+def test_full_softmax_equals_a_log_softmax_cross_entropy_over_the_catalogue():
+    model, params, table = make("full_softmax")
+    b = batch(3)
+    h = jnp.asarray(hidden(model, params, table, b), jnp.float32)
+    logp = jax.nn.log_softmax(h @ jnp.asarray(table[1:]).T, axis=-1)  # classes: items 1..N, nothing else
+    valid = b["targets"] != 0
+    want = -np.asarray(jnp.take_along_axis(logp, jnp.asarray(np.maximum(b["targets"] - 1, 0))[..., None], -1))[..., 0]
+    embs, _ = lookup(model, table, b)
+    loss, _ = model.loss(params, embs, {k: jnp.asarray(v) for k, v in b.items()})
+    np.testing.assert_allclose(float(loss), want[valid].mean(), rtol=1e-5)
+
+
+LOGQ = np.log(np.random.default_rng(7).dirichlet(np.ones(N + 1))).astype(np.float32)  # any log q per item
+
+
+@pytest.mark.parametrize("negatives", ["popularity", "in_batch"])
+def test_logq_corrected_sampled_softmax_matches_numpy(negatives):
+    """Each negative's logit minus log q of its item (the positive's as it is), accidental hits and padding
+    masked; for in_batch the negatives at (b, t) are the other sequences' targets at t."""
+    model, params, table = make(negatives=negatives)
+    b = batch(1)
+    b["negatives_logq"] = LOGQ[b["negatives"]]
+    b["targets_logq"] = LOGQ[b["targets"]]
+    h = hidden(model, params, table, b)
+    rows = table.astype(np.float64)
+    losses, hits = [], []
+    for i in range(B):
+        for t in range(L):
+            y = b["targets"][i, t]
+            if y == 0:
+                continue
+            if negatives == "popularity":
+                negs = [n for n in b["negatives"][i] if n != y]
+            else:
+                negs = [b["targets"][c, t] for c in range(B) if c != i and b["targets"][c, t] not in (0, y)]
+            logits = np.array([rows[y] @ h[i, t]] + [rows[n] @ h[i, t] - LOGQ[n] for n in negs])
+            losses.append(_softmax_ce(logits, np.array(0)))
+            hits.append(len(negs) == 0 or logits[0] > logits[1:].max())
+    embs, ids = lookup(model, table, b)
+    if negatives == "in_batch":
+        assert ids.shape == (B, 2 * L)  # no extra ids: the targets are the negatives
+    loss, out = model.loss(params, embs, {k: jnp.asarray(v) for k, v in b.items()})
+    np.testing.assert_allclose(float(loss), np.mean(losses), rtol=1e-4)
+    np.testing.assert_allclose(float(out["top1"]), np.mean(hits), atol=1e-6)
 
 
 def test_dropout_is_seeded_and_only_in_training():

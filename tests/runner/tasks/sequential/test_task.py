@@ -143,3 +143,28 @@ def test_evaluation_matches_per_user_reference(exclude_seen):
             for k, v in want.items():
                 assert got[f"{name}{split}/{k}"] == pytest.approx(v, abs=1e-9), (name, split, k)
     assert task.objective == "valid/ndcg@10" and task.objective in got
+
+
+def test_popularity_negatives_follow_the_training_counts_and_carry_their_log_q():
+    from runner.tasks.sequential.dataset import popularity_scores
+    _, task, _ = build(seq_config("model.negatives=popularity", "model.num_negatives=64"))
+    assert task.model_keys[:4] == ("inputs", "targets", "negatives", "negatives_logq")
+    counts = popularity_scores(task.data).astype(np.float64)
+    q = counts / counts.sum()
+    drawn = np.concatenate([task.batch(s, 64)["negatives"].ravel() for s in range(40)])
+    b = task.batch(0, 64)
+    np.testing.assert_allclose(b["negatives_logq"], np.log(q[b["negatives"]]), rtol=1e-5)
+    assert counts[drawn].min() > 0  # an item with no training count is never drawn
+    freq = np.bincount(drawn, minlength=q.size) / drawn.size
+    assert np.abs(freq - q).max() < 0.01  # 163,840 draws: the empirical shares are q's within noise
+
+
+def test_in_batch_negatives_add_no_ids_and_carry_the_targets_log_q():
+    from runner.tasks.sequential.dataset import popularity_scores
+    _, task, _ = build(seq_config("model.negatives=in_batch"))
+    assert "negatives" not in task.model_keys and "targets_logq" in task.model_keys
+    assert task.tables()["items"][1] == 2 * task.data.max_len
+    counts = popularity_scores(task.data).astype(np.float64)
+    b = task.batch(0, 64)
+    t = b["targets"][b["targets"] != 0]
+    np.testing.assert_allclose(b["targets_logq"][b["targets"] != 0], np.log(counts[t] / counts.sum()), rtol=1e-5)
