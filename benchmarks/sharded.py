@@ -1,9 +1,17 @@
-"""Sharded fused update (issue #3): rows/s of the fused update with the table split over 8 CPU devices, by
-rows and by columns, against the same update on one device, in one process with 8 virtual devices.
+"""Sharded fused update (issues #3, #16): the fused update with the table split over 8 CPU devices, against the
+same update on one device, in one process with 8 virtual devices; and what each layout moves and touches.
 
-One step: dedupe the batch's ids, segment-sum its per-token gradients, apply the optimizer to the touched
-rows and scatter them, with the table and state donated (the lookup is not part of it). rows/s counts the
-unique rows updated per second. The three layouts take turns every round; ratios are round by round.
+One step: given the batch's update record (dedupe done; per-token gradients split over the devices, as the
+train step makes them), segment-sum its per-token gradients, apply the
+optimizer to the touched rows and scatter them, table and state donated (the lookup is not part of it).
+rows/s counts the batch's unique rows updated per second. Variants take turns every round; ratios are round
+by round. Per variant it also reports, per device and step, the bytes each collective moves, read from the
+compiled HLO (``benchmarks/hlo.py``), beside the analytic minimum for the layout, and the rows each shard
+updates (max and mean over shards) with and without the id permutation (``optimizers.routing.permute_ids``).
+
+Variants: ``single`` (one device), ``row-gather`` (every shard sees every id), ``row-a2a`` (ids routed to
+their owner by all-to-all; block split of the raw Zipf ids, so capacity 4x: the first shard owns the
+hot ids), ``row-a2a-perm`` (ids permuted first: capacity 2x, the default, and 1x), ``column``.
 """
 from __future__ import annotations
 
@@ -13,8 +21,17 @@ from . import common
 
 FULL = dict(vocab=1_000_000, width=64, batch=16_384, rounds=10, warmup=2,
             optimizers=("async_rowwise_adagrad", "async_adam"))
-QUICK = dict(vocab=8_192, width=16, batch=512, rounds=2, warmup=1, optimizers=("async_rowwise_adagrad",))
-LAYOUTS = ("single", "row", "column")
+QUICK = dict(vocab=8_192, width=16, batch=512, rounds=2, warmup=2, optimizers=("async_rowwise_adagrad",))
+# name: (layout, routing, capacity, permuted ids)
+VARIANTS = {
+    "single": (None, None, None, False),
+    "single-perm": (None, None, None, True),
+    "row-gather": ("row", "gather", None, False),
+    "row-a2a": ("row", "alltoall", 4.0, False),
+    "row-a2a-perm": ("row", "alltoall", 2.0, True),
+    "row-a2a-perm-c1": ("row", "alltoall", 1.0, True),
+    "column": ("column", None, None, False),
+}
 
 
 def _can_have_8_devices() -> bool:
@@ -27,6 +44,17 @@ def _can_have_8_devices() -> bool:
     return jax.device_count() == 8
 
 
+def minimum_bytes(layout: str | None, width: int, shards: int, unique_device: float, unique_global: float) -> float:
+    """Analytic least bytes a device must put into collectives per step for the layout. Row: each device's
+    distinct ids (int32) and their fp32 gradient rows go to their owners. Column: every shard needs its width
+    slice of every distinct row's gradient (and the ids)."""
+    if layout is None:
+        return 0.0
+    if layout == "row":
+        return unique_device * (4 * width + 4)
+    return unique_global * (4 * width / shards + 4)
+
+
 def child(p: dict) -> dict:
     common.set_cpu_devices(8)
     import jax
@@ -35,50 +63,93 @@ def child(p: dict) -> dict:
     from jax.sharding import Mesh, NamedSharding
 
     import optimizers
+    from optimizers.routing import permute_ids
+
+    from .hlo import collective_bytes
 
     V, D, B = p["vocab"], p["width"], p["batch"]
     mesh = Mesh(np.array(jax.devices()), ("table",))
+    S = mesh.size
     rng = np.random.default_rng(0)
     n = p["rounds"] + p["warmup"]
-    host_ids = [common.zipf_ids(rng, V, B) for _ in range(n)]
+    raw = [common.zipf_ids(rng, V, B) for _ in range(n)]
+    perm = [np.asarray(jax.jit(lambda x: permute_ids(x, V))(x)) for x in raw]
     grads = [rng.normal(size=(B, D)).astype(np.float32) * 0.01 for _ in range(n)]
-    unique = float(np.mean([np.unique(x).size for x in host_ids]))
+    unique = float(np.mean([np.unique(x).size for x in raw]))
+    unique_dev = float(np.mean([np.unique(d).size for x in raw for d in x.reshape(S, -1)]))
+
+    def shard_load(ids_list):  # rows each of the 8 row shards would update per step (block split)
+        per = np.array([np.bincount(np.unique(x) // (V // S), minlength=S)[:S] for x in ids_list])
+        return {"max": float(per.max(1).mean()), "mean": float(per.mean()), "peak_to_device": float(np.mean(
+            [np.bincount(np.unique(d) // (V // S), minlength=S)[:S].max() for x in ids_list for d in x.reshape(S, -1)]))}
+
+    load = {"block": shard_load(raw), "permuted": shard_load(perm)}
     results = []
     for name in p["optimizers"]:
         opt = optimizers.create(name)
-        runs = {}
-        for layout in LAYOUTS:
-            ctx = (optimizers.AsyncEmbContext(V, D, B) if layout == "single" else
-                   optimizers.AsyncEmbContext(V, D, B, mesh=mesh, table_axis="table", layout=layout))
-            if layout == "single":
-                put = lambda x, spec: jax.device_put(x, jax.devices()[0])  # noqa: E731
-            else:
-                put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))  # noqa: E731
-            table = jax.jit(lambda: jnp.zeros((V, D), jnp.float32), out_shardings=None if layout == "single" else
-                            NamedSharding(mesh, ctx.table_spec()))()
+        runs, info = {}, {}
+        for var, (layout, routing, cap, permuted) in VARIANTS.items():
+            kw = {} if layout is None else dict(mesh=mesh, table_axis="table", layout=layout)
+            if routing:
+                kw["routing"] = routing
+            if cap:
+                kw["route_capacity"] = cap
+            ctx = optimizers.AsyncEmbContext(V, D, B, **kw)
+            sh = (lambda spec: None) if layout is None else (lambda spec: NamedSharding(mesh, spec))  # noqa: E731
+            put = ((lambda x, spec: jax.device_put(x, jax.devices()[0])) if layout is None else
+                   (lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))))
+            table = jax.jit(lambda: jnp.zeros((V, D), jnp.float32), out_shardings=sh(ctx.table_spec()))()
             state = opt.init(V, D)
             state = jax.tree.map(put, state, ctx.state_specs(state))
-            updates = [jax.device_put(jax.jit(lambda i, g, c=ctx: optimizers.make_update(c, i, g))(i, g))
-                       for i, g in zip(host_ids, grads)]
+            ids = perm if permuted else raw
+            # As the train step has them: per-token gradients split over the batch; a layout that wants them
+            # elsewhere (replicated rows, width slices) pays for moving them inside the step.
+            P = jax.sharding.PartitionSpec
+            upd_sh = None if layout is None else optimizers.AsyncEmbGradientUpdate(
+                *[NamedSharding(mesh, s) for s in (P(), P("table", None), P("table"), P())])
+            make = jax.jit(lambda i, g, c=ctx: optimizers.make_update(c, i, g), out_shardings=upd_sh)
+            updates = [make(i, g) for i, g in zip(ids, grads)]
 
             def step(table, state, update, ctx=ctx, opt=opt):
                 c = ctx.fresh()
                 keep, table, state = opt.gradient_update_start(c, update, table, state, jnp.zeros(()))
-                return table, state, opt.gradient_update_done(c, keep[0])[0]
+                norm, valid, _ = opt.gradient_update_done(c, keep[0])
+                return table, state, (norm, valid, c.results.get("rows_per_shard"),
+                                      c.results.get("route_overflow", jnp.zeros((), jnp.int32)))
 
-            holder = {"t": table, "s": state, "f": jax.jit(step, donate_argnums=(0, 1)), "u": updates}
+            f = jax.jit(step, donate_argnums=(0, 1))
+            traffic = collective_bytes(f.lower(table, state, updates[0]).compile().as_text())
+            holder = {"t": table, "s": state, "f": f, "u": updates, "out": []}
 
             def run(i, h=holder):
-                h["t"], h["s"], norm = h["f"](h["t"], h["s"], h["u"][i % len(h["u"])])
-                return norm
+                h["t"], h["s"], out = h["f"](h["t"], h["s"], h["u"][i % len(h["u"])])
+                h["out"].append(out)
+                return out[0]
 
-            runs[layout] = run
+            runs[var] = run
+            info[var] = (ctx, traffic, holder)
         times = common.interleaved(runs, p["rounds"], p["warmup"])
-        for layout in LAYOUTS:
-            st = common.stats(times[layout])
-            results.append({"optimizer": name, "layout": layout, "step": st, "rows_per_s": unique / st["median"],
-                            "vs_single": common.paired_ratio(times["single"], times[layout])})
-    return {"results": results, "unique_rows": unique}
+        for var, (layout, routing, cap, permuted) in VARIANTS.items():
+            ctx, traffic, holder = info[var]
+            outs = holder["out"]
+            valid = all(bool(o[1]) for o in outs)
+            overflow = max(int(o[3]) for o in outs)
+            rows = [np.asarray(o[2]) for o in outs if o[2] is not None and np.ndim(o[2]) and np.size(o[2]) > 1]
+            st = common.stats(times[var])
+            base = "single-perm" if permuted else "single"
+            minimum = minimum_bytes(layout, D, S, unique_dev, unique)
+            results.append({
+                "optimizer": name, "variant": var, "layout": layout or "single", "routing": routing,
+                "route_capacity": cap, "permuted": permuted, "step": st, "rows_per_s": unique / st["median"],
+                "vs_single": common.paired_ratio(times[base], times[var]), "valid": valid, "overflow": overflow,
+                "collective_bytes": traffic, "minimum_bytes": minimum,
+                "bytes_vs_minimum": traffic["total"] / minimum if minimum else None,
+                "shard_rows_max": float(np.mean([r.max() for r in rows])) if rows else None,
+                "shard_rows_mean": float(np.mean([r.mean() for r in rows])) if rows else None,
+                "route_slots": ctx.route_slots if ctx.routed else None,
+                "owner_buffer": ctx.owner_unique if ctx.routed else None,
+            })
+    return {"results": results, "unique_rows": unique, "unique_rows_per_device": unique_dev, "load": load}
 
 
 def run(quick: bool, out: Path) -> dict:
@@ -87,23 +158,56 @@ def run(quick: bool, out: Path) -> dict:
     # In this process if JAX has not started here yet (python -m benchmarks.sharded), else in a fresh one.
     res = child(payload) if _can_have_8_devices() else common.run_child("sharded", payload)
     for r in res["results"]:
-        print(f"{r['optimizer']:<22} {r['layout']:<7} {common.spread(r['step'])} ms  {r['rows_per_s']:,.0f} rows/s  "
-              f"x{r['vs_single']['median']:.2f} of 1 device", flush=True)
-    data = {"config": cfg, **res}
-    head = ["optimizer", "layout", "devices", "step ms median (min-max)", "rows/s", "speed vs 1 device (x)"]
-    rows = [[r["optimizer"], r["layout"], 1 if r["layout"] == "single" else 8, common.spread(r["step"]),
-             f"{r['rows_per_s']:,.0f}", common.spread(r["vs_single"], 1, "{:.2f}")] for r in res["results"]]
+        print(f"{r['optimizer']:<22} {r['variant']:<16} {common.spread(r['step'])} ms  {r['rows_per_s']:,.0f} rows/s  "
+              f"x{r['vs_single']['median']:.2f} of 1 device  {r['collective_bytes']['total'] / 1e6:.3g} MB "
+              f"collectives  valid={r['valid']} overflow={r['overflow']}", flush=True)
+    targets = []
+    for r in res["results"]:
+        if r["variant"] == "row-a2a-perm":
+            o = r["optimizer"].replace("async_", "")
+            targets.append(common.target(f"sharded row update, {o}, routed + permuted ids: speed vs 1 device",
+                                         r["vs_single"]["median"], 0.7, "higher"))
+            targets.append(common.target(f"sharded row update, {o}: collective bytes / analytic minimum",
+                                         r["bytes_vs_minimum"], 1.5, "lower"))
+            if r["shard_rows_max"]:
+                targets.append(common.target(f"sharded row update, {o}: rows per shard max / (unique / shards)",
+                                             r["shard_rows_max"] / (res["unique_rows"] / 8), 1.3, "lower"))
+    data = {"config": cfg, **res, "targets": targets}
+    head = ["optimizer", "variant", "step ms median (min-max)", "rows/s", "speed vs 1 device (x)",
+            "collective MB / device / step (kinds)", "x analytic minimum", "rows updated per shard max / mean",
+            "slots per destination", "valid (overflow)"]
+    rows = []
+    for r in res["results"]:
+        b = r["collective_bytes"]
+        kinds = ", ".join(f"{k} {v / 1e6:.3g}" for k, v in b.items() if v and k != "total")
+        rows.append([r["optimizer"], r["variant"], common.spread(r["step"]), f"{r['rows_per_s']:,.0f}",
+                     common.spread(r["vs_single"], 1, "{:.2f}"),
+                     f"{b['total'] / 1e6:.3g} ({kinds})" if b["total"] else "-",
+                     f"{r['bytes_vs_minimum']:.2f}" if r["bytes_vs_minimum"] else "-",
+                     f"{r['shard_rows_max']:,.0f} / {r['shard_rows_mean']:,.0f}" if r["shard_rows_max"] else "-",
+                     r["route_slots"] or "-", f"{r['valid']} ({r['overflow']})"])
+    ld = res["load"]
     body = (f"V = {cfg['vocab']:,} rows, D = {cfg['width']}, B = {cfg['batch']:,} Zipf(1.1) ids per step "
-            f"({res['unique_rows']:,.0f} unique on average); {cfg['rounds']} interleaved rounds after "
-            f"{cfg['warmup']} warm-up steps. The 8 devices are virtual CPU devices on the same cores, so this "
-            f"measures the cost of the sharded kernel (each shard scans every unique id; collectives for the "
-            f"norm and, in the column layout, the row statistics), not a speed-up from more hardware. "
-            f"{common.machine_line()}.\n\n" + common.md_table(head, rows) + "\n\n![sharded](sharded.png)\n")
+            f"({res['unique_rows']:,.0f} unique on average, {res['unique_rows_per_device']:,.0f} per device's "
+            f"{cfg['batch'] // 8:,} tokens); {cfg['rounds']} interleaved rounds after {cfg['warmup']} warm-up "
+            f"steps. The 8 devices are virtual CPU devices on the same cores, so total work close to one "
+            f"device's is what scaling looks like here. `-perm` variants (and their baseline `single-perm`) "
+            f"relabel ids with `optimizers.routing.permute_ids` first. Collective bytes are per device per step, "
+            f"read from the compiled HLO; the analytic minimum is a device's distinct ids x (4 D + 4) bytes "
+            f"(row) or the batch's distinct ids x (4 D / 8 + 4) (column). {common.machine_line()}.\n\n"
+            f"Rows a row shard updates per step (block split, max / mean over the 8 shards): raw Zipf ids "
+            f"{ld['block']['max']:,.0f} / {ld['block']['mean']:,.0f}; permuted {ld['permuted']['max']:,.0f} / "
+            f"{ld['permuted']['mean']:,.0f}. The most distinct ids one device sends one shard: "
+            f"{ld['block']['peak_to_device']:,.0f} raw, {ld['permuted']['peak_to_device']:,.0f} permuted (the "
+            f"even share of a device's {cfg['batch'] // 8:,} tokens is {cfg['batch'] // 64:,}).\n\n"
+            + common.md_table(head, rows) + "\n\n" + common.md_table(
+                ["target", "measured", "wanted", ""], [common.target_row(t) for t in targets])
+            + "\n\n![sharded](sharded.png)\n")
     common.write_result(out, "sharded", "Sharded fused update (8 CPU devices)", body, data)
     opts = list(dict.fromkeys(r["optimizer"] for r in res["results"]))
-    val = {(r["optimizer"], r["layout"]): r["rows_per_s"] for r in res["results"]}
-    common.bar_chart(out / "sharded.png", "Fused update rows/s by layout", [o.replace("async_", "") for o in opts],
-                     {lay: [val[(o, lay)] for o in opts] for lay in LAYOUTS}, "rows/s", log=False)
+    val = {(r["optimizer"], r["variant"]): r["rows_per_s"] for r in res["results"]}
+    common.bar_chart(out / "sharded.png", "Fused update rows/s by variant", [o.replace("async_", "") for o in opts],
+                     {v: [val[(o, v)] for o in opts] for v in VARIANTS}, "rows/s", log=False)
     return data
 
 

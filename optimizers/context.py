@@ -7,12 +7,18 @@ of unique ids) and, when the table is sharded, the mesh, the table axis and the 
 - ``column``: each shard owns ``width // shards`` columns of every row (``P(None, table_axis)``), as the
   seed design does.
 
+In the row layout ids are routed (``routing="alltoall"``, the default; ``optimizers/routing.py``): each
+device dedupes its own tokens' ids, an all-to-all over the table axis sends each shard only the ids it owns
+(at most ``route_slots`` per destination), the owner gathers or updates only those rows. ``"gather"`` is the
+older path: every shard sees every id of its data group.
+
 ``gradient_update_start`` records its results on the context so ``gradient_update_done`` can return them;
 make a fresh context (``ctx.fresh()``) for every traced step.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -20,6 +26,9 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 ROW = "row"
 COLUMN = "column"
+ALLTOALL = "alltoall"
+GATHER = "gather"
+ROUTE_MIN_SLOTS = 64  # per-destination slots never fall below this (small batches route exactly)
 
 
 def num_unique_for(tokens_per_batch: int, vocab: int) -> int:
@@ -35,6 +44,9 @@ class AsyncEmbContext:
     mesh: Mesh | None = None
     table_axis: str | None = None  # mesh axis the table is sharded over; None = replicated
     layout: str = ROW
+    routing: str = ALLTOALL  # row layout: "alltoall" (ids routed to their owners) or "gather"
+    route_capacity: float = 2.0  # per-destination slots, as a multiple of the even share (routing only)
+    route_min_slots: int = ROUTE_MIN_SLOTS
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -58,6 +70,47 @@ class AsyncEmbContext:
     @property
     def shard_rows(self) -> int:
         return self.vocab // self.table_shards if self.layout == ROW else self.vocab
+
+    @property
+    def routed(self) -> bool:
+        """Row layout with ids routed to their owning shard by all-to-all."""
+        return self.sharded and self.layout == ROW and self.routing == ALLTOALL
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """Every mesh axis: the batch (and a routed update's per-token rows) is split over all of them."""
+        return tuple(self.mesh.axis_names) if self.mesh is not None else ()
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens each device holds (the batch split over every mesh axis)."""
+        return self.tokens_per_batch // (self.mesh.size if self.mesh is not None else 1)
+
+    @property
+    def local_unique(self) -> int:
+        """Static size of a device's own unique-id buffer (its tokens' distinct ids plus one padding slot)."""
+        return num_unique_for(self.local_tokens, self.vocab)
+
+    @property
+    def route_slots(self) -> int:
+        """Per-destination capacity C of the id routing for a train batch (``slots_for(local_tokens)``)."""
+        return self.slots_for(self.local_tokens)
+
+    def slots_for(self, tokens: int, exact: bool = False) -> int:
+        """C for a device holding ``tokens`` ids: ``route_capacity`` times the even share of its distinct ids,
+        at least ``route_min_slots``, at most what can ever be needed (its distinct ids, or the rows one shard
+        owns); ``exact``: that most, so nothing can overflow."""
+        most = max(1, min(tokens, self.vocab, self.shard_rows))
+        if exact:
+            return most
+        even = min(tokens, self.vocab) / self.table_shards
+        return max(1, min(most, max(math.ceil(self.route_capacity * even), self.route_min_slots)))
+
+    @property
+    def owner_unique(self) -> int:
+        """Static size of the unique-row buffer an owning shard dedupes received ids into."""
+        senders = self.mesh.size if self.mesh is not None else 1  # every device of every data group
+        return min(senders * self.route_slots, self.shard_rows) + 1
 
     def fresh(self) -> "AsyncEmbContext":
         return dataclasses.replace(self, results={})
@@ -87,7 +140,15 @@ class AsyncEmbContext:
         return jax.tree.map(self.state_leaf_spec, state)
 
     def grads_spec(self) -> P:
-        """The deferred update's per-token gradients: full rows (row layout) or this shard's width slice."""
+        """The deferred update's per-token gradients: full rows split over the batch (routed row layout),
+        full rows (gather row layout) or this shard's width slice (column layout)."""
+        if self.routed:
+            return P(self.batch_axes, None)
         if self.sharded and self.layout == COLUMN:
             return P(None, self.table_axis)
         return P()
+
+    def update_specs(self) -> tuple[P, P, P, P]:
+        """Specs of the update record's fields (unique_tokens, grads, segment_ids, pending)."""
+        seg = P(self.batch_axes) if self.routed else P()
+        return P(), self.grads_spec(), seg, P()

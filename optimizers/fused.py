@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .context import COLUMN, ROW, AsyncEmbContext
+from .context import COLUMN, ROW, AsyncEmbContext, num_unique_for
+from . import routing
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 
 
@@ -199,14 +200,28 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
 
 def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate,
                 table: jax.Array, state: EmbOptState, gate: jax.Array):
-    """Apply ``update`` to the touched rows; returns (table, state, norm, valid, rows_updated_per_shard)."""
+    """Apply ``update`` to the touched rows; returns (table, state, norm, valid, rows_updated_per_shard).
+
+    With routed ids (row layout) it also records ``ctx.results["route_overflow"]``: unique ids, summed over
+    devices, that did not fit their owner's slots; an update with any is refused whole (``valid`` false)."""
     # The gate orders the table writes after the gate's producer (e.g. the lookup that reads the table).
     table, state, gate = lax.optimization_barrier((table, state, jnp.asarray(gate)))
     if not ctx.sharded:
         return _apply_local(opt, ctx, update, table, state, gate, axis=None)
     specs_state = ctx.state_specs(state)
     P = jax.sharding.PartitionSpec
-    upd_specs = AsyncEmbGradientUpdate(P(), ctx.grads_spec(), P(), P())
+    upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs())
+    if ctx.routed:
+        kernel = jax.shard_map(
+            lambda u, t, s, g: _apply_routed(opt, ctx, u, t, s, g),
+            mesh=ctx.mesh,
+            in_specs=(upd_specs, ctx.table_spec(), specs_state, P()),
+            out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis), P()),
+            check_vma=False,
+        )
+        *out, overflow = kernel(update, table, state, jnp.ravel(gate)[0])
+        ctx.results["route_overflow"] = overflow
+        return tuple(out)
     kernel = jax.shard_map(
         lambda u, t, s, g: _apply_local(opt, ctx, u, t, s, g, axis=ctx.table_axis),
         mesh=ctx.mesh,
@@ -249,12 +264,42 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
         local = ids
         owned = ids < ctx.vocab
     g = segment_sum(update.grads, seg, ctx.num_unique)  # [U, width or width/n]
+    return _rule_and_write(opt, ctx, ids, local, owned, g, table, state, gate, axis, update.pending)
+
+
+def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate):
+    """The routed per-device kernel: this device's tokens -> its unique ids (fp32 segment-sum) -> all-to-all
+    to their owners -> the owner sums what every device sent for the same row -> rule on its own rows."""
+    axis = ctx.table_axis
+    ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)  # this device's tokens
+    n = ids.shape[0]  # this device's tokens (ctx.local_tokens for a train batch's record)
+    unique, seg = dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
+    g = segment_sum(update.grads, seg, unique.shape[0])  # [U_local, width]
+    b = routing.bucket(ctx, unique, ctx.slots_for(n))
+    send_g = jnp.where(b.filled[..., None], g.at[b.index].get(mode="fill", fill_value=0), 0)
+    rows_in = routing.gather_over_data(ctx, routing.exchange(ctx, b.send)).reshape(-1)
+    g_in = routing.gather_over_data(ctx, routing.exchange(ctx, send_g)).reshape(-1, g.shape[-1])
+    owner_unique = min(rows_in.shape[0], ctx.shard_rows) + 1  # every sender's slots, or every owned row
+    local, oseg = dedupe(rows_in, ctx.shard_rows, owner_unique, pad_id=None)
+    g_own = segment_sum(g_in, oseg, owner_unique)  # every sender's gradient for each owned row
+    owned = local < ctx.shard_rows
+    gids = jnp.where(owned, local + lax.axis_index(axis) * ctx.shard_rows, ctx.vocab)
+    overflow = lax.psum(b.overflow, ctx.batch_axes)
+    out = _rule_and_write(opt, ctx, gids, local, owned, g_own, table, state, gate, axis,
+                          update.pending & (overflow == 0))
+    return (*out, overflow)
+
+
+def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, state: EmbOptState, gate, axis,
+                    pending):
+    """Norm, gather, rule, gate, scatter for unique rows ``ids`` (global; ``local`` in this shard, valid
+    where ``owned``) with their summed gradients ``g``."""
     row_sq = jnp.sum(g * g, axis=-1)  # one pass over g serves the norm and any rule that needs sum(g**2)
     sq = jnp.sum(row_sq)
     if axis is not None:
         sq = lax.psum(sq, axis)  # each shard summed its own rows (row layout) or columns (column layout)
     norm = jnp.sqrt(sq)
-    valid = jnp.isfinite(norm) & update.pending  # the rule's result is checked too, below
+    valid = jnp.isfinite(norm) & pending  # the rule's result is checked too, below
 
     n_local = table.shape[0]
     local = jnp.where(owned, local, n_local)  # out of range: gathers fill, scatters drop

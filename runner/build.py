@@ -122,7 +122,8 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     mesh = build_mesh(plan)
     B = cfg.trainer.batch_size
     contexts = {n: AsyncEmbContext(s.rows, s.width, B * s.tokens_per_example, mesh=mesh,
-                                   table_axis=plan.table_axis, layout=plan.layout) for n, s in specs.items()}
+                                   table_axis=plan.table_axis, layout=plan.layout, routing=str(cfg.mesh.routing),
+                                   route_capacity=float(cfg.mesh.route_capacity)) for n, s in specs.items()}
     model = task.make_model(specs, cfg.model)
     program = TrainProgram(model, specs, contexts, opts, dense_optimizer(cfg), cfg.async_emb.enabled, mesh,
                            tuple(task.model_keys), detail_interval=int(cfg.trainer.log_interval),

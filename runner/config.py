@@ -42,6 +42,11 @@ class TableLayout(Choice):
     column = "column"  # each table shard owns a slice of every row
 
 
+class Routing(Choice):
+    alltoall = "alltoall"  # row layout: each device's distinct ids go to their owning shard by all-to-all
+    gather = "gather"  # row layout: every shard sees every id of its data group (the older path)
+
+
 class TableDType(Choice):
     float32 = "float32"
     bfloat16 = "bfloat16"  # fp32 optimizer state, stochastic rounding
@@ -97,6 +102,11 @@ class MeshConfig:
     table_axis: Optional[str] = None  # mesh axis the embedding tables are sharded over; None = replicated
     table_layout: TableLayout = TableLayout.row  # row: each shard owns a block of rows; column: a slice of the width
     pad_vocab: bool = True  # row layout: pad table rows up to a multiple of the table shards
+    routing: Routing = Routing.alltoall  # row layout: how ids reach the shard that owns their row
+    route_capacity: float = hparam(
+        2.0, "row layout, alltoall routing: ids one device may send each table shard per step, as a multiple "
+        "of the even share (its tokens / table shards; never below 64 slots); raise it if a run stops on "
+        "emb/route_overflow", low=0.0, high=1024.0, low_open=True)
     cpu_devices: Optional[int] = hparam(None, "virtual CPU devices to create before JAX starts; CPU only",
                                         low=1, high=MAX_CPU_DEVICES)
 

@@ -1,7 +1,10 @@
 """Embedding tables: their specs, initialisation and (sharded) lookup.
 
 Lookups never materialise a full table on any device. With the table sharded over the mesh's table axis:
-- ``row`` layout: ids are all-gathered over the table axis, each shard gathers the rows it owns (zeros
+- ``row`` layout (default, ``routing="alltoall"``): each device dedupes its own ids and an all-to-all sends
+  each shard only the ids it owns; the owner gathers those rows and a second all-to-all returns them
+  (``optimizers/routing.py``);
+- ``row`` layout, ``routing="gather"``: ids are all-gathered over the table axis, each shard gathers the rows it owns (zeros
   elsewhere), and a reduce-scatter returns every device its own tokens' full rows;
 - ``column`` layout: ids are all-gathered over the table axis, each shard gathers its width slice of every
   row, and an all-to-all rebuilds full rows for each device's own tokens.
@@ -16,7 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from optimizers import AsyncEmbContext
+from optimizers import AsyncEmbContext, routing
 from optimizers.context import COLUMN
 from optimizers.fused import compiler_options, hash2d
 
@@ -101,12 +104,30 @@ def lookup(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array) -> jax.Array:
     """Rows for ``ids`` ([B, n] int32, batch split over every mesh axis) -> [B, n, width] float32.
 
     An id outside ``[0, rows)`` reads a row of zeros on every layout (a negative id never wraps around to
-    the end of the table). ``TrainProgram.table_ids`` maps ids outside the logical vocab here first."""
+    the end of the table). ``TrainProgram.table_ids`` maps ids outside the logical vocab here first. Routed
+    ids get room for every id (no capacity: nothing here reports an overflow); the train step uses
+    ``lookup_counted``."""
+    return lookup_counted(ctx, table, ids, exact=True)[0]
+
+
+def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact: bool = False):
+    """``lookup`` and, on the routed path, ``(overflow, peak)``: the distinct ids (summed over devices) the
+    id routing had no slot for (they read zeros, so a step with any must not be trusted:
+    ``emb/route_overflow/<table>``) and the most ids one device sent one shard (the slots this batch
+    needed: ``emb/route_peak/<table>``). Both 0 off the routed path."""
     ids = jnp.where((ids >= 0) & (ids < ctx.vocab), ids, ctx.vocab)  # ctx.vocab: stored rows, out of range
+    none = jnp.zeros((), jnp.int32)
     if not ctx.sharded:
-        return table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32)
+        return table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32), (none, none)
     mesh, axis = ctx.mesh, ctx.table_axis
     batch_axes = tuple(mesh.axis_names)
+    if ctx.routed:
+        def routed(table_shard, ids_local):
+            rows, b = routing.routed_lookup_local(ctx, table_shard, ids_local, exact)
+            return rows, (lax.psum(b.overflow, batch_axes), lax.pmax(b.peak, batch_axes))
+
+        return jax.shard_map(routed, mesh=mesh, in_specs=(ctx.table_spec(), P(batch_axes, None)),
+                             out_specs=(P(batch_axes, None, None), (P(), P())), check_vma=False)(table, ids)
 
     def local(table_shard, ids_local):
         group_ids = lax.all_gather(ids_local, axis, axis=0, tiled=True)  # this data group's ids
@@ -119,4 +140,4 @@ def lookup(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array) -> jax.Array:
         return lax.psum_scatter(rows.astype(jnp.float32), axis, scatter_dimension=0, tiled=True)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(ctx.table_spec(), P(batch_axes, None)),
-                         out_specs=P(batch_axes, None, None), check_vma=False)(table, ids)
+                         out_specs=P(batch_axes, None, None), check_vma=False)(table, ids), (none, none)

@@ -187,6 +187,22 @@ SKIP_CAUSES = ("Likely causes: a learning rate too high for this table (optimize
                "and dense/grad_norm; lower dense_optimizer.learning_rate)")
 
 
+ROUTE_KEYS = ("emb/route_overflow/", "emb/route_peak/")
+
+
+def route_overflow_message(program: TrainProgram, name: str, overflow: int, peak: int, where: str) -> str:
+    """Why a run stopped on ids the row layout's all-to-all routing had no room for, and what to raise."""
+    ctx = program.contexts[name]
+    slots, even = ctx.route_slots, min(ctx.local_tokens, ctx.vocab) / ctx.table_shards
+    fits = (f" One device had {peak} distinct ids for one shard: mesh.route_capacity={peak / even:.2f} or more "
+            f"fits that batch." if peak > slots else "")
+    return (f"training stopped at {where}: table '{name}': {overflow} distinct ids of the batch (summed over "
+            f"devices) had no slot at their owning table shard: mesh.route_capacity={ctx.route_capacity:g} gives "
+            f"{slots} slots per device and shard (the even share is {even:.0f} ids). None was dropped silently: "
+            f"they read zeros, and an embedding update holding them is refused whole.{fits} Raise "
+            f"mesh.route_capacity (hot ids crowd one shard; see emb/route_peak/{name}), or set mesh.routing=gather.")
+
+
 def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any], step: int,
                  checkpoints: Any = None, what: str | None = None) -> None:
     """Raise a TrainingError when a table's last ``trainer.max_skipped_updates`` updates were all refused,
@@ -195,11 +211,16 @@ def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any]
     max_skips = int(getattr(trainer, "max_skipped_updates", 0) or 0)
     strict = bool(getattr(trainer, "strict_ids", False))
     keys = [k for k in metrics if (strict and k.startswith("emb/dropped_id"))
-            or (max_skips > 0 and k.startswith("emb/consecutive_skips/"))]
+            or (max_skips > 0 and k.startswith("emb/consecutive_skips/")) or k.startswith(ROUTE_KEYS)]
     if not keys:
         return
     got = distributed.fetch({k: metrics[k] for k in keys})
     where = what or f"step {step}"
+    for name in sorted(program.tables):
+        overflow = int(got.get(f"emb/route_overflow/{name}", 0))
+        if overflow:
+            raise TrainingError(route_overflow_message(program, name, overflow, int(got.get(
+                f"emb/route_peak/{name}", 0)), where))
     for name in sorted(program.tables):
         count = int(got.get(f"emb/dropped_ids/{name}", 0))
         if strict and count:

@@ -28,7 +28,7 @@ from optimizers.fused import compiler_options, dedupe
 
 from . import mesh as mesh_lib
 from .dense import DenseOptimizer
-from .embeddings import TableSpec, lookup, table_values
+from .embeddings import TableSpec, lookup, lookup_counted, table_values
 from .state import SkipCounts, TrainState
 
 
@@ -73,9 +73,8 @@ class TrainProgram:
             opt_state=jax.tree.map(lambda _: rep, state.opt_state),
             tables={n: NamedSharding(self.mesh, ctxs[n].table_spec()) for n in state.tables},
             emb_states={n: mesh_lib.named(self.mesh, ctxs[n].state_specs(s)) for n, s in state.emb_states.items()},
-            pending={n: mesh_lib.named(self.mesh, AsyncEmbGradientUpdate(
-                jax.sharding.PartitionSpec(), ctxs[n].grads_spec(), jax.sharding.PartitionSpec(),
-                jax.sharding.PartitionSpec())) for n in state.pending},
+            pending={n: mesh_lib.named(self.mesh, AsyncEmbGradientUpdate(*ctxs[n].update_specs()))
+                     for n in state.pending},
             rng=rep,
             skips=jax.tree.map(lambda _: rep, state.skips),
         )
@@ -134,7 +133,8 @@ class TrainProgram:
         raw_ids = self.model.table_ids(batch)
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
         dedup = {n: dedupe(ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids}
-        embs = {n: lookup(ctxs[n], state.tables[n], ids[n]) for n in ids}
+        looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n]) for n in ids}
+        embs = {n: e for n, (e, _) in looked.items()}
         tables, emb_states = dict(state.tables), dict(state.emb_states)
         applied: dict[str, tuple] = {}
         metrics: dict[str, jax.Array] = {}
@@ -185,6 +185,10 @@ class TrainProgram:
         if self.async_emb:
             stale = sum(metrics[f"emb/stale_rows/{n}"] for n in state.pending)
             metrics["emb/stale_rows"] = jnp.where(detail, stale, -1)
+        for n, (_, (overflow, peak)) in looked.items():  # routed ids with no slot at their owner
+            if ctxs[n].routed:
+                metrics[f"emb/route_overflow/{n}"] = overflow + ctxs[n].results.get("route_overflow", 0)
+                metrics[f"emb/route_peak/{n}"] = peak
         for n, bad in bad_ids.items():  # ids outside [0, vocab): they read zeros and update nothing
             metrics[f"emb/dropped_ids/{n}"] = jnp.sum(bad).astype(jnp.int32)
             # One of them (the first in batch order), so trainer.strict_ids can name it; not logged.
@@ -215,8 +219,9 @@ class TrainProgram:
         if not state.pending:
             return state, skip_metrics(state.skips)
         tables, emb_states, pending, applied = dict(state.tables), dict(state.emb_states), {}, {}
+        ctxs = {n: c.fresh() for n, c in self.contexts.items()}
         for n, upd in state.pending.items():
-            ctx = self.contexts[n].fresh()
+            ctx = ctxs[n]
             tables[n], emb_states[n], *applied[n] = self._apply(n, ctx, upd, tables[n], emb_states[n], jnp.zeros(()))
             pending[n] = upd._replace(pending=jnp.zeros((), bool))
         skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
@@ -225,6 +230,8 @@ class TrainProgram:
         metrics = {"emb/flush_grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
                    "emb/flush_valid": jnp.all(jnp.stack([a[1] for a in applied.values()]))}
         for n, (norm, valid, _) in applied.items():
+            if "route_overflow" in ctxs[n].results:
+                metrics[f"emb/route_overflow/{n}"] = ctxs[n].results["route_overflow"]
             metrics[f"emb/flush_grad_norm/{n}"] = norm
             metrics[f"emb/flush_valid/{n}"] = valid
         metrics.update(skip_metrics(skips))

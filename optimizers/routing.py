@@ -1,0 +1,122 @@
+"""Id routing for the row layout: each table shard sees only the ids it owns.
+
+Inside ``jax.shard_map`` (batch split over every mesh axis), a device
+
+1. dedupes its own tokens' ids (static size ``ctx.local_unique``, sorted);
+2. buckets them by owning shard (``owner = id // shard_rows``; sorted ids make each bucket a contiguous
+   run) into ``[shards, C]`` slots, ``C = ctx.route_slots``; ids that do not fit are counted (overflow),
+   never silently dropped: the lookup reports them and the update refuses itself;
+3. ``all_to_all`` over the table axis sends every shard the ids it owns (as local row numbers);
+
+the owner gathers those rows (lookup) or segment-sums the gradients it received and updates only its own
+rows (``optimizers.fused``); a second ``all_to_all`` brings looked-up rows back, and each device expands
+its unique rows to its tokens. Work and traffic per device grow with its own distinct ids, not with the
+data group's batch.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .context import AsyncEmbContext
+
+
+class Buckets(NamedTuple):
+    send: jax.Array  # int32 [shards, C]: local row numbers at each owner; shard_rows (out of range) = empty
+    index: jax.Array  # int32 [shards, C]: position in the unique-id buffer each slot holds
+    filled: jax.Array  # bool [shards, C]
+    slot: jax.Array  # int32 [U]: each unique id's flat slot (shards * C when it has none)
+    overflow: jax.Array  # int32: valid unique ids that did not fit their owner's slots
+    peak: jax.Array  # int32: the most ids bound for one shard (the capacity this batch needed)
+
+
+def bucket(ctx: AsyncEmbContext, unique: jax.Array, slots: int | None = None) -> Buckets:
+    """Bucket sorted unique ids (padded with ``ctx.vocab``) by owning row shard, ``slots`` (default
+    ``ctx.route_slots``) per shard."""
+    shards, rows = ctx.table_shards, ctx.shard_rows
+    slots = ctx.route_slots if slots is None else slots
+    bounds = jnp.arange(shards + 1, dtype=jnp.int32) * rows
+    starts = jnp.searchsorted(unique, bounds, side="left").astype(jnp.int32)  # [shards + 1]
+    counts = starts[1:] - starts[:-1]
+    overflow = jnp.sum(jnp.maximum(counts - slots, 0)).astype(jnp.int32)
+    j = jnp.arange(slots, dtype=jnp.int32)
+    index = starts[:-1, None] + j[None, :]
+    filled = j[None, :] < counts[:, None]
+    send = jnp.where(filled, unique.at[index].get(mode="fill", fill_value=ctx.vocab) - bounds[:-1, None], rows)
+    owner = jnp.minimum(unique // rows, shards)
+    pos = jnp.arange(unique.shape[0], dtype=jnp.int32) - starts[jnp.minimum(owner, shards - 1)]
+    slot = jnp.where((owner < shards) & (pos < slots), owner * slots + pos, shards * slots)
+    return Buckets(send, index, filled, slot, overflow, jnp.max(counts).astype(jnp.int32))
+
+
+def exchange(ctx: AsyncEmbContext, x: jax.Array) -> jax.Array:
+    """``[shards, C, ...]`` -> ``[shards, C, ...]``: slot block k goes to table shard k; block k of the
+    result came from table shard k (all-to-all over the table axis)."""
+    return lax.all_to_all(x, ctx.table_axis, split_axis=0, concat_axis=0, tiled=True)
+
+
+def data_axes(ctx: AsyncEmbContext) -> tuple[str, ...]:
+    """The mesh axes besides the table axis that hold more than one device."""
+    return tuple(a for a in ctx.batch_axes if a != ctx.table_axis and ctx.mesh.shape[a] > 1)
+
+
+def gather_over_data(ctx: AsyncEmbContext, x: jax.Array) -> jax.Array:
+    """An owner's received slots from every data group (the table is replicated over the data axes)."""
+    axes = data_axes(ctx)
+    return lax.all_gather(x, axes, axis=0, tiled=True) if axes else x
+
+
+def token_ids(ctx: AsyncEmbContext, unique: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """Per-token ids from an update record's (unique ids, segment ids); padding tokens get ``ctx.vocab``."""
+    return jnp.where(segment_ids < 0, ctx.vocab, unique.at[jnp.maximum(segment_ids, 0)].get(
+        mode="fill", fill_value=ctx.vocab))
+
+
+def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, exact: bool = False):
+    """Per-device body of the routed lookup: ids [...] -> (rows [..., width] float32, ``Buckets``). Sizes
+    follow ``ids`` (an evaluation batch may differ from the train batch); ``exact``: room for every id."""
+    from .fused import dedupe  # noqa: PLC0415 - fused imports this module
+    from .context import num_unique_for  # noqa: PLC0415
+
+    flat = ids.reshape(-1)
+    unique, seg = dedupe(flat, ctx.vocab, num_unique_for(flat.shape[0], ctx.vocab), pad_id=None)  # bad ids: -1
+    b = bucket(ctx, unique, ctx.slots_for(flat.shape[0], exact))
+    wanted = exchange(ctx, b.send)  # [shards, C]: rows other devices want from me
+    rows = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)
+    got = exchange(ctx, rows).reshape(-1, table_shard.shape[1])  # [shards * C, width]: my ids' rows
+    urows = got.at[b.slot].get(mode="fill", fill_value=0)  # [U, width]; no slot -> zeros (overflow)
+    out = jnp.where((seg >= 0)[:, None], urows.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=0), 0)
+    return out.reshape(*ids.shape, table_shard.shape[1]), b
+
+
+_MUL = (0x9E3779B1, 0x85EBCA77)  # odd multipliers (bijections modulo any power of two)
+
+
+def permute_ids(ids: jax.Array, vocab: int) -> jax.Array:
+    """A fixed bijection of the ids ``[1, vocab)`` onto themselves (0, the padding id, and ids outside stay).
+
+    Zipf-distributed ids put the hottest rows (the smallest ids) in the first row shard; after this
+    relabelling, neighbouring ids land far apart, so every shard owns about as many hot rows. It is a
+    multiply-xorshift permutation of ``[0, 2**b)`` (``2**b >= vocab - 1``), cycle-walked until it falls back
+    into ``[0, vocab - 1)`` (about two rounds), so the table keeps its size and no row is shared.
+    """
+    n = vocab - 1
+    ids = jnp.asarray(ids).astype(jnp.int32)
+    if n <= 2:
+        return ids
+    bits = (n - 1).bit_length()
+    mask, shift = jnp.uint32((1 << bits) - 1), max(1, bits // 2)
+
+    def mix(x):
+        for m in _MUL:
+            x = (x * jnp.uint32(m)) & mask
+            x = x ^ (x >> shift)
+        return x
+
+    inside = (ids >= 1) & (ids < vocab)
+    y = mix(jnp.where(inside, ids - 1, 0).astype(jnp.uint32))
+    y = lax.while_loop(lambda y: jnp.any(y >= n), lambda y: jnp.where(y >= n, mix(y), y), y)
+    return jnp.where(inside, y.astype(jnp.int32) + 1, ids)

@@ -1,0 +1,105 @@
+"""Id routing (row layout): bucketing by owner against numpy, and capacity overflow counted and refused.
+
+Equality of the routed update with one device is in ``test_sharded.py`` (the row layout routes by default).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+import optimizers
+from optimizers import context, routing
+from runner.core.embeddings import lookup_counted
+from tests.optimizers.test_contract import fused_step
+
+VOCAB, WIDTH = 32, 8
+
+
+def table_mesh():
+    return Mesh(np.array(jax.devices()), ("table",))
+
+
+def test_bucket_puts_each_id_in_its_owners_slots():
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, 8 * 16, mesh=table_mesh(), table_axis="table",
+                                     route_capacity=1.0, route_min_slots=1)
+    assert (ctx.table_shards, ctx.shard_rows, ctx.local_unique, ctx.route_slots) == (8, 4, 17, 2)
+    unique = np.array(sorted({0, 1, 2, 5, 9, 10, 11, 31}) + [VOCAB] * 9, np.int32)
+    b = jax.jit(lambda u: routing.bucket(ctx, u))(unique)
+    # owner 0 holds rows 0..3: ids 0, 1 fit, 2 overflows; owner 1: 5; owner 2: 9, 10 fit, 11 overflows; owner 7: 31
+    want = np.full((8, 2), 4)
+    want[0], want[1, 0], want[2], want[7, 0] = [0, 1], 1, [1, 2], 3
+    np.testing.assert_array_equal(np.asarray(b.send), want)
+    assert int(b.overflow) == 2 and int(b.peak) == 3
+    slot = np.asarray(b.slot)
+    assert list(slot[:8]) == [0, 1, 16, 2, 4, 5, 16, 14] and (slot[8:] == 16).all()
+
+
+def skewed(tokens):
+    """Every device's tokens hold ids 1, 2, 3: all owned by shard 0 of 8."""
+    ids = np.tile(np.array([1, 2, 3], np.int32), tokens // 3)
+    grads = np.ones((tokens, WIDTH), np.float32)
+    return ids, grads
+
+
+def test_overflow_is_counted_and_the_update_refused():
+    mesh = table_mesh()
+    tokens = 24  # 3 per device
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", layout=context.ROW,
+                                     route_capacity=1.0, route_min_slots=1)
+    assert ctx.routed and ctx.route_slots == 1
+    opt = optimizers.create("async_sgd", learning_rate=0.1)
+    ids, grads = skewed(tokens)
+    update = jax.jit(lambda i, g: optimizers.make_update(ctx, i, g))(ids, grads)
+    table0 = np.random.default_rng(0).normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    table = jax.device_put(table0, NamedSharding(mesh, ctx.table_spec()))
+    state = opt.init(VOCAB, WIDTH)
+
+    def step(table, state, update):
+        c = ctx.fresh()
+        keep, table, state = opt.gradient_update_start(c, update, table, state, jnp.zeros(()))
+        return table, state, opt.gradient_update_done(c, keep[0])[1], c.results["route_overflow"]
+
+    table, state, valid, overflow = jax.jit(step)(table, state, update)
+    assert int(overflow) == 8 * 2 and not bool(valid)  # 2 of 3 ids per device had no slot: nothing written
+    np.testing.assert_array_equal(np.asarray(table), table0)
+
+    rows, (overflow, peak) = jax.jit(lambda t, i: lookup_counted(ctx, t, i))(table, ids.reshape(8, 3))
+    assert (int(overflow), int(peak)) == (16, 3)
+    assert np.count_nonzero(np.asarray(rows).any(axis=-1)) == 8  # only the routed id of each device was read
+
+    roomy = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", route_capacity=8.0,
+                                       route_min_slots=1)
+    assert roomy.route_slots == 3
+    step_ok = fused_step(opt, roomy)
+    _, _, _, valid = step_ok(jax.device_put(table0, NamedSharding(mesh, roomy.table_spec())), state, update)
+    assert bool(valid)
+
+
+def test_permute_ids_is_a_bijection_that_spreads_hot_ids():
+    for vocab in (3, 5, 32, 501, 4096, 4097):
+        x = np.arange(-2, vocab + 2, dtype=np.int32)
+        y = np.asarray(jax.jit(lambda a, v=vocab: routing.permute_ids(a, v))(x))
+        inside = (x >= 1) & (x < vocab)
+        np.testing.assert_array_equal(y[~inside], x[~inside])  # padding 0 and out-of-range ids stay
+        np.testing.assert_array_equal(np.sort(y[inside]), np.arange(1, vocab))
+    vocab, shards = 4096, 8
+    hot = np.asarray(routing.permute_ids(np.arange(1, 257, dtype=np.int32), vocab))
+    per_shard = np.bincount(hot // (vocab // shards), minlength=shards)
+    assert per_shard.max() <= 1.5 * 256 / shards  # the 256 hottest ids: about even, not all on shard 0
+
+
+def test_lookup_of_a_larger_batch_than_the_train_batch_reads_every_row():
+    """Evaluation batches may be bigger than the train batch the context was sized for: the lookup sizes its
+    buffers from the ids it gets and, without a capacity (``lookup``), reads every row."""
+    from runner.core.embeddings import lookup
+
+    mesh = table_mesh()
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, 24, mesh=mesh, table_axis="table", route_min_slots=1)
+    table0 = np.arange(VOCAB * WIDTH, dtype=np.float32).reshape(VOCAB, WIDTH)
+    table = jax.device_put(table0, NamedSharding(mesh, ctx.table_spec()))
+    ids = np.random.default_rng(3).integers(-2, VOCAB + 2, size=(8, 40)).astype(np.int32)  # 40 per device
+    got = np.asarray(jax.jit(lambda t, i: lookup(ctx, t, i))(table, ids))
+    want = np.where(((ids >= 0) & (ids < VOCAB))[..., None], table0[np.clip(ids, 0, VOCAB - 1)], 0)
+    np.testing.assert_array_equal(got, want)
