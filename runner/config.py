@@ -77,6 +77,11 @@ class ProgressMode(Choice):
     off = "off"  # nothing between the start-up lines and the summary (metrics.jsonl has every row)
 
 
+class TrainWindows(Choice):
+    last = "last"  # one example per user: the window ending at its prefix's end (SASRec)
+    all = "all"  # every training target: each prefix cut into consecutive windows of max_len targets
+
+
 class Loss(Choice):
     sampled_softmax = "sampled_softmax"
     full_softmax = "full_softmax"
@@ -166,6 +171,7 @@ class MovieLensDataConfig:
     min_interactions: int = hparam(3, "users with fewer are dropped; each needs a test target, a validation "
                                    "target and a training item", low=3)
     random_crop: bool = False  # train on a random prefix end instead of the whole training prefix
+    train_windows: TrainWindows = TrainWindows.last  # last: one window per user; all: every training target
     exclude_seen: bool = False  # rank only items not already in the user's history (the protocol: false)
     ks: List[int] = field(default_factory=lambda: [10])  # HR@k and NDCG@k cutoffs (MRR has none)
 

@@ -146,7 +146,7 @@ class SequenceDataset:
         return np.where(valid, self.items[flat], 0).astype(np.int32), valid
 
     def train_batch(self, step: int, batch_size: int, seed: int = 0, *, random_crop: bool = False,
-                    num_negatives: int = 0) -> dict:
+                    num_negatives: int = 0, windows: str = "last") -> dict:
         """One training batch, a pure function of (seed, step).
 
         Users are drawn uniformly with replacement among users whose training prefix has >= 2
@@ -154,6 +154,12 @@ class SequenceDataset:
         SASRec; default) or, with ``random_crop``, at ``end`` uniform in [2, P]; then
         ``inputs = s[:end-1][-max_len:]`` and ``targets = s[1:end][-max_len:]``, both left-padded
         with 0 (targets are 0 exactly where inputs are padding).
+
+        With ``windows="all"`` the examples are windows, not users: each training prefix is cut from its end
+        into consecutive windows of ``max_len`` targets (ends at P, P - max_len, ...; the first may be
+        shorter), and a batch draws windows uniformly, so every training target is trained on equally often
+        (``"last"``: only the last ``max_len`` targets of each user's prefix ever are). ``random_crop`` applies
+        to ``"last"`` only.
 
         Returns ``user`` int32 [B] (dense), ``inputs`` / ``targets`` int32 [B, max_len], and with
         ``num_negatives > 0`` ``negatives`` int32 [B, max_len, num_negatives]: items uniform in
@@ -163,9 +169,14 @@ class SequenceDataset:
         if eligible.size == 0:
             raise DataError(f"{self.source}: no user has a training prefix of >= 2 items")
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(step)]))
-        users = eligible[rng.integers(0, eligible.size, size=batch_size)]
-        prefix = self.train_lengths[users]
-        end = rng.integers(2, prefix + 1) if random_crop else prefix
+        if windows == "all":
+            w_users, w_ends = self.train_windows()
+            pick = rng.integers(0, w_users.size, size=batch_size)
+            users, end = w_users[pick], w_ends[pick]
+        else:
+            users = eligible[rng.integers(0, eligible.size, size=batch_size)]
+            prefix = self.train_lengths[users]
+            end = rng.integers(2, prefix + 1) if random_crop else prefix
         inputs, valid = self._window(users, end - 1, 0)
         targets, _ = self._window(users, end - 1, 1)
         out = {"user": users.astype(np.int32), "inputs": inputs, "targets": targets}
@@ -173,6 +184,21 @@ class SequenceDataset:
             neg = rng.integers(1, self.num_items + 1, size=(batch_size, self.max_len, num_negatives))
             out["negatives"] = np.where(valid[:, :, None], neg, 0).astype(np.int32)
         return out
+
+    def train_windows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(user, end) of every training window: each prefix of length P >= 2 cut from its end into windows of
+        ``max_len`` targets, ending at P, P - max_len, ... while an end leaves >= 2 items (input and target).
+        Every target of every prefix is in exactly one window."""
+        cache = self.__dict__.get("_train_windows_cache")
+        if cache is None:
+            users = self._train_users
+            P = self.train_lengths[users].astype(np.int64)
+            count = -(-(P - 1) // self.max_len)  # targets P-1, max_len of them per window
+            w_users = np.repeat(users, count)
+            k = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)  # window index per user
+            cache = (w_users, np.repeat(P, count) - k * self.max_len)
+            object.__setattr__(self, "_train_windows_cache", cache)
+        return cache
 
     @property
     def _train_users(self) -> np.ndarray:

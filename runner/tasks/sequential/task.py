@@ -50,6 +50,9 @@ def check(cfg: DictConfig) -> None:
                       f"validation target and one training item)")
     if not d.ks or min(d.ks) < 1:
         errors.append(f"data.ks={list(d.ks)} must list positive cutoffs, e.g. [10]")
+    if d.get("random_crop") and str(d.get("train_windows", "last")) == "all":
+        errors.append("data.random_crop=true crops the one window per user of data.train_windows=last; with "
+                      "data.train_windows=all every target is trained on already: set one of them back")
     if m.loss == "sampled_softmax" and m.num_negatives < 1:
         errors.append(f"model.num_negatives={m.num_negatives} must be >= 1 with sampled_softmax")
     if m.num_blocks < 0 or m.ffn_mult < 1:
@@ -105,6 +108,7 @@ class SequentialTask:
     model_keys: tuple[str, ...]
     objective: str = "valid/ndcg@10"
     negatives: str = "uniform"  # full (full_softmax) | uniform | popularity | in_batch
+    windows: str = "last"  # data.train_windows: last (one window per user) | all (every training target)
     selects_on_validation = True  # trainer.select_best=null: keep the best state by valid/..., report its test/...
     _baselines: dict | None = None
     _sampling: tuple | None = None
@@ -121,13 +125,17 @@ class SequentialTask:
         keys = ("inputs", "targets") + extra + (("seed",) if m.dropout > 0 else ())
         return cls(data, world, cfg.trainer.seed, 0 if negatives in ("full", "in_batch") else m.num_negatives,
                    -(-data.num_items // cfg.trainer.batch_size) if full else 0, d.random_crop, d.exclude_seen,
-                   tuple(d.ks), keys, objective=f"valid/ndcg@{d.ks[0]}", negatives=negatives)
+                   tuple(d.ks), keys, objective=f"valid/ndcg@{d.ks[0]}", negatives=negatives,
+                   windows=str(d.get("train_windows", "last")))
 
     # ----- what the trainer needs --------------------------------------------------------------------
     @property
     def num_train_examples(self) -> int:
-        """What one epoch passes over (``trainer.epochs``, runner/budget.py): the users a training batch draws
-        from, those whose training prefix has >= 2 items (an input and a target)."""
+        """What one epoch passes over (``trainer.epochs``, runner/budget.py): what a training batch draws from,
+        the users whose training prefix has >= 2 items (an input and a target), or with
+        ``data.train_windows=all`` their windows."""
+        if self.windows == "all":
+            return int(self.data.train_windows()[0].size)
         return int(np.count_nonzero(self.data.train_lengths >= 2))
 
     def num_eval_batches(self, batch_size: int) -> int:
@@ -153,7 +161,7 @@ class SequentialTask:
 
     def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
         """Rows [shard*B/n, (shard+1)*B/n) of the global batch of ``step``: a pure function of (seed, step)."""
-        b = self.data.train_batch(step, batch_size, self.seed, random_crop=self.random_crop)
+        b = self.data.train_batch(step, batch_size, self.seed, random_crop=self.random_crop, windows=self.windows)
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, step, 0x5E9]))
         shape = (batch_size, max(self.num_negatives, 1))
         if self.negatives == "popularity":  # ids ~ training-prefix counts, by inverting the CDF

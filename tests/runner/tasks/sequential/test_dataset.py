@@ -156,3 +156,30 @@ def test_cold_targets_are_targets_never_in_a_training_prefix():
     assert got["data/cold_items"] == len({s[-2] for s, c in zip(seqs, want_v) if c}
                                          | {s[-1] for s, c in zip(seqs, want_t) if c})
     assert sum(want_v) + sum(want_t) > 0
+
+
+def test_all_windows_cover_every_training_target_once():
+    """``train_windows="all"``: the windows' targets are every training target exactly once, and a batch's
+    rows are those windows (inputs and targets shifted by one)."""
+    rng = np.random.default_rng(0)
+    lengths = [3, 4, 7, 12, 13, 30]  # prefixes 1 (no window), 2, 5, 10, 11, 28 with max_len 5
+    user = np.repeat(np.arange(len(lengths)), lengths)
+    inter = Interactions(user=user, item=rng.integers(1, 40, user.size), timestamp=np.arange(user.size), rating=None,
+                         source="t", fmt="test")
+    data = SequenceDataset.from_interactions(inter, max_len=5)
+    users, ends = data.train_windows()
+    covered = {}
+    for u, end in zip(users, ends):
+        seq = data.train_sequence(u)
+        for pos in range(max(1, end - 5), end):  # targets seq[pos] of the window ending at `end`
+            covered[(u, pos)] = covered.get((u, pos), 0) + 1
+    want = {(u, p) for u in range(data.num_users) for p in range(1, data.train_lengths[u]) if data.train_lengths[u] >= 2}
+    assert set(covered) == want and set(covered.values()) == {1}
+    assert list(np.bincount(users, minlength=data.num_users)) == [0, 1, 1, 2, 2, 6]
+
+    b = data.train_batch(3, 64, seed=1, windows="all")
+    for u, inp, tgt in zip(b["user"], b["inputs"], b["targets"]):
+        seq = data.train_sequence(u)
+        n = np.count_nonzero(tgt)
+        k = next(e for uu, e in zip(users, ends) if uu == u and np.array_equal(seq[e - n:e], tgt[-n:]))
+        np.testing.assert_array_equal(inp[-n:], seq[k - n - 1:k - 1])

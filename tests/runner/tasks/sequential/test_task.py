@@ -78,6 +78,8 @@ def test_batches_are_deterministic_and_shard_the_global_batch():
     (None, ["data.min_length=2"], "data.min_length=2 is outside [3, 65536]"),
     (None, ["data.min_length=9", "data.max_length=8"], "data.min_length=9, max_length=8: need 3 <= min_length"),
     (None, ["+model.tables.items.vocab=100"], "model.tables must only configure 'items', without a vocab"),
+    (None, ["data.random_crop=true", "data.train_windows=all"], "data.random_crop=true crops the one window per "
+                                                                "user of data.train_windows=last"),
 ])
 def test_config_errors_name_the_value_and_the_fix(data, overrides, needle):
     with pytest.raises(PreflightError) as e:
@@ -168,3 +170,13 @@ def test_in_batch_negatives_add_no_ids_and_carry_the_targets_log_q():
     b = task.batch(0, 64)
     t = b["targets"][b["targets"] != 0]
     np.testing.assert_allclose(b["targets_logq"][b["targets"] != 0], np.log(counts[t] / counts.sum()), rtol=1e-5)
+
+
+def test_all_windows_make_an_epoch_of_every_training_target():
+    _, last, _ = build(seq_config("data.max_len=8"))
+    _, every, _ = build(seq_config("data.max_len=8", "data.train_windows=all"))
+    users, ends = every.data.train_windows()
+    assert every.num_train_examples == users.size > last.num_train_examples
+    assert users.size == sum(-(-(p - 1) // 8) for p in every.data.train_lengths if p >= 2)
+    b = every.batch(0, 64)
+    assert b["inputs"].shape == (64, 8) and (b["targets"] > 0).any(axis=1).all()
