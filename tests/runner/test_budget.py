@@ -66,7 +66,7 @@ def test_model_sequential_brings_an_epoch_budget_and_the_command_line_wins():
 
     # The ranking model keeps its budget in steps; an experiment's trainer.steps wins over the model's epochs.
     assert compose_config(tiny=False).trainer.steps == 2000
-    assert compose_config(["experiment=ml100k_sasrec"], tiny=False).trainer.steps == 500
+    assert compose_config(["experiment=ml100k_sasrec"], tiny=False).trainer.steps == 600
 
 
 def test_steps_and_epochs_together_are_refused():
