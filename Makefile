@@ -21,11 +21,11 @@ run: install
 
 ## The whole suite, slow tests included (what CI runs).
 test: install
-	$(PY) -m pytest -n 2 --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 ## Everything but the slow (subprocess, sweep) tests.
 test-fast: install
-	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
 ## The benchmark suite (writes benchmarks/results/).
 bench: install

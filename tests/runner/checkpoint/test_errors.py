@@ -29,6 +29,8 @@ from tests.runner.checkpoint.test_resume import BASE, launch, saved_arrays, step
 RUN = ["trainer.steps=4", "trainer.run_id=bad-input"]
 
 
+# The tests on this module's saved run (one launch) run in make test; make test-fast keeps the refusals
+# that need no checkpoint.
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
     """One finished async run with checkpoints at steps 2 and 4 (its final state)."""
@@ -54,6 +56,7 @@ def open_with(ckpt_dir: Path, overrides=(), out: Path | None = None):
     ("async_emb=off", r"async_emb.enabled: the checkpoint has True, this config has False"),
     ("model.hidden=[32]", r"array .*params.* shape: the checkpoint has \(\d+, 16\), this config has \(\d+, 32\)"),
 ], ids=["vocab", "width", "optimizer", "async_emb", "hidden"])
+@pytest.mark.slow
 def test_incompatible_config_is_refused_by_name(saved, override, message):
     with pytest.raises(PreflightError, match=message) as e:
         open_with(saved, [override])
@@ -91,6 +94,7 @@ ORBAX_ABANDONED_READS = pytest.mark.filterwarnings("error::pytest.PytestUnraisab
 @ORBAX_ABANDONED_READS
 @pytest.mark.parametrize("corrupt", [_truncate, _flip, _garble_meta, _drop_meta],
                          ids=["truncated", "flipped", "meta", "meta-missing"])
+@pytest.mark.slow
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, saved, caplog, corrupt):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
@@ -110,6 +114,7 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, saved, ca
     np.testing.assert_array_equal(np.asarray(state.pending["items"].grads), want["['pending']['items']['grads']"])
 
 
+@pytest.mark.slow
 @ORBAX_ABANDONED_READS
 def test_no_readable_checkpoint_is_an_error(tmp_path, saved):
     ck = tmp_path / "ck"
@@ -137,6 +142,7 @@ def test_checkpoint_dir_that_is_a_file_is_refused_and_left_alone(tmp_path):
     assert blocker.read_text() == "not a directory"
 
 
+@pytest.mark.slow
 def test_full_disk_fails_the_save_loudly_and_keeps_the_previous_checkpoint(tmp_path, caplog):
     """RLIMIT_FSIZE makes every write past 1 KiB fail (EFBIG), as a full disk fails with ENOSPC; it works
     for root too, where a read-only chmod would not."""
@@ -177,12 +183,14 @@ def test_bad_settings_are_refused(tmp_path, overrides, message):
         open_with(tmp_path / "ck", overrides)
 
 
+@pytest.mark.slow
 def test_resume_never_refuses_to_mix_with_existing_checkpoints(saved):
     with pytest.raises(PreflightError, match=rf"checkpoint.resume=never but checkpoint.dir={saved} already holds "
                                              r"checkpoints \[2, 4\]"):
         open_with(saved, ["checkpoint.resume=never"])
 
 
+@pytest.mark.slow
 def test_resume_from_a_path_restores_that_step(tmp_path, saved):
     program, checkpoints = open_with(tmp_path / "ck", [f"checkpoint.resume={saved / '2'}"])
     state, start, _ = checkpoints.resume_point()
@@ -190,6 +198,7 @@ def test_resume_from_a_path_restores_that_step(tmp_path, saved):
     np.testing.assert_array_equal(np.asarray(state.tables["users"]), saved_arrays(saved, 2)["['tables']['users']"])
 
 
+@pytest.mark.slow
 def test_changed_settings_are_named_in_a_warning(saved, caplog):
     with caplog.at_level(logging.WARNING, logger="runner"):
         _, checkpoints = open_with(saved, ["optimizer.learning_rate=0.5"])
@@ -199,12 +208,14 @@ def test_changed_settings_are_named_in_a_warning(saved, caplog):
                      r"[0-9.e-]+ -> 0.5$", caplog.text, re.M)
 
 
+@pytest.mark.slow
 def test_resume_from_an_older_step_refuses_to_collide_with_newer_ones(saved):
     with pytest.raises(PreflightError, match=rf"restores step 2, but checkpoint.dir={saved} already holds steps "
                                              r"\[4\] that new saves would collide with"):
         open_with(saved, [f"checkpoint.resume={saved / '2'}"])
 
 
+@pytest.mark.slow
 def test_finished_run_resumed_into_a_new_directory_only_evaluates(tmp_path, saved):
     cfg = compose_config(BASE + RUN + [f"checkpoint.dir={tmp_path / 'ck'}", f"checkpoint.resume={saved / '4'}"])
     summary = json.loads((saved.parent / "first" / "summary.json").read_text())
@@ -228,6 +239,7 @@ def _restores_step_4(ck: Path) -> None:
     np.testing.assert_array_equal(np.asarray(state.tables["items"]), saved_arrays(ck, 4)["['tables']['items']"])
 
 
+@pytest.mark.slow
 def test_a_second_open_of_a_checkpoint_dir_is_refused_naming_the_holder(tmp_path, saved):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
@@ -244,6 +256,7 @@ def test_a_second_open_of_a_checkpoint_dir_is_refused_naming_the_holder(tmp_path
     _restores_step_4(ck)
 
 
+@pytest.mark.slow
 def test_a_lock_held_by_another_live_process_is_refused(tmp_path, saved):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
@@ -261,6 +274,7 @@ def test_a_lock_held_by_another_live_process_is_refused(tmp_path, saved):
     _restores_step_4(ck)
 
 
+@pytest.mark.slow
 def test_a_stale_lock_of_a_dead_process_is_broken(tmp_path, saved, caplog):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
@@ -277,6 +291,7 @@ def test_a_stale_lock_of_a_dead_process_is_broken(tmp_path, saved, caplog):
     assert not (ck / LOCK_FILE).exists() and not [p for p in ck.iterdir() if p.name.startswith(".run.lock")]
 
 
+@pytest.mark.slow
 def test_a_lock_from_another_host_is_never_broken(tmp_path, saved):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
@@ -289,6 +304,7 @@ def test_a_lock_from_another_host_is_never_broken(tmp_path, saved):
     _restores_step_4(ck)
 
 
+@pytest.mark.slow
 def test_a_garbled_lock_file_is_refused_by_name(tmp_path, saved):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
@@ -351,6 +367,7 @@ def test_a_truncated_newest_checkpoint_is_one_warning_on_the_command_line(tmp_pa
 
 
 # ----- older and newer checkpoint formats -------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_format_1_checkpoint_is_verified_with_its_own_digest_and_a_newer_format_is_refused(tmp_path, saved):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)

@@ -118,6 +118,7 @@ def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
     assert resumed == metric_rows(straight / "first")  # losses, grad norms, AUCs: bit-identical floats
 
 
+@pytest.mark.slow
 def test_relaunch_of_finished_run_only_evaluates(tmp_path, runs):
     tmp = copy_of(runs("straight", "on", "2x4-row"), tmp_path)
     objective = json.loads((tmp / "first" / "summary.json").read_text())["eval/auc_mean"]
@@ -163,6 +164,7 @@ def restore_onto(tmp: Path, source: Path, mesh: str, mode: str = "on"):
     return program, state, start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target, spec", [("4-column", P(None, "table")), ("single", P())])
 def test_restore_reshards_onto_another_mesh_and_layout(tmp_path, runs, target, spec):
     source = runs("stopped", "on", "2x4-row") / "ck"

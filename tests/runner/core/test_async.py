@@ -57,7 +57,7 @@ def _oracle(program, data, state0, steps, delay):
     return tables, params, losses
 
 
-@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("mode", ["on", pytest.param("off", marks=pytest.mark.slow)])
 def test_matches_oracle(cfg_of, mode):
     program, data, _ = build(cfg_of(["optimizer=async_sgd", f"optimizer.learning_rate={LR}", f"async_emb={mode}"]))
     state0, state, losses, _ = run_steps(program, data, STEPS)
@@ -83,6 +83,7 @@ def test_async_differs_from_sync_and_is_one_step_stale(cfg_of):
     assert all(bool(m["emb/valid_step"]) for m in s_metrics)
 
 
+@pytest.mark.slow
 def test_stale_rows_counted_on_logged_steps(cfg_of):
     """``emb/stale_rows``: rows a batch reads whose previous-step update is still pending, i.e. the ids
     batch t shares with batch t-1; computed on the steps the loop logs (every 2nd and the last), -1 else."""
@@ -123,7 +124,8 @@ def test_every_update_applied_exactly_once_after_flush(cfg_of):
         assert not bool(state.pending[n].pending)
 
 
-@pytest.mark.parametrize("mode", ["on", pytest.param("off", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["on", "off"])
 def test_nonfinite_step_is_skipped_and_training_continues(cfg_of, mode):
     program, data, _ = build(cfg_of(["optimizer=async_rowwise_adagrad", f"async_emb={mode}"]))
     B = program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example

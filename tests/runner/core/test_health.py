@@ -112,6 +112,7 @@ def test_a_negative_max_skipped_updates_is_refused():
         build(compose_config(["trainer.max_skipped_updates=-1"]))
 
 
+@pytest.mark.slow
 def test_skip_counts_survive_as_state():
     """The counts live in the train state (so a checkpoint keeps them): total and streak per table."""
     program, data, _ = build(compose_config(["optimizer=async_sgd", "optimizer.learning_rate=1e38",
@@ -150,7 +151,8 @@ def same(a, b):
     return all(np.array_equal(a[n], b[n]) for n in a)
 
 
-@pytest.mark.parametrize("mode", ["on", pytest.param("off", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["on", "off"])
 def test_mid_run_eval_scores_the_state_as_documented_and_the_flush_is_logged(mode):
     cfg = compose_config(["optimizer=async_sgd", f"async_emb={mode}", "trainer.steps=4", "trainer.log_interval=4",
                           "trainer.eval_interval=2"])
@@ -242,7 +244,8 @@ def one_bad_step(layout):
     return program, task, state0, numpy_tree(state.tables), losses[0], metrics[0]
 
 
-@pytest.mark.parametrize("layout", ["row", pytest.param("column", marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test-fast: test_lookup_reads_zeros_for_out_of_range_ids above
+@pytest.mark.parametrize("layout", ["row", "column"])
 def test_out_of_range_ids_read_zeros_and_are_counted_on_every_layout(layout):
     program, task, state0, tables, loss, m = one_bad_step("single")
     # Reference: the model's loss with the out-of-range ids' rows as zeros, from the initial numpy table.

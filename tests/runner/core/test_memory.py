@@ -26,7 +26,8 @@ def compiled(overrides):
     return step.lower(state, batch).compile(), flush.lower(state).compile(), shard_bytes, program, table
 
 
-@pytest.mark.parametrize("mode,mesh,dtype", [("on", "table8", "bfloat16"), ("off", "single", "float32"),
+@pytest.mark.parametrize("mode,mesh,dtype", [("off", "single", "float32"),
+                                             pytest.param("on", "table8", "bfloat16", marks=pytest.mark.slow),
                                              pytest.param("on", "single", "float32", marks=pytest.mark.slow),
                                              pytest.param("off", "single", "bfloat16", marks=pytest.mark.slow),
                                              pytest.param("on", "2x4-column", "float32", marks=pytest.mark.slow),
@@ -51,7 +52,8 @@ def test_table_init_fills_in_place(mesh):
     assert temp < shard_bytes / 2, f"init: {temp} bytes of temporaries for a {shard_bytes}-byte table shard"
 
 
-@pytest.mark.parametrize("mesh", [pytest.param("single", marks=pytest.mark.slow), "table8"])
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["single", "table8"])
 def test_async_step_does_not_copy_the_deferred_update(mesh):
     """The deferred update is not donated, so XLA writes the new one into a fresh buffer instead of copying
     the old and the new per-token gradients (it did, four copies per table per step, while it was donated)."""

@@ -37,6 +37,7 @@ def test_routing_is_the_row_layout_default():
     assert not any(c.routed for c in program.contexts.values())
 
 
+@pytest.mark.slow
 def test_capacity_overflow_stops_the_run_naming_the_table_and_the_setting():
     # 4,096 examples x 5 item tokens over 8 devices: 2,560 tokens each; Zipf ids crowd the first of 4 row shards,
     # far past the 64 slots a capacity of 0.1 gives.
