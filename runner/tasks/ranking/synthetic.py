@@ -34,6 +34,7 @@ is a prefix of ``batch(step, B')`` for ``B' > B``.) The 'train' and 'eval' split
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -222,3 +223,10 @@ class SyntheticRanking:
         probs = np.concatenate(probs)[:num_examples]
         labels = np.concatenate(labels)[:num_examples]
         return {a: auc(labels[:, k], probs[:, k]) for k, a in enumerate(self.spec.actions)}
+
+
+@functools.lru_cache(maxsize=4)
+def world(spec: SyntheticSpec) -> SyntheticRanking:
+    """The world of ``spec``, generated once per process: it is a pure function of the spec and never changed
+    after it is built, so runs in one process (a sweep's in-process trials, the tests) share it."""
+    return SyntheticRanking(spec)

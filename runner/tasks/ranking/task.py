@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ...preflight import PreflightError
 from .. import TASKS
-from .synthetic import SyntheticRanking, SyntheticSpec
+from .synthetic import SyntheticRanking, SyntheticSpec, world
 from .auc import auc
 from .model import RankingModel
 
@@ -38,7 +38,7 @@ class RankingTask:
         d = OmegaConf.to_container(cfg.data, resolve=True)
         d.pop("name")
         d["actions"] = tuple(d["actions"])
-        return cls(SyntheticRanking(SyntheticSpec(**d)), cfg.trainer.eval_batches)
+        return cls(world(SyntheticSpec(**d)), cfg.trainer.eval_batches)
 
     @property
     def actions(self) -> tuple[str, ...]:
