@@ -39,6 +39,7 @@ def run_tiny(mode):
     return lines
 
 
+@pytest.mark.slow
 def test_lines_mode_logs_the_plain_lines_and_the_compilation(capsys):
     lines = run_tiny("lines")
     steps = [ln for ln in lines if ln.startswith("step")]

@@ -69,6 +69,7 @@ def test_matches_oracle(cfg_of, mode):
                  state.params, params)
 
 
+@pytest.mark.slow
 def test_async_differs_from_sync_and_is_one_step_stale(cfg_of):
     """Same data, same kernels: the two modes must really differ (the oracle test above could not pass
     for both modes with the same code path), and async's first step applies nothing."""

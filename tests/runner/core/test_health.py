@@ -64,6 +64,7 @@ DIVERGING = ["optimizer=async_sgd", "optimizer.learning_rate=1e38", "trainer.ste
              "trainer.eval_interval=1000"]
 
 
+@pytest.mark.slow
 def test_consecutive_skipped_updates_stop_the_run_before_a_checkpoint_of_that_state(tmp_path):
     ck = tmp_path / "ck"
     cfg = compose_config(DIVERGING + ["checkpoint.interval=1", f"checkpoint.dir={ck}"])
@@ -266,7 +267,8 @@ def test_out_of_range_ids_read_zeros_and_are_counted_on_every_layout(layout):
     assert not sharded_tables["items"][vocab:].any()  # padded rows stay zero
 
 
-@pytest.mark.parametrize("strict", [pytest.param(False, marks=pytest.mark.slow), True])
+@pytest.mark.slow
+@pytest.mark.parametrize("strict", [False, True])
 def test_strict_ids_stops_with_the_table_the_id_and_the_vocab(strict):
     cfg = seq_config("trainer.steps=3", "trainer.log_interval=1", "trainer.eval_interval=1000",
                      f"trainer.strict_ids={str(strict).lower()}")

@@ -26,6 +26,7 @@ def compiled(overrides):
     return step.lower(state, batch).compile(), flush.lower(state).compile(), shard_bytes, program, table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,mesh,dtype", [("off", "single", "float32"),
                                              pytest.param("on", "table8", "bfloat16", marks=pytest.mark.slow),
                                              pytest.param("on", "single", "float32", marks=pytest.mark.slow),

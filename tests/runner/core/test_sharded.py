@@ -49,7 +49,7 @@ def assert_same_run(optimizer, mode, mesh):
     return metrics
 
 
-FAST = {("2x4-row", "on"), ("4x2-column", "off")}  # make test-fast; the rest run in make test
+FAST = {("2x4-row", "on")}  # make test-fast (the column layout: tests/optimizers/test_sharded.py); the rest: make test
 
 
 @pytest.mark.parametrize("mesh, mode", [(m, a) if (m, a) in FAST else pytest.param(m, a, marks=pytest.mark.slow)

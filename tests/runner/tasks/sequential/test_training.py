@@ -17,7 +17,8 @@ from tests.runner.support import seq_config
 LR = 0.5
 
 
-@pytest.mark.parametrize("loss, negatives", [("sampled_softmax", "uniform"), ("full_softmax", "uniform"),
+@pytest.mark.parametrize("loss, negatives", [pytest.param("sampled_softmax", "uniform", marks=pytest.mark.slow),
+                                             ("full_softmax", "uniform"),
                                              pytest.param("sampled_softmax", "popularity", marks=pytest.mark.slow),
                                              pytest.param("sampled_softmax", "in_batch", marks=pytest.mark.slow)])
 def test_one_fused_sgd_step_equals_the_dense_table_gradient(loss, negatives):
