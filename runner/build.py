@@ -14,7 +14,7 @@ from optimizers import AsyncEmbContext
 
 from . import budget, preflight
 from .config import TableConfig
-from .core.dense import DenseOptimizer
+from .core.dense_optimizer import DenseOptimizer
 from .core.embeddings import TableSpec
 from .core.mesh import MeshPlan, build_mesh, resolve_axes
 from .core.step import TrainProgram

@@ -27,7 +27,7 @@ from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, su
 from optimizers.fused import compiler_options, dedupe
 
 from . import mesh as mesh_lib
-from .dense import DenseOptimizer
+from .dense_optimizer import DenseOptimizer
 from .embeddings import TableSpec, lookup, lookup_counted, table_values
 from .state import SkipCounts, TrainState
 

@@ -5,7 +5,7 @@ import optax
 import pytest
 
 from runner.build import build
-from runner.core.dense import DenseOptimizer
+from runner.core.dense_optimizer import DenseOptimizer
 from runner.core.loop import to_device
 from tests.runner.support import batch_size, compose_config
 
