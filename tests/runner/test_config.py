@@ -63,6 +63,10 @@ CHOICES = [
     ([], "model.tables.items.dtype=float16", "model.tables.items.dtype", "float16", "[float32, bfloat16]"),
     (["model=sequential", "data=synthetic_sequences"], "model.loss=bpr", "model.loss", "bpr",
      "[sampled_softmax, full_softmax]"),
+    (["model=sequential", "data=synthetic_sequences"], "model.negatives=hard", "model.negatives", "hard",
+     "[uniform, popularity, in_batch]"),
+    (["model=sequential", "data=synthetic_sequences"], "data.train_windows=some", "data.train_windows", "some",
+     "[last, all]"),
 ]
 
 
