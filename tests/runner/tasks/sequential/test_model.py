@@ -64,6 +64,22 @@ def _softmax_ce(logits, target_col):
     return lse - np.take_along_axis(logits, target_col[..., None], -1)[..., 0]
 
 
+def per_position_reference(b, h, rows, negatives_at, correction=lambda n: 0.0, temperature=1.0):
+    """Mean cross-entropy and top-1 rate over the non-padding positions, one position at a time: the
+    target's logit against ``negatives_at(i, t, target)``'s, each minus ``correction(id)``, over temperature."""
+    losses, hits = [], []
+    for i in range(B):
+        for t in range(L):
+            y = b["targets"][i, t]
+            if y == 0:
+                continue
+            negs = negatives_at(i, t, y)
+            logits = np.array([rows[y] @ h[i, t]] + [rows[n] @ h[i, t] - correction(n) for n in negs]) / temperature
+            losses.append(_softmax_ce(logits, np.array(0)))
+            hits.append(len(negs) == 0 or logits[0] > logits[1:].max())
+    return np.mean(losses), np.mean(hits)
+
+
 @pytest.mark.parametrize("l2_norm, temperature", [(False, 1.0), (True, 0.1)])
 def test_sampled_softmax_matches_numpy(l2_norm, temperature):
     model, params, table = make(l2_norm=l2_norm, temperature=temperature)
@@ -73,20 +89,12 @@ def test_sampled_softmax_matches_numpy(l2_norm, temperature):
     if l2_norm:
         h = h / np.maximum(np.linalg.norm(h, axis=-1, keepdims=True), 1e-6)
         rows = rows / np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-6)
-    losses, hits = [], []
-    for i in range(B):
-        for t in range(L):
-            y = b["targets"][i, t]
-            if y == 0:
-                continue
-            negs = [n for n in b["negatives"][i] if n != y]
-            logits = np.array([rows[y] @ h[i, t]] + [rows[n] @ h[i, t] for n in negs]) / temperature
-            losses.append(_softmax_ce(logits, np.array(0)))
-            hits.append(logits[0] > logits[1:].max())
+    want_loss, want_top1 = per_position_reference(b, h, rows, lambda i, t, y: [n for n in b["negatives"][i] if n != y],
+                                                  temperature=temperature)
     embs, _ = lookup(model, table, b)
     loss, out = model.loss(params, embs, {k: jnp.asarray(v) for k, v in b.items()})
-    np.testing.assert_allclose(float(loss), np.mean(losses), rtol=1e-4)
-    np.testing.assert_allclose(float(out["top1"]), np.mean(hits), atol=1e-6)
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-4)
+    np.testing.assert_allclose(float(out["top1"]), want_top1, atol=1e-6)
 
 
 def test_full_softmax_and_predict_match_numpy():
@@ -135,25 +143,18 @@ def test_logq_corrected_sampled_softmax_matches_numpy(negatives):
     b["targets_logq"] = LOGQ[b["targets"]]
     h = hidden(model, params, table, b)
     rows = table.astype(np.float64)
-    losses, hits = [], []
-    for i in range(B):
-        for t in range(L):
-            y = b["targets"][i, t]
-            if y == 0:
-                continue
-            if negatives == "popularity":
-                negs = [n for n in b["negatives"][i] if n != y]
-            else:
-                negs = [b["targets"][c, t] for c in range(B) if c != i and b["targets"][c, t] not in (0, y)]
-            logits = np.array([rows[y] @ h[i, t]] + [rows[n] @ h[i, t] - LOGQ[n] for n in negs])
-            losses.append(_softmax_ce(logits, np.array(0)))
-            hits.append(len(negs) == 0 or logits[0] > logits[1:].max())
+    if negatives == "popularity":
+        negatives_at = lambda i, t, y: [n for n in b["negatives"][i] if n != y]  # noqa: E731
+    else:
+        negatives_at = lambda i, t, y: [b["targets"][c, t] for c in range(B)  # noqa: E731
+                                        if c != i and b["targets"][c, t] not in (0, y)]
+    want_loss, want_top1 = per_position_reference(b, h, rows, negatives_at, correction=lambda n: LOGQ[n])
     embs, ids = lookup(model, table, b)
     if negatives == "in_batch":
         assert ids.shape == (B, 2 * L)  # no extra ids: the targets are the negatives
     loss, out = model.loss(params, embs, {k: jnp.asarray(v) for k, v in b.items()})
-    np.testing.assert_allclose(float(loss), np.mean(losses), rtol=1e-4)
-    np.testing.assert_allclose(float(out["top1"]), np.mean(hits), atol=1e-6)
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-4)
+    np.testing.assert_allclose(float(out["top1"]), want_top1, atol=1e-6)
 
 
 def test_dropout_is_seeded_and_only_in_training():
