@@ -2,7 +2,7 @@
 
 The budget is given in one of two units:
 
-- ``trainer.steps``: that many steps of ``trainer.batch_size`` examples (the ranking task's default, 2000);
+- ``trainer.steps``: that many steps of ``trainer.batch_size`` examples (the ranking task's default, 3000);
 - ``trainer.epochs``: ``steps = ceil(epochs * examples / batch_size)``, where ``examples`` is what one pass
   over the training data holds. For the sequential task that is the number of users with a training
   prefix (>= 2 items: one input and one target); batches draw users uniformly with replacement, so an
@@ -12,7 +12,7 @@ The budget is given in one of two units:
 Precedence: what the command line (or an experiment) sets wins over the model's default. Setting both
 ``trainer.steps`` and ``trainer.epochs`` is refused (unless the steps are exactly what the epochs make, as in
 a config resolved before). The defaults come from the model's YAML: ``conf/model/ranking.yaml`` sets
-``trainer.steps: 2000``; ``conf/model/sequential.yaml`` sets ``trainer.steps: null`` and
+``trainer.steps: 3000``; ``conf/model/sequential.yaml`` sets ``trainer.steps: null`` and
 ``trainer.default_epochs``, the budget when neither steps nor epochs is given. ``trainer.eval_interval: null`` means "evaluate at most ``EVALS_PER_RUN`` times": the
 interval is derived from the resolved steps (rounded up to a multiple of ``trainer.log_interval`` when that
 is shorter, so evaluations land on logged rows).

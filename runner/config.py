@@ -241,7 +241,7 @@ class DenseOptimizerConfig:
 @dataclass
 class TrainerConfig:
     # The run's length: steps, or epochs over the task's training examples (runner/budget.py). The model YAML
-    # gives the task's budget (model=ranking: 2000 steps; model=sequential: default_epochs); a command-line
+    # gives the task's budget (model=ranking: 3000 steps; model=sequential: default_epochs); a command-line
     # trainer.steps or trainer.epochs wins over it, and giving both is refused.
     steps: Optional[int] = hparam(None, "training steps; null = trainer.epochs (else default_epochs)", low=1)
     epochs: Optional[float] = hparam(None, "training budget in passes over the training examples (sequence "

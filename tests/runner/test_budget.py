@@ -52,7 +52,7 @@ def test_model_sequential_brings_an_epoch_budget_and_the_command_line_wins():
     _, task, _ = build(cfg)
     n = task.num_train_examples
     assert n == hand_count_training_users(cfg.data) == 2000
-    assert cfg.trainer.steps == math.ceil(50 * n / 128) == 782  # not the ranking task's 2000 x 1024
+    assert cfg.trainer.steps == math.ceil(50 * n / 128) == 782  # not the ranking task's 3000 x 2048
     assert cfg.trainer.eval_interval == 100  # derived: at most 10 evaluations, on logged rows (every 25)
     assert budget.of(cfg, task).source == "trainer.default_epochs=50"
 
@@ -65,7 +65,8 @@ def test_model_sequential_brings_an_epoch_budget_and_the_command_line_wins():
     assert cfg.trainer.steps == math.ceil(3 * 2000 / 128) and cfg.trainer.eval_interval == 13
 
     # The ranking model keeps its budget in steps; an experiment's trainer.steps wins over the model's epochs.
-    assert compose_config(tiny=False).trainer.steps == 2000
+    ranking = compose_config(tiny=False)
+    assert ranking.trainer.steps == 3000 and ranking.trainer.batch_size == 2048
     assert compose_config(["experiment=ml100k_sasrec"], tiny=False).trainer.steps == 600
 
 
