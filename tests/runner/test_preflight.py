@@ -71,6 +71,7 @@ def test_bad_values_get_one_line_each(cfg_of, override, needle):
     assert needle in str(e.value)
 
 
+@pytest.mark.slow
 def test_cli_refusal_is_fast_clean_and_nonzero(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline"}
     proc = subprocess.run(

@@ -50,6 +50,7 @@ def test_lines_mode_logs_the_plain_lines_and_the_compilation(capsys):
     assert "%|" not in capsys.readouterr().err  # no bar
 
 
+@pytest.mark.slow
 def test_bar_mode_draws_step_loss_rate_eta_and_the_objective(monkeypatch):
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)  # where a bar goes (read when the loop starts)

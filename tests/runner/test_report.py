@@ -203,6 +203,7 @@ def test_trials_are_labelled_by_what_differs_and_the_rest_is_one_header_line(tmp
     assert not any("trainer.steps" in text for text in legend)
 
 
+@pytest.mark.slow
 def test_a_single_run_keeps_all_its_overrides_in_its_label(tmp_path):
     root = _sweep(tmp_path / "sweep")
     md = build_report(root / "2", out=tmp_path / "one").read_text()
@@ -210,6 +211,7 @@ def test_a_single_run_keeps_all_its_overrides_in_its_label(tmp_path):
     assert "`trainer.steps=200 trainer.log_interval=20 optimizer=async_sgd async_emb=on logger=none`" in md
 
 
+@pytest.mark.slow
 def test_bayes_optimal_is_a_reference_line_on_its_eval_panel_not_a_panel(tmp_path):
     from runner.report import auc_figure, auc_panels
 

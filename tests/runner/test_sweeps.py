@@ -113,6 +113,7 @@ def _tracker_factory(cfg, out):
     return lambda: run_tracker(cfg, out, ["optimizer=adam"], process_index=0)
 
 
+@pytest.mark.slow
 def test_failure_before_the_tracker_existed_gets_a_failed_wandb_run(tmp_path):
     cfg = compose_config(["logger=wandb"], tiny=False)
     try:

@@ -238,6 +238,7 @@ def numpy_leaves(state) -> dict[str, np.ndarray]:
     return {raw_key(*p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
 
 
+@pytest.mark.slow
 def test_checkpoint_records_its_config_versions_and_format(runs):
     step_dir = runs("stopped", "on", "single") / "ck" / str(N)
     layout = json.loads((step_dir / "state" / "_METADATA").read_text())

@@ -22,6 +22,7 @@ def test_schedule_matches_optax(warmup, total, end_ratio):
         assert float(dense.schedule(traced)(count)) == pytest.approx(w, rel=1e-5, abs=1e-5 * 2e-3), count
 
 
+@pytest.mark.slow
 def test_runs_differing_in_length_logging_and_dense_lr_share_one_program():
     def step_hlo(overrides):
         program, data, _ = build(compose_config(overrides))

@@ -47,6 +47,7 @@ class Recorder:
 # ----------------------------------------------------------------------------------------------------
 # 1. Evaluation every eval_interval steps, whether or not the step is logged
 # ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_eval_runs_on_its_own_schedule(tmp_path):
     run(compose_config(["trainer.steps=7", "trainer.log_interval=2", "trainer.eval_interval=3"]), tmp_path)
     rows = jsonl(tmp_path)

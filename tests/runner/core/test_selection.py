@@ -95,6 +95,7 @@ def test_early_stopping_reports_the_peak_and_the_sweep_gets_its_value(tmp_path, 
     assert max(r["step"] for r in rows_of(tmp_path)) == 8
 
 
+@pytest.mark.slow
 def test_without_selection_the_ranking_task_returns_the_final_value(tmp_path, monkeypatch):
     scripted(monkeypatch, [0.5, 0.7, 0.6, 0.65])
     objective = run(compose_config(["trainer.steps=6", "trainer.eval_interval=2"]), tmp_path)

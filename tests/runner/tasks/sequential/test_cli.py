@@ -48,6 +48,7 @@ def test_movielens_ratings_dat_run_completes(tmp_path):
     assert "200 users, 80 items" in (tmp_path / "run" / "runner.log").read_text()
 
 
+@pytest.mark.slow
 def test_bad_data_path_is_a_clean_refusal(tmp_path):
     proc = cli(tmp_path, "data=movielens", "model=sequential", "data.path=/nonexistent/ml-1m", timeout=120)
     assert proc.returncode == 2

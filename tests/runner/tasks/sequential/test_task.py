@@ -119,7 +119,7 @@ def _metrics(ranks):
             "mrr": np.mean(1 / (ranks + 1))}
 
 
-@pytest.mark.parametrize("exclude_seen", [False, True])
+@pytest.mark.parametrize("exclude_seen", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_evaluation_matches_per_user_reference(exclude_seen):
     program, task, _ = build(seq_config("data.num_users=150", "trainer.batch_size=32",
                                         f"data.exclude_seen={exclude_seen}"))
