@@ -34,7 +34,12 @@ def test_every_debug_option_shrinks_the_run_and_yields_to_the_command_line(optio
 
 def test_defaults():
     cfg = compose_config(tiny=False)
-    assert cfg.optimizer._target_ == "optimizers.AsyncAdam"
+    # the root config's embedding optimizer is async_adam; model=ranking (the default) picks its recipe's
+    assert cfg.optimizer._target_ == "optimizers.AsyncRowwiseAdagrad" and cfg.optimizer.learning_rate == 0.1
+    assert cfg.model.emb_width == 32
+    assert compose_config(["model=sequential"], tiny=False).optimizer._target_ == "optimizers.AsyncAdam"
+    assert compose_config(["optimizer=async_adam"], tiny=False).optimizer._target_ == "optimizers.AsyncAdam"
+    assert compose_config(tiny=True).optimizer._target_ == "optimizers.AsyncAdam"  # debug=tiny keeps async_adam
     assert cfg.async_emb.enabled is True
     assert cfg.logger.mode == "offline"
 
