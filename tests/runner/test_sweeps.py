@@ -134,7 +134,7 @@ def test_failure_before_the_tracker_existed_gets_a_failed_wandb_run(tmp_path):
     wandb.teardown()  # finish() can return before wandb-core has written the exit record; this waits for it
     run = wandb_run(tmp_path)
     assert run["exit_code"] == 1 and "optimizer=adam" in run["tags"]
-    assert run["config"]["optimizer"]["_target_"] == "optimizers.AsyncAdam"  # the resolved config
+    assert run["config"]["optimizer"]["_target_"] == "optimizers.AsyncRowwiseAdagrad"  # the resolved config (model=ranking's)
     info = json.loads((tmp_path / sweeps.RUN_INFO_FILE).read_text())
     assert info["id"] == run["id"] and info["dir"] == str(run["dir"]) and info["mode"] == "offline"
 
