@@ -78,16 +78,28 @@ def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
 
 def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending: Any = True,
                 pad_id: int | None = 0) -> AsyncEmbGradientUpdate:
-    """Build the update record for one table from the batch's ids and per-token gradients."""
-    unique, seg = dedupe(ids, ctx.vocab, ctx.num_unique, pad_id)
+    """Build the update record for one table from the batch's ids and per-token gradients.
+
+    Routed (row layout, ``routing="alltoall"``): each device dedupes only its own tokens (the batch split
+    over every mesh axis, as the train step holds it) inside ``jax.shard_map``; ``unique_tokens`` is then
+    ``mesh.size`` sorted blocks of ``ctx.local_unique``, one per device, and each token's segment id indexes
+    its own device's block. No device sees another's ids. Otherwise one dedupe of the whole batch."""
     grads = grads.reshape(-1, grads.shape[-1])
+    if ctx.routed:
+        axes = ctx.batch_axes
+        P = jax.sharding.PartitionSpec
+        local = jax.shard_map(lambda i: dedupe(i, ctx.vocab, ctx.local_unique, pad_id), mesh=ctx.mesh,
+                              in_specs=P(axes), out_specs=(P(axes), P(axes)), check_vma=False)
+        unique, seg = local(ids.reshape(-1))
+    else:
+        unique, seg = dedupe(ids, ctx.vocab, ctx.num_unique, pad_id)
     return AsyncEmbGradientUpdate(unique, grads, seg, jnp.asarray(pending, bool))
 
 
 def empty_update(ctx: AsyncEmbContext, dtype=jnp.float32) -> AsyncEmbGradientUpdate:
     """A non-pending update of the right shapes (the first async step, or after a flush)."""
     return AsyncEmbGradientUpdate(
-        jnp.full((ctx.num_unique,), ctx.vocab, jnp.int32),
+        jnp.full((ctx.record_unique,), ctx.vocab, jnp.int32),
         jnp.zeros((ctx.tokens_per_batch, ctx.emb_width), dtype),
         jnp.full((ctx.tokens_per_batch,), -1, jnp.int32),
         jnp.zeros((), bool),
@@ -210,10 +222,11 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
         return _apply_local(opt, ctx, update, table, state, gate, axis=None)
     specs_state = ctx.state_specs(state)
     P = jax.sharding.PartitionSpec
-    upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs())
     if ctx.routed:
+        local = ctx.local_record(update)
+        upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs(local))
         kernel = jax.shard_map(
-            lambda u, t, s, g: _apply_routed(opt, ctx, u, t, s, g),
+            lambda u, t, s, g: _apply_routed(opt, ctx, u, t, s, g, local),
             mesh=ctx.mesh,
             in_specs=(upd_specs, ctx.table_spec(), specs_state, P()),
             out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis), P()),
@@ -222,6 +235,7 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
         *out, overflow = kernel(update, table, state, jnp.ravel(gate)[0])
         ctx.results["route_overflow"] = overflow
         return tuple(out)
+    upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs())
     kernel = jax.shard_map(
         lambda u, t, s, g: _apply_local(opt, ctx, u, t, s, g, axis=ctx.table_axis),
         mesh=ctx.mesh,
@@ -267,13 +281,21 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     return _rule_and_write(opt, ctx, ids, local, owned, g, table, state, gate, axis, update.pending)
 
 
-def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate):
-    """The routed per-device kernel: this device's tokens -> its unique ids (fp32 segment-sum) -> all-to-all
-    to their owners -> the owner sums what every device sent for the same row -> rule on its own rows."""
+def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,
+                  local: bool = True):
+    """The routed per-device kernel: this device's unique ids and fp32 segment-summed gradients -> all-to-all
+    to their owners -> the owner sums what every device sent for the same row -> rule on its own rows.
+
+    ``local``: the record is per device (routed ``make_update``: this device's block of unique ids, its
+    tokens' segment ids into it), used as it is. Otherwise it is a record of the whole batch (replicated
+    ids): this device re-derives its tokens' ids and dedupes them first."""
     axis = ctx.table_axis
-    ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)  # this device's tokens
-    n = ids.shape[0]  # this device's tokens (ctx.local_tokens for a train batch's record)
-    unique, seg = dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
+    n = update.segment_ids.shape[0]  # this device's tokens (ctx.local_tokens for a train batch's record)
+    if local:
+        unique, seg = update.unique_tokens, update.segment_ids
+    else:
+        ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)
+        unique, seg = dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
     g = segment_sum(update.grads, seg, unique.shape[0])  # [U_local, width]
     b = routing.bucket(ctx, unique, ctx.slots_for(n))
     send_g = jnp.where(b.filled[..., None], g.at[b.index].get(mode="fill", fill_value=0), 0)
