@@ -106,6 +106,46 @@ def empty_update(ctx: AsyncEmbContext, dtype=jnp.float32) -> AsyncEmbGradientUpd
     )
 
 
+def record_token_ids(unique: Any, segment_ids: Any, rows: int) -> "np.ndarray":
+    """Host-side (numpy): each token's id in an update record of either kind, -1 for tokens it dropped.
+
+    ``rows``: the table's stored rows when the record was made (its padding id). A record of the whole
+    batch holds ``num_unique_for(T, rows)`` ids; a per-device record of ``m`` devices holds ``m`` blocks of
+    ``num_unique_for(T / m, rows)`` (strictly more for every m > 1), so its size says which it is."""
+    import numpy as np  # noqa: PLC0415
+
+    unique, seg = np.asarray(unique), np.asarray(segment_ids).reshape(-1)
+    tokens, size = seg.size, unique.size
+    blocks = next((m for m in range(1, tokens + 1) if tokens % m == 0 and m * num_unique_for(tokens // m, rows) == size),
+                  None)
+    if blocks is None:
+        raise ValueError(f"an update record of {tokens} tokens cannot hold {size} unique ids (rows={rows})")
+    start = (np.arange(tokens) // (tokens // blocks)) * (size // blocks)
+    return np.where(seg >= 0, unique[np.clip(start + seg, 0, size - 1)], -1).astype(np.int32)
+
+
+def record_for(ctx: AsyncEmbContext, token_ids: Any) -> tuple["np.ndarray", "np.ndarray"]:
+    """Host-side (numpy): ``(unique_tokens, segment_ids)`` of ``ctx``'s kind of record (``make_update``'s)
+    for tokens' ids (-1: dropped), e.g. a restored deferred update moved to another mesh or layout."""
+    import numpy as np  # noqa: PLC0415
+
+    tok = np.asarray(token_ids).reshape(-1)
+    blocks = ctx.mesh.size if ctx.routed else 1
+    size = ctx.record_unique // blocks
+    n = tok.size // blocks
+    unique = np.full((ctx.record_unique,), ctx.vocab, np.int32)
+    seg = np.full((tok.size,), -1, np.int32)
+    for b in range(blocks):
+        t = tok[b * n:(b + 1) * n]
+        valid = (t >= 0) & (t < ctx.vocab)
+        u = np.unique(t[valid])
+        if u.size > size - 1:
+            raise ValueError(f"{u.size} distinct ids do not fit an update record of {size} slots")
+        unique[b * size:b * size + u.size] = u
+        seg[b * n:(b + 1) * n] = np.where(valid, np.searchsorted(u, t), -1)
+    return unique, seg
+
+
 def segment_sum(grads: jax.Array, segment_ids: jax.Array, num_unique: int) -> jax.Array:
     """fp32 sum of per-token gradients into their unique rows; padding tokens (-1) are dropped."""
     seg = jnp.where(segment_ids < 0, num_unique, segment_ids)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, supports_async_emb
+from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, make_update, supports_async_emb
 from optimizers.fused import compiler_options, dedupe
 
 from . import mesh as mesh_lib
@@ -132,7 +132,12 @@ class TrainProgram:
         ids, bad_ids = self.table_ids(batch)
         raw_ids = self.model.table_ids(batch)
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
-        dedup = {n: dedupe(ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids}
+        detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
+        # The batch's distinct ids. Routed tables never dedupe the whole batch (each device dedupes its own
+        # tokens in make_update): their global dedupe only feeds diagnostics, on logged steps only.
+        dedup = {n: partial(dedupe, ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids}
+        routed = {n for n in ids if ctxs[n].routed}
+        dedup = {n: (d if n in routed else d()) for n, d in dedup.items()}
         looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n]) for n in ids}
         embs = {n: e for n, (e, _) in looked.items()}
         tables, emb_states = dict(state.tables), dict(state.emb_states)
@@ -141,10 +146,11 @@ class TrainProgram:
 
         if self.async_emb:  # apply G_{t-1}, ordered after this step's lookups, beside the forward pass
             gate = sum(e.reshape(-1)[0] for e in embs.values())
-            detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
             for n, upd in state.pending.items():
+                unique = (lambda d=dedup[n]: d()[0]) if n in routed else (lambda d=dedup[n]: d[0])
                 metrics[f"emb/stale_rows/{n}"] = jax.lax.cond(
-                    detail, partial(_overlap, vocab=ctxs[n].vocab), lambda *_: jnp.int32(-1), dedup[n][0], upd)
+                    detail, lambda u, unique=unique, v=ctxs[n].vocab, r=n in routed: _overlap(unique(), u, v, r),
+                    lambda *_: jnp.int32(-1), upd)
                 tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
 
         (loss, outputs), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
@@ -157,8 +163,8 @@ class TrainProgram:
         params, opt_state = jax.tree.map(lambda new, old: jnp.where(dense_ok, new, old),
                                          (new_params, new_opt_state), (state.params, state.opt_state))
 
-        updates = {n: AsyncEmbGradientUpdate(dedup[n][0], g_embs[n].reshape(-1, g_embs[n].shape[-1]),
-                                             dedup[n][1], jnp.ones((), bool)) for n in ids}
+        updates = {n: (make_update(ctxs[n], ids[n], g_embs[n]) if n in routed else AsyncEmbGradientUpdate(
+            dedup[n][0], g_embs[n].reshape(-1, g_embs[n].shape[-1]), dedup[n][1], jnp.ones((), bool))) for n in ids}
         if self.async_emb:
             pending = updates
         else:
@@ -171,7 +177,8 @@ class TrainProgram:
             "train/loss": loss,
             "emb/grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
             "emb/valid_step": jnp.all(jnp.stack([a[1] for a in applied.values()])) if applied else jnp.array(False),
-            "emb/unique_rows": sum(jnp.sum(d[0] < ctxs[n].vocab) for n, d in dedup.items()),
+            "emb/unique_rows": jnp.where(detail | (not routed), sum(
+                _unique_rows(d, ctxs[n].vocab, detail if n in routed else None) for n, d in dedup.items()), -1),
             "dense/grad_norm": dense_norm,
             "dense/learning_rate": self.dense.schedule(args)(state.step),
             "outputs": outputs,
@@ -308,9 +315,18 @@ class StepFn:
         return self.jitted.lower(state._replace(pending={}), state.pending, batch, self.args)
 
 
-def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, vocab: int) -> jax.Array:
-    """Rows this batch reads that still have a pending (not yet applied) update."""
-    p = pending.unique_tokens
+def _unique_rows(dedup, vocab: int, detail) -> jax.Array:
+    """The batch's distinct ids: ``dedup`` is a dedupe's result, or (``detail`` given, routed tables) the
+    dedupe to run, on logged steps only (0 on the others)."""
+    if detail is None:
+        return jnp.sum(dedup[0] < vocab).astype(jnp.int32)
+    return jax.lax.cond(detail, lambda: jnp.sum(dedup()[0] < vocab).astype(jnp.int32), lambda: jnp.int32(0))
+
+
+def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, vocab: int, per_device: bool = False) -> jax.Array:
+    """Rows this batch reads that still have a pending (not yet applied) update. ``per_device``: the
+    record holds each device's own sorted ids (routed), sorted together here (repeats do no harm)."""
+    p = jnp.sort(pending.unique_tokens) if per_device else pending.unique_tokens
     pos = jnp.clip(jnp.searchsorted(p, unique, method="scan"), 0, p.shape[0] - 1)
     hit = (p[pos] == unique) & (unique < vocab) & pending.pending
     return jnp.sum(hit).astype(jnp.int32)
