@@ -336,11 +336,14 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
     else:
         ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)
         unique, seg = dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
-    g = segment_sum(update.grads, seg, unique.shape[0])  # [U_local, width]
     b = routing.bucket(ctx, unique, ctx.slots_for(n))
-    send_g = jnp.where(b.filled[..., None], g.at[b.index].get(mode="fill", fill_value=0), 0)
+    # Each token's gradient summed (fp32) straight into its unique id's send slot: one pass, no [U, width]
+    # buffer to gather from. Padding tokens and ids without a slot (overflow) land past the end: dropped.
+    shards, slots = b.send.shape
+    tok_slot = jnp.where(seg >= 0, b.slot.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=shards * slots), -1)
+    send_g = segment_sum(update.grads, tok_slot, shards * slots).reshape(shards, slots, -1)
     rows_in = routing.gather_over_data(ctx, routing.exchange(ctx, b.send)).reshape(-1)
-    g_in = routing.gather_over_data(ctx, routing.exchange(ctx, send_g)).reshape(-1, g.shape[-1])
+    g_in = routing.gather_over_data(ctx, routing.exchange(ctx, send_g)).reshape(-1, send_g.shape[-1])
     owner_unique = min(rows_in.shape[0], ctx.shard_rows) + 1  # every sender's slots, or every owned row
     local, oseg = dedupe(rows_in, ctx.shard_rows, owner_unique, pad_id=None)
     g_own = segment_sum(g_in, oseg, owner_unique)  # every sender's gradient for each owned row
