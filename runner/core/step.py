@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, make_update, supports_async_emb
+from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, supports_async_emb
 from optimizers.fused import compiler_options, dedupe
 
 from . import mesh as mesh_lib
@@ -138,8 +138,9 @@ class TrainProgram:
         dedup = {n: partial(dedupe, ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids}
         routed = {n for n in ids if ctxs[n].routed}
         dedup = {n: (d if n in routed else d()) for n, d in dedup.items()}
-        looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n]) for n in ids}
-        embs = {n: e for n, (e, _) in looked.items()}
+        # Routed tables: the lookup's own per-device dedupe is also this step's update record's.
+        looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n], with_dedupe=n in routed) for n in ids}
+        embs = {n: e for n, (e, *_) in looked.items()}
         tables, emb_states = dict(state.tables), dict(state.emb_states)
         applied: dict[str, tuple] = {}
         metrics: dict[str, jax.Array] = {}
@@ -163,8 +164,9 @@ class TrainProgram:
         params, opt_state = jax.tree.map(lambda new, old: jnp.where(dense_ok, new, old),
                                          (new_params, new_opt_state), (state.params, state.opt_state))
 
-        updates = {n: (make_update(ctxs[n], ids[n], g_embs[n]) if n in routed else AsyncEmbGradientUpdate(
-            dedup[n][0], g_embs[n].reshape(-1, g_embs[n].shape[-1]), dedup[n][1], jnp.ones((), bool))) for n in ids}
+        record = {n: looked[n][2] if n in routed else dedup[n] for n in ids}  # (unique ids, segment ids)
+        updates = {n: AsyncEmbGradientUpdate(record[n][0], g_embs[n].reshape(-1, g_embs[n].shape[-1]), record[n][1],
+                                             jnp.ones((), bool)) for n in ids}
         if self.async_emb:
             pending = updates
         else:
@@ -192,7 +194,7 @@ class TrainProgram:
         if self.async_emb:
             stale = sum(metrics[f"emb/stale_rows/{n}"] for n in state.pending)
             metrics["emb/stale_rows"] = jnp.where(detail, stale, -1)
-        for n, (_, (overflow, peak)) in looked.items():  # routed ids with no slot at their owner
+        for n, (_, (overflow, peak), *_) in looked.items():  # routed ids with no slot at their owner
             if ctxs[n].routed:
                 metrics[f"emb/route_overflow/{n}"] = overflow + ctxs[n].results.get("route_overflow", 0)
                 metrics[f"emb/route_peak/{n}"] = peak
