@@ -134,11 +134,12 @@ class TrainProgram:
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
         detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
         # The batch's distinct ids. Routed tables never dedupe the whole batch (each device dedupes its own
-        # tokens in make_update): their global dedupe only feeds diagnostics, on logged steps only.
-        dedup = {n: partial(dedupe, ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids}
+        # tokens in its lookup, which is also its update record): for them one global dedupe feeds the
+        # diagnostics (distinct ids, stale rows), on logged steps only.
         routed = {n for n in ids if ctxs[n].routed}
-        dedup = {n: (d if n in routed else d()) for n, d in dedup.items()}
-        # Routed tables: the lookup's own per-device dedupe is also this step's update record's.
+        dedup = {n: dedupe(ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids if n not in routed}
+        diag = {n: jax.lax.cond(detail, partial(_diagnostics, ids[n], ctxs[n]), lambda p: (jnp.int32(-1),) * 2,
+                                state.pending.get(n) if self.async_emb else None) for n in sorted(routed)}
         looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n], with_dedupe=n in routed) for n in ids}
         embs = {n: e for n, (e, *_) in looked.items()}
         tables, emb_states = dict(state.tables), dict(state.emb_states)
@@ -148,10 +149,8 @@ class TrainProgram:
         if self.async_emb:  # apply G_{t-1}, ordered after this step's lookups, beside the forward pass
             gate = sum(e.reshape(-1)[0] for e in embs.values())
             for n, upd in state.pending.items():
-                unique = (lambda d=dedup[n]: d()[0]) if n in routed else (lambda d=dedup[n]: d[0])
-                metrics[f"emb/stale_rows/{n}"] = jax.lax.cond(
-                    detail, lambda u, unique=unique, v=ctxs[n].vocab, r=n in routed: _overlap(unique(), u, v, r),
-                    lambda *_: jnp.int32(-1), upd)
+                metrics[f"emb/stale_rows/{n}"] = diag[n][1] if n in routed else jax.lax.cond(
+                    detail, partial(_overlap, vocab=ctxs[n].vocab), lambda *_: jnp.int32(-1), dedup[n][0], upd)
                 tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
 
         (loss, outputs), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
@@ -180,7 +179,7 @@ class TrainProgram:
             "emb/grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
             "emb/valid_step": jnp.all(jnp.stack([a[1] for a in applied.values()])) if applied else jnp.array(False),
             "emb/unique_rows": jnp.where(detail | (not routed), sum(
-                _unique_rows(d, ctxs[n].vocab, detail if n in routed else None) for n, d in dedup.items()), -1),
+                diag[n][0] if n in routed else jnp.sum(dedup[n][0] < ctxs[n].vocab) for n in ids), -1),
             "dense/grad_norm": dense_norm,
             "dense/learning_rate": self.dense.schedule(args)(state.step),
             "outputs": outputs,
@@ -201,8 +200,10 @@ class TrainProgram:
         for n, bad in bad_ids.items():  # ids outside [0, vocab): they read zeros and update nothing
             metrics[f"emb/dropped_ids/{n}"] = jnp.sum(bad).astype(jnp.int32)
             # One of them (the first in batch order), so trainer.strict_ids can name it; not logged.
+            # A masked sum, not an index: indexing a batch split over the mesh would all-gather it.
             flat = raw_ids[n].reshape(-1).astype(jnp.int32)
-            metrics[f"emb/dropped_id_example/{n}"] = flat[jnp.argmax(bad.reshape(-1))]
+            first = jnp.arange(flat.shape[0]) == jnp.argmax(bad.reshape(-1))
+            metrics[f"emb/dropped_id_example/{n}"] = jnp.sum(jnp.where(first, flat, 0))
         skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
                                   {n: (state.pending[n] if self.async_emb else updates[n]).pending for n in applied})
         metrics.update(skip_metrics(skips))
@@ -317,12 +318,12 @@ class StepFn:
         return self.jitted.lower(state._replace(pending={}), state.pending, batch, self.args)
 
 
-def _unique_rows(dedup, vocab: int, detail) -> jax.Array:
-    """The batch's distinct ids: ``dedup`` is a dedupe's result, or (``detail`` given, routed tables) the
-    dedupe to run, on logged steps only (0 on the others)."""
-    if detail is None:
-        return jnp.sum(dedup[0] < vocab).astype(jnp.int32)
-    return jax.lax.cond(detail, lambda: jnp.sum(dedup()[0] < vocab).astype(jnp.int32), lambda: jnp.int32(0))
+def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: AsyncEmbGradientUpdate | None):
+    """A routed table's (distinct ids of the batch, rows it reads that still have a pending update, or -1
+    without one), from one dedupe of the whole batch (run on logged steps only)."""
+    unique = dedupe(ids, ctx.vocab, ctx.num_unique)[0]
+    stale = _overlap(unique, pending, ctx.vocab, per_device=True) if pending is not None else jnp.int32(-1)
+    return jnp.sum(unique < ctx.vocab).astype(jnp.int32), stale
 
 
 def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, vocab: int, per_device: bool = False) -> jax.Array:
