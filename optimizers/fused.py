@@ -305,6 +305,9 @@ def _non_finite_rows(x: jax.Array, owned: jax.Array) -> jax.Array:
     return jnp.sum(owned & ~finite).astype(jnp.int32)
 
 
+RULE_CHUNK = 256  # rows a rule handles at a time where owned rows come first (it skips chunks of padding only)
+
+
 def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,
                  axis):
     """The per-shard kernel: segment-sum, norm, gather, rule, gated scatter."""
@@ -318,7 +321,9 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
         local = ids
         owned = ids < ctx.vocab
     g = segment_sum(update.grads, seg, ctx.num_unique)  # [U, width or width/n]
-    return _rule_and_write(opt, ctx, ids, local, owned, g, table, state, gate, axis, update.pending)
+    # One device: the unique ids are sorted, padding last, so the rule can stop after the real ones.
+    return _rule_and_write(opt, ctx, ids, local, owned, g, table, state, gate, axis, update.pending,
+                           chunk=RULE_CHUNK if axis is None else None)
 
 
 def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,
@@ -351,14 +356,15 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
     gids = jnp.where(owned, local + lax.axis_index(axis) * ctx.shard_rows, ctx.vocab)
     overflow = lax.psum(b.overflow, ctx.batch_axes)
     out = _rule_and_write(opt, ctx, gids, local, owned, g_own, table, state, gate, axis,
-                          update.pending & (overflow == 0))
+                          update.pending & (overflow == 0), chunk=RULE_CHUNK)
     return (*out, overflow)
 
 
 def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, state: EmbOptState, gate, axis,
-                    pending):
+                    pending, chunk: int | None = None):
     """Norm, gather, rule, gate, scatter for unique rows ``ids`` (global; ``local`` in this shard, valid
-    where ``owned``) with their summed gradients ``g``."""
+    where ``owned``) with their summed gradients ``g``. ``chunk``: the owned rows come first (the rest is
+    padding); the rule runs on ``chunk`` rows at a time, only as many chunks as hold owned rows."""
     row_sq = jnp.sum(g * g, axis=-1)  # one pass over g serves the norm and any rule that needs sum(g**2)
     sq = jnp.sum(row_sq)
     if axis is not None:
@@ -376,23 +382,53 @@ def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, stat
         return across_width(jnp.sum(x, axis=-1))
 
     step = state.count + 1
-    rows = table.at[local].get(mode="fill", fill_value=0, unique_indices=True).astype(jnp.float32)
-    row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True), state.rows)
-    rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq))
-    new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
 
+    def rule(local, ids, g, row_sq, owned):
+        """New rows (float32, or rounded to the table's bfloat16) and state for these rows, and how many of
+        the owned ones hold a non-finite value (as stored)."""
+        rows = table.at[local].get(mode="fill", fill_value=0, unique_indices=True).astype(jnp.float32)
+        row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True),
+                                 state.rows)
+        rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq))
+        new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
+        if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
+            cols = jnp.arange(table.shape[1], dtype=jnp.int32)
+            if axis is not None and ctx.layout == COLUMN:
+                cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
+            new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
+        # The gate covers the rule's output: an update whose new rows or state would not be finite (as
+        # stored) writes nothing. Every shard counts its own non-finite touched rows; a psum decides for all.
+        bad = _non_finite_rows(new_rows.astype(table.dtype), owned)
+        for leaf, new_leaf in zip(jax.tree.leaves(state.rows), jax.tree.leaves(new_row_state)):
+            bad = bad + _non_finite_rows(jnp.asarray(new_leaf).astype(leaf.dtype), owned)
+        return new_rows, new_row_state, bad
+
+    if chunk is None or chunk >= local.shape[0]:
+        new_rows, new_row_state, bad = rule(local, ids, g, row_sq, owned)
+    else:
+        # Owned rows come first (sorted unique ids, padding last): the rule runs chunk by chunk over them only,
+        # so its cost follows the rows this shard really updates, not the static buffer (mostly padding).
+        n = local.shape[0]
+        total = -(-n // chunk) * chunk
+        pad = lambda x, v: jnp.concatenate([x, jnp.full((total - n, *x.shape[1:]), v, x.dtype)])  # noqa: E731
+        local, ids, g, row_sq, owned = (pad(local, n_local), pad(ids, ctx.vocab), pad(g, 0), pad(row_sq, 0),
+                                        pad(owned, False))
+        shapes = jax.eval_shape(lambda: rule(local[:chunk], ids[:chunk], g[:chunk], row_sq[:chunk], owned[:chunk]))
+        out0 = jax.tree.map(lambda s: jnp.zeros((total, *s.shape[1:]), s.dtype), shapes[:2])
+        live = -(-jnp.sum(owned).astype(jnp.int32) // chunk)
+
+        def body(carry):
+            i, out, bad = carry
+            at = i * chunk
+            part = lambda x: lax.dynamic_slice_in_dim(x, at, chunk)  # noqa: E731
+            r, st, b = rule(part(local), part(ids), part(g), part(row_sq), part(owned))
+            out = jax.tree.map(lambda o, v: lax.dynamic_update_slice_in_dim(o, v, at, 0), out, (r, st))
+            return i + 1, out, bad + b
+
+        _, (new_rows, new_row_state), bad = lax.while_loop(lambda c: c[0] < live, body,
+                                                           (jnp.int32(0), out0, jnp.zeros((), jnp.int32)))
     # Invalid or not ours: an index past the end (n_local or n_local + 1, after the gate), nothing is written.
     scatter = lambda a, v: a.at[write].set(v.astype(a.dtype), mode="drop", unique_indices=True)  # noqa: E731
-    if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
-        cols = jnp.arange(table.shape[1], dtype=jnp.int32)
-        if axis is not None and ctx.layout == COLUMN:
-            cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
-        new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
-    # The gate covers the rule's output: an update whose new rows or state would not be finite (as stored)
-    # writes nothing. Every shard counts its own non-finite touched rows; the psum makes one decision for all.
-    bad = _non_finite_rows(new_rows.astype(table.dtype), owned)
-    for leaf, new_leaf in zip(jax.tree.leaves(state.rows), jax.tree.leaves(new_row_state)):
-        bad = bad + _non_finite_rows(jnp.asarray(new_leaf).astype(leaf.dtype), owned)
     if axis is not None:
         bad = lax.psum(bad, axis)
     valid = valid & (bad == 0)

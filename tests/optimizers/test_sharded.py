@@ -155,3 +155,33 @@ def test_refusal_of_a_non_finite_result_is_one_decision_on_every_shard(name, lay
             jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, (table, state)), before)
         np.testing.assert_allclose(np.asarray(table), np.asarray(ref_table), rtol=1e-6, atol=1e-7)
     assert reported == [True, False, True]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES[:3]])
+def test_the_rule_run_chunk_by_chunk_changes_nothing(case, monkeypatch):
+    """One device and the routed owner run the rule over their owned rows in chunks of ``RULE_CHUNK`` rows,
+    skipping chunks of padding only. With chunks of 2 rows (several per step, the last part padding) table,
+    state, norm and valid equal the unchunked run's step for step, on one device and on 2x4 row shards."""
+    from optimizers import fused
+
+    name, hp = case
+    want = unsharded_run((name, tuple(sorted(hp.items()))))  # chunk 256: one chunk at this size
+    monkeypatch.setattr(fused, "RULE_CHUNK", 2)
+    opt = optimizers.create(name, **hp)
+    mesh = MESHES["2x4"]()
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table")
+    for c, records in ((CTX, updates()), (ctx, updates_for(ctx))):
+        step = fused_step(opt, c)
+        state = opt.init(VOCAB, WIDTH)
+        table = jnp.asarray(initial_table())
+        if c.sharded:
+            table = jax.device_put(table, NamedSharding(mesh, c.table_spec()))
+            state = jax.device_put(state, jax.tree.map(lambda s: NamedSharding(mesh, s), c.state_specs(state)))
+        for i, (update, (w_table, w_state, w_norm, w_valid)) in enumerate(zip(records, want)):
+            table, state, norm, valid = step(table, state, update)
+            where = f"{'sharded' if c.sharded else 'one device'} step {i}"
+            assert bool(valid) == bool(w_valid), where
+            np.testing.assert_allclose(float(norm), float(w_norm), rtol=1e-6, err_msg=where)
+            np.testing.assert_allclose(np.asarray(table), w_table, rtol=1e-6, atol=1e-7, err_msg=where)
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-7,
+                                                                 err_msg=where), state, w_state)
