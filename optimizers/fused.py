@@ -305,7 +305,9 @@ def _non_finite_rows(x: jax.Array, owned: jax.Array) -> jax.Array:
     return jnp.sum(owned & ~finite).astype(jnp.int32)
 
 
-RULE_CHUNK = 256  # rows a rule handles at a time where owned rows come first (it skips chunks of padding only)
+# Rows the routed owner's rule handles at a time: its owned rows come first in a static buffer sized for the
+# capacity (every sender's slots), mostly padding at the default capacity; it skips chunks of padding only.
+RULE_CHUNK = 256
 
 
 def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,
@@ -321,9 +323,7 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
         local = ids
         owned = ids < ctx.vocab
     g = segment_sum(update.grads, seg, ctx.num_unique)  # [U, width or width/n]
-    # One device: the unique ids are sorted, padding last, so the rule can stop after the real ones.
-    return _rule_and_write(opt, ctx, ids, local, owned, g, table, state, gate, axis, update.pending,
-                           chunk=RULE_CHUNK if axis is None else None)
+    return _rule_and_write(opt, ctx, ids, local, owned, g, table, state, gate, axis, update.pending)
 
 
 def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,

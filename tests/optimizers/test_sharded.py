@@ -159,9 +159,9 @@ def test_refusal_of_a_non_finite_result_is_one_decision_on_every_shard(name, lay
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES[:3]])
 def test_the_rule_run_chunk_by_chunk_changes_nothing(case, monkeypatch):
-    """One device and the routed owner run the rule over their owned rows in chunks of ``RULE_CHUNK`` rows,
-    skipping chunks of padding only. With chunks of 2 rows (several per step, the last part padding) table,
-    state, norm and valid equal the unchunked run's step for step, on one device and on 2x4 row shards."""
+    """The routed owner runs the rule over its owned rows in chunks of ``RULE_CHUNK`` rows, skipping chunks of
+    padding only. With chunks of 2 rows (several per step, the last part padding) table, state, norm and
+    valid equal one device's step for step on 2x4 row shards (one device does not chunk: checked too)."""
     from optimizers import fused
 
     name, hp = case
