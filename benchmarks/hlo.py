@@ -58,6 +58,28 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
     return out
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(\S+)\s.*\{\s*$")
+_BRANCHES = re.compile(r"(?:branch_computations=\{([^}]*)\}|(?:true|false)_computation=(%[^,\s]+))")
+
+
+def conditional_collective_bytes(hlo_text: str) -> dict[str, int]:
+    """The part of ``collective_bytes`` that sits in the branches of a conditional (``lax.cond``): it moves
+    only on the steps that take that branch (e.g. diagnostics computed on logged steps only). Counts the
+    collectives written directly in a branch computation (not in computations a branch calls)."""
+    branches = set()
+    for m in _BRANCHES.finditer(hlo_text):
+        names = m.group(1) if m.group(1) is not None else m.group(2)
+        branches.update(n.strip().lstrip("%") for n in names.split(",") if n.strip())
+    inside, current = [], None
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head:
+            current = head.group(1)
+        elif current in branches and _INSTR.match(line):
+            inside.append(line)
+    return collective_bytes("\n".join(inside))
+
+
 def collectives_by_op(hlo_text: str, top: int = 8) -> list[tuple[str, str, int]]:
     """The largest collectives: (kind, the JAX op that made it, bytes), biggest first (for reading a plan)."""
     rows = []

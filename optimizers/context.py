@@ -107,6 +107,18 @@ class AsyncEmbContext:
         return max(1, min(most, max(math.ceil(self.route_capacity * even), self.route_min_slots)))
 
     @property
+    def record_unique(self) -> int:
+        """Static size of an update record's ``unique_tokens`` for this context (``make_update``): the batch's
+        distinct ids (``num_unique``), or, routed, every device's own (``mesh.size`` blocks of
+        ``local_unique``, one per device, split like the batch). The two sizes differ whenever the mesh has
+        more than one device, so a record says which kind it is (``local_record``)."""
+        return self.mesh.size * self.local_unique if self.routed else self.num_unique
+
+    def local_record(self, update: Any) -> bool:
+        """Whether ``update`` holds per-device ids (routed ``make_update``), not the batch's (one device's)."""
+        return self.routed and update.unique_tokens.shape[0] == self.record_unique
+
+    @property
     def owner_unique(self) -> int:
         """Static size of the unique-row buffer an owning shard dedupes received ids into."""
         senders = self.mesh.size if self.mesh is not None else 1  # every device of every data group
@@ -148,7 +160,10 @@ class AsyncEmbContext:
             return P(None, self.table_axis)
         return P()
 
-    def update_specs(self) -> tuple[P, P, P, P]:
-        """Specs of the update record's fields (unique_tokens, grads, segment_ids, pending)."""
+    def update_specs(self, local: bool | None = None) -> tuple[P, P, P, P]:
+        """Specs of the update record's fields (unique_tokens, grads, segment_ids, pending). Routed, the record
+        ``make_update`` builds is per device (``local``, the default there): every field but ``pending`` is
+        split over the batch axes; a record of the whole batch (``local=False``) has its ids replicated."""
+        local = self.routed if local is None else local
         seg = P(self.batch_axes) if self.routed else P()
-        return P(), self.grads_spec(), seg, P()
+        return (P(self.batch_axes) if local and self.routed else P()), self.grads_spec(), seg, P()

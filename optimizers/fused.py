@@ -78,20 +78,72 @@ def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
 
 def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending: Any = True,
                 pad_id: int | None = 0) -> AsyncEmbGradientUpdate:
-    """Build the update record for one table from the batch's ids and per-token gradients."""
-    unique, seg = dedupe(ids, ctx.vocab, ctx.num_unique, pad_id)
+    """Build the update record for one table from the batch's ids and per-token gradients.
+
+    Routed (row layout, ``routing="alltoall"``): each device dedupes only its own tokens (the batch split
+    over every mesh axis, as the train step holds it) inside ``jax.shard_map``; ``unique_tokens`` is then
+    ``mesh.size`` sorted blocks of ``ctx.local_unique``, one per device, and each token's segment id indexes
+    its own device's block. No device sees another's ids. Otherwise one dedupe of the whole batch."""
     grads = grads.reshape(-1, grads.shape[-1])
+    if ctx.routed:
+        axes = ctx.batch_axes
+        P = jax.sharding.PartitionSpec
+        local = jax.shard_map(lambda i: dedupe(i, ctx.vocab, ctx.local_unique, pad_id), mesh=ctx.mesh,
+                              in_specs=P(axes), out_specs=(P(axes), P(axes)), check_vma=False)
+        unique, seg = local(ids.reshape(-1))
+    else:
+        unique, seg = dedupe(ids, ctx.vocab, ctx.num_unique, pad_id)
     return AsyncEmbGradientUpdate(unique, grads, seg, jnp.asarray(pending, bool))
 
 
 def empty_update(ctx: AsyncEmbContext, dtype=jnp.float32) -> AsyncEmbGradientUpdate:
     """A non-pending update of the right shapes (the first async step, or after a flush)."""
     return AsyncEmbGradientUpdate(
-        jnp.full((ctx.num_unique,), ctx.vocab, jnp.int32),
+        jnp.full((ctx.record_unique,), ctx.vocab, jnp.int32),
         jnp.zeros((ctx.tokens_per_batch, ctx.emb_width), dtype),
         jnp.full((ctx.tokens_per_batch,), -1, jnp.int32),
         jnp.zeros((), bool),
     )
+
+
+def record_token_ids(unique: Any, segment_ids: Any, rows: int) -> "np.ndarray":
+    """Host-side (numpy): each token's id in an update record of either kind, -1 for tokens it dropped.
+
+    ``rows``: the table's stored rows when the record was made (its padding id). A record of the whole
+    batch holds ``num_unique_for(T, rows)`` ids; a per-device record of ``m`` devices holds ``m`` blocks of
+    ``num_unique_for(T / m, rows)`` (strictly more for every m > 1), so its size says which it is."""
+    import numpy as np  # noqa: PLC0415
+
+    unique, seg = np.asarray(unique), np.asarray(segment_ids).reshape(-1)
+    tokens, size = seg.size, unique.size
+    blocks = next((m for m in range(1, tokens + 1) if tokens % m == 0 and m * num_unique_for(tokens // m, rows) == size),
+                  None)
+    if blocks is None:
+        raise ValueError(f"an update record of {tokens} tokens cannot hold {size} unique ids (rows={rows})")
+    start = (np.arange(tokens) // (tokens // blocks)) * (size // blocks)
+    return np.where(seg >= 0, unique[np.clip(start + seg, 0, size - 1)], -1).astype(np.int32)
+
+
+def record_for(ctx: AsyncEmbContext, token_ids: Any) -> tuple["np.ndarray", "np.ndarray"]:
+    """Host-side (numpy): ``(unique_tokens, segment_ids)`` of ``ctx``'s kind of record (``make_update``'s)
+    for tokens' ids (-1: dropped), e.g. a restored deferred update moved to another mesh or layout."""
+    import numpy as np  # noqa: PLC0415
+
+    tok = np.asarray(token_ids).reshape(-1)
+    blocks = ctx.mesh.size if ctx.routed else 1
+    size = ctx.record_unique // blocks
+    n = tok.size // blocks
+    unique = np.full((ctx.record_unique,), ctx.vocab, np.int32)
+    seg = np.full((tok.size,), -1, np.int32)
+    for b in range(blocks):
+        t = tok[b * n:(b + 1) * n]
+        valid = (t >= 0) & (t < ctx.vocab)
+        u = np.unique(t[valid])
+        if u.size > size - 1:
+            raise ValueError(f"{u.size} distinct ids do not fit an update record of {size} slots")
+        unique[b * size:b * size + u.size] = u
+        seg[b * n:(b + 1) * n] = np.where(valid, np.searchsorted(u, t), -1)
+    return unique, seg
 
 
 def segment_sum(grads: jax.Array, segment_ids: jax.Array, num_unique: int) -> jax.Array:
@@ -210,10 +262,11 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
         return _apply_local(opt, ctx, update, table, state, gate, axis=None)
     specs_state = ctx.state_specs(state)
     P = jax.sharding.PartitionSpec
-    upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs())
     if ctx.routed:
+        local = ctx.local_record(update)
+        upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs(local))
         kernel = jax.shard_map(
-            lambda u, t, s, g: _apply_routed(opt, ctx, u, t, s, g),
+            lambda u, t, s, g: _apply_routed(opt, ctx, u, t, s, g, local),
             mesh=ctx.mesh,
             in_specs=(upd_specs, ctx.table_spec(), specs_state, P()),
             out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis), P()),
@@ -222,6 +275,7 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
         *out, overflow = kernel(update, table, state, jnp.ravel(gate)[0])
         ctx.results["route_overflow"] = overflow
         return tuple(out)
+    upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs())
     kernel = jax.shard_map(
         lambda u, t, s, g: _apply_local(opt, ctx, u, t, s, g, axis=ctx.table_axis),
         mesh=ctx.mesh,
@@ -251,6 +305,11 @@ def _non_finite_rows(x: jax.Array, owned: jax.Array) -> jax.Array:
     return jnp.sum(owned & ~finite).astype(jnp.int32)
 
 
+# Rows the routed owner's rule handles at a time: its owned rows come first in a static buffer sized for the
+# capacity (every sender's slots), mostly padding at the default capacity; it skips chunks of padding only.
+RULE_CHUNK = 256
+
+
 def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,
                  axis):
     """The per-shard kernel: segment-sum, norm, gather, rule, gated scatter."""
@@ -267,18 +326,29 @@ def _apply_local(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     return _rule_and_write(opt, ctx, ids, local, owned, g, table, state, gate, axis, update.pending)
 
 
-def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate):
-    """The routed per-device kernel: this device's tokens -> its unique ids (fp32 segment-sum) -> all-to-all
-    to their owners -> the owner sums what every device sent for the same row -> rule on its own rows."""
+def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,
+                  local: bool = True):
+    """The routed per-device kernel: this device's unique ids and fp32 segment-summed gradients -> all-to-all
+    to their owners -> the owner sums what every device sent for the same row -> rule on its own rows.
+
+    ``local``: the record is per device (routed ``make_update``: this device's block of unique ids, its
+    tokens' segment ids into it), used as it is. Otherwise it is a record of the whole batch (replicated
+    ids): this device re-derives its tokens' ids and dedupes them first."""
     axis = ctx.table_axis
-    ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)  # this device's tokens
-    n = ids.shape[0]  # this device's tokens (ctx.local_tokens for a train batch's record)
-    unique, seg = dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
-    g = segment_sum(update.grads, seg, unique.shape[0])  # [U_local, width]
+    n = update.segment_ids.shape[0]  # this device's tokens (ctx.local_tokens for a train batch's record)
+    if local:
+        unique, seg = update.unique_tokens, update.segment_ids
+    else:
+        ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)
+        unique, seg = dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
     b = routing.bucket(ctx, unique, ctx.slots_for(n))
-    send_g = jnp.where(b.filled[..., None], g.at[b.index].get(mode="fill", fill_value=0), 0)
+    # Each token's gradient summed (fp32) straight into its unique id's send slot: one pass, no [U, width]
+    # buffer to gather from. Padding tokens and ids without a slot (overflow) land past the end: dropped.
+    shards, slots = b.send.shape
+    tok_slot = jnp.where(seg >= 0, b.slot.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=shards * slots), -1)
+    send_g = segment_sum(update.grads, tok_slot, shards * slots).reshape(shards, slots, -1)
     rows_in = routing.gather_over_data(ctx, routing.exchange(ctx, b.send)).reshape(-1)
-    g_in = routing.gather_over_data(ctx, routing.exchange(ctx, send_g)).reshape(-1, g.shape[-1])
+    g_in = routing.gather_over_data(ctx, routing.exchange(ctx, send_g)).reshape(-1, send_g.shape[-1])
     owner_unique = min(rows_in.shape[0], ctx.shard_rows) + 1  # every sender's slots, or every owned row
     local, oseg = dedupe(rows_in, ctx.shard_rows, owner_unique, pad_id=None)
     g_own = segment_sum(g_in, oseg, owner_unique)  # every sender's gradient for each owned row
@@ -286,14 +356,15 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
     gids = jnp.where(owned, local + lax.axis_index(axis) * ctx.shard_rows, ctx.vocab)
     overflow = lax.psum(b.overflow, ctx.batch_axes)
     out = _rule_and_write(opt, ctx, gids, local, owned, g_own, table, state, gate, axis,
-                          update.pending & (overflow == 0))
+                          update.pending & (overflow == 0), chunk=RULE_CHUNK)
     return (*out, overflow)
 
 
 def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, state: EmbOptState, gate, axis,
-                    pending):
+                    pending, chunk: int | None = None):
     """Norm, gather, rule, gate, scatter for unique rows ``ids`` (global; ``local`` in this shard, valid
-    where ``owned``) with their summed gradients ``g``."""
+    where ``owned``) with their summed gradients ``g``. ``chunk``: the owned rows come first (the rest is
+    padding); the rule runs on ``chunk`` rows at a time, only as many chunks as hold owned rows."""
     row_sq = jnp.sum(g * g, axis=-1)  # one pass over g serves the norm and any rule that needs sum(g**2)
     sq = jnp.sum(row_sq)
     if axis is not None:
@@ -311,23 +382,53 @@ def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, stat
         return across_width(jnp.sum(x, axis=-1))
 
     step = state.count + 1
-    rows = table.at[local].get(mode="fill", fill_value=0, unique_indices=True).astype(jnp.float32)
-    row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True), state.rows)
-    rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq))
-    new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
 
+    def rule(local, ids, g, row_sq, owned):
+        """New rows (float32, or rounded to the table's bfloat16) and state for these rows, and how many of
+        the owned ones hold a non-finite value (as stored)."""
+        rows = table.at[local].get(mode="fill", fill_value=0, unique_indices=True).astype(jnp.float32)
+        row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True),
+                                 state.rows)
+        rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq))
+        new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
+        if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
+            cols = jnp.arange(table.shape[1], dtype=jnp.int32)
+            if axis is not None and ctx.layout == COLUMN:
+                cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
+            new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
+        # The gate covers the rule's output: an update whose new rows or state would not be finite (as
+        # stored) writes nothing. Every shard counts its own non-finite touched rows; a psum decides for all.
+        bad = _non_finite_rows(new_rows.astype(table.dtype), owned)
+        for leaf, new_leaf in zip(jax.tree.leaves(state.rows), jax.tree.leaves(new_row_state)):
+            bad = bad + _non_finite_rows(jnp.asarray(new_leaf).astype(leaf.dtype), owned)
+        return new_rows, new_row_state, bad
+
+    if chunk is None or chunk >= local.shape[0]:
+        new_rows, new_row_state, bad = rule(local, ids, g, row_sq, owned)
+    else:
+        # Owned rows come first (sorted unique ids, padding last): the rule runs chunk by chunk over them only,
+        # so its cost follows the rows this shard really updates, not the static buffer (mostly padding).
+        n = local.shape[0]
+        total = -(-n // chunk) * chunk
+        pad = lambda x, v: jnp.concatenate([x, jnp.full((total - n, *x.shape[1:]), v, x.dtype)])  # noqa: E731
+        local, ids, g, row_sq, owned = (pad(local, n_local), pad(ids, ctx.vocab), pad(g, 0), pad(row_sq, 0),
+                                        pad(owned, False))
+        shapes = jax.eval_shape(lambda: rule(local[:chunk], ids[:chunk], g[:chunk], row_sq[:chunk], owned[:chunk]))
+        out0 = jax.tree.map(lambda s: jnp.zeros((total, *s.shape[1:]), s.dtype), shapes[:2])
+        live = -(-jnp.sum(owned).astype(jnp.int32) // chunk)
+
+        def body(carry):
+            i, out, bad = carry
+            at = i * chunk
+            part = lambda x: lax.dynamic_slice_in_dim(x, at, chunk)  # noqa: E731
+            r, st, b = rule(part(local), part(ids), part(g), part(row_sq), part(owned))
+            out = jax.tree.map(lambda o, v: lax.dynamic_update_slice_in_dim(o, v, at, 0), out, (r, st))
+            return i + 1, out, bad + b
+
+        _, (new_rows, new_row_state), bad = lax.while_loop(lambda c: c[0] < live, body,
+                                                           (jnp.int32(0), out0, jnp.zeros((), jnp.int32)))
     # Invalid or not ours: an index past the end (n_local or n_local + 1, after the gate), nothing is written.
     scatter = lambda a, v: a.at[write].set(v.astype(a.dtype), mode="drop", unique_indices=True)  # noqa: E731
-    if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
-        cols = jnp.arange(table.shape[1], dtype=jnp.int32)
-        if axis is not None and ctx.layout == COLUMN:
-            cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
-        new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
-    # The gate covers the rule's output: an update whose new rows or state would not be finite (as stored)
-    # writes nothing. Every shard counts its own non-finite touched rows; the psum makes one decision for all.
-    bad = _non_finite_rows(new_rows.astype(table.dtype), owned)
-    for leaf, new_leaf in zip(jax.tree.leaves(state.rows), jax.tree.leaves(new_row_state)):
-        bad = bad + _non_finite_rows(jnp.asarray(new_leaf).astype(leaf.dtype), owned)
     if axis is not None:
         bad = lax.psum(bad, axis)
     valid = valid & (bad == 0)

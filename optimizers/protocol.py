@@ -30,6 +30,10 @@ class AsyncEmbGradientUpdate(NamedTuple):
     grads: [tokens_per_batch, width], one row per token.
     segment_ids: int32 [tokens_per_batch], each token's index into ``unique_tokens``; -1 for padding tokens.
     pending: bool scalar, false when there is nothing to apply (first step, or after a flush).
+
+    On the routed row layout (``AsyncEmbContext.routed``) ``make_update`` builds the record per device:
+    ``unique_tokens`` is ``mesh.size`` blocks of ``local_unique`` (each device's own sorted distinct ids) and
+    a token's segment id indexes its own device's block (``AsyncEmbContext.record_unique``/``local_record``).
     """
 
     unique_tokens: jax.Array

@@ -75,9 +75,21 @@ def token_ids(ctx: AsyncEmbContext, unique: jax.Array, segment_ids: jax.Array) -
         mode="fill", fill_value=ctx.vocab))
 
 
-def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, exact: bool = False):
+def without_padding_id(unique: jax.Array, seg: jax.Array, vocab: int, pad_id: int = 0):
+    """A dedupe that kept ``pad_id`` (the smallest id: the first entry when present) -> the same dedupe
+    without it (``dedupe(..., pad_id=pad_id)``): it is dropped, the rest shift down, padding tokens get -1."""
+    has = unique[0] == pad_id
+    unique = jnp.where(has, jnp.concatenate([unique[1:], jnp.full((1,), vocab, unique.dtype)]), unique)
+    seg = jnp.where((seg < 0) | (has & (seg == 0)), -1, seg - has.astype(seg.dtype))
+    return unique, seg
+
+
+def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, exact: bool = False,
+                        with_dedupe: bool = False):
     """Per-device body of the routed lookup: ids [...] -> (rows [..., width] float32, ``Buckets``). Sizes
-    follow ``ids`` (an evaluation batch may differ from the train batch); ``exact``: room for every id."""
+    follow ``ids`` (an evaluation batch may differ from the train batch); ``exact``: room for every id.
+    ``with_dedupe``: also this device's (unique ids, segment ids) without the padding id 0, what a
+    per-device update record of these tokens holds (``make_update``), so the train step dedupes once."""
     from .fused import dedupe  # noqa: PLC0415 - fused imports this module
     from .context import num_unique_for  # noqa: PLC0415
 
@@ -89,7 +101,10 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     got = exchange(ctx, rows).reshape(-1, table_shard.shape[1])  # [shards * C, width]: my ids' rows
     urows = got.at[b.slot].get(mode="fill", fill_value=0)  # [U, width]; no slot -> zeros (overflow)
     out = jnp.where((seg >= 0)[:, None], urows.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=0), 0)
-    return out.reshape(*ids.shape, table_shard.shape[1]), b
+    out = out.reshape(*ids.shape, table_shard.shape[1])
+    if with_dedupe:
+        return out, b, without_padding_id(unique, seg, ctx.vocab)
+    return out, b
 
 
 _MUL = (0x9E3779B1, 0x85EBCA77)  # odd multipliers (bijections modulo any power of two)

@@ -34,6 +34,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding
 from omegaconf import DictConfig
 
 from . import lock as lock_lib
@@ -267,19 +268,26 @@ class Checkpoints:
             raise ValueError(f"state.step does not match the recorded data position {meta['data_step']}")
 
     def _refit(self, state: Any, meta: Mapping[str, Any]) -> Any:
-        """Re-pad the deferred updates' id lists for this run's padded row counts."""
+        """The deferred updates as this run makes them: their ids re-padded for this run's padded row
+        counts and, when the checkpoint's record is of another kind (per device on a routed row layout, or
+        of the whole batch; ``optimizers.fused.record_token_ids``), rebuilt from its tokens' ids."""
         if not state.pending:
             return state
+        from optimizers.fused import record_for, record_token_ids  # noqa: PLC0415
+
         pending = dict(state.pending)
         for n, upd in pending.items():
             ctx, old = self.program.contexts[n], meta["tables"][n]
-            if upd.unique_tokens.shape == (ctx.num_unique,) and old["rows"] == ctx.vocab:
-                continue
-            ids = meta_lib.refit_unique_tokens(np.asarray(upd.unique_tokens.addressable_data(0)),
-                                               old["vocab"], old["rows"], ctx.vocab, ctx.num_unique)
-            sharding = mesh_lib.replicated(self.program.mesh)
-            pending[n] = upd._replace(unique_tokens=jax.make_array_from_callback(
-                ids.shape, sharding, lambda idx, ids=ids: ids[idx]))
+            unique = np.asarray(upd.unique_tokens.addressable_data(0))  # both read whole (replicated)
+            seg = np.asarray(upd.segment_ids.addressable_data(0))
+            if unique.shape != (ctx.record_unique,) or old["rows"] != ctx.vocab:
+                if old["rows"] != ctx.vocab and (unique[unique < old["rows"]] >= old["vocab"]).any():
+                    raise ValueError(f"deferred update of table {n} holds ids outside its {old['vocab']} rows")
+                unique, seg = record_for(ctx, record_token_ids(unique, seg, old["rows"]))
+            specs = ctx.update_specs()
+            place = lambda x, spec: jax.make_array_from_callback(  # noqa: E731
+                x.shape, NamedSharding(self.program.mesh, spec), lambda idx, x=x: x[idx])
+            pending[n] = upd._replace(unique_tokens=place(unique, specs[0]), segment_ids=place(seg, specs[2]))
         return state._replace(pending=pending)
 
 

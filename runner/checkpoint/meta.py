@@ -40,6 +40,7 @@ VOLATILE_TRAINER = ("run_id", "stop_after", "log_interval", "eval_interval", "ev
                     "progress", "epochs", "default_epochs", "max_skipped_updates", "strict_ids")  # epochs: already in the resolved trainer.steps
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 UNIQUE_TOKENS = "unique_tokens"  # the deferred update's id list: resized and re-padded on restore
+SEGMENT_IDS = "segment_ids"  # its tokens' indices into that list: read whole, rebuilt on restore if needed
 
 
 def identity_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -156,7 +157,8 @@ def incompatible(where: str, problems: list[str]) -> str:
 def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, replicated: Any, where: str):
     """The abstract tree to read into: this run's shapes and shardings. Row-padded leaves may differ in
     their row count (Orbax pads with zeros or truncates padding rows); the deferred update's id list is
-    read at its stored size and fixed up afterwards. Any other difference is refused by name."""
+    read whole (replicated) at its stored size and rebuilt for this run afterwards (`_refit`). Any other
+    difference is refused by name."""
     stored, problems = meta["arrays"], []
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
     sh = jax.tree_util.tree_leaves(shardings)
@@ -170,11 +172,13 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
         shape, dtype, rows = tuple(stored[key]["shape"]), stored[key]["dtype"], stored[key]["rows"]
         if dtype != str(x.dtype):
             problems.append(f"array {key} dtype: the checkpoint has {dtype}, this config has {x.dtype}")
-        if shape == tuple(x.shape) or (rows is not None and shape[1:] == tuple(x.shape[1:])
+        if path[-1] == jax.tree_util.GetAttrKey(SEGMENT_IDS) and shape == tuple(x.shape):
+            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # re-placed by the refit
+        elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == 1:
+            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # at its stored size
+        elif shape == tuple(x.shape) or (rows is not None and shape[1:] == tuple(x.shape[1:])
                                        and min(shape[0], x.shape[0]) >= rows):
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
-        elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == 1:
-            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))
         else:
             problems.append(f"array {key} shape: the checkpoint has {shape}, this config has {tuple(x.shape)}")
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
@@ -184,17 +188,6 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
     if problems:
         raise PreflightError(incompatible(where, problems))
     return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def refit_unique_tokens(ids: np.ndarray, vocab: int, old_pad: int, new_pad: int, size: int) -> np.ndarray:
-    """The deferred update's sorted id list for another padded row count: pad ids (``old_pad``) become
-    ``new_pad`` and the list is resized to ``size`` slots (only padding slots are added or dropped)."""
-    ids = np.asarray(ids)
-    real = ids[ids < old_pad]
-    if real.size > size - 1 or (real >= vocab).any():
-        raise ValueError(f"deferred update holds {real.size} ids (max {real.max(initial=0)}); cannot fit "
-                         f"{size} slots of a {vocab}-row table")
-    return np.concatenate([real, np.full(size - real.size, new_pad, ids.dtype)])
 
 
 def config_changes(old: Mapping[str, Any], cfg: DictConfig) -> list[str]:

@@ -110,24 +110,31 @@ def lookup(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array) -> jax.Array:
     return lookup_counted(ctx, table, ids, exact=True)[0]
 
 
-def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact: bool = False):
+def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact: bool = False,
+                   with_dedupe: bool = False):
     """``lookup`` and, on the routed path, ``(overflow, peak)``: the distinct ids (summed over devices) the
     id routing had no slot for (they read zeros, so a step with any must not be trusted:
     ``emb/route_overflow/<table>``) and the most ids one device sent one shard (the slots this batch
-    needed: ``emb/route_peak/<table>``). Both 0 off the routed path."""
+    needed: ``emb/route_peak/<table>``). Both 0 off the routed path. ``with_dedupe`` (routed only): also
+    each device's dedupe of its own ids, padding id 0 left out, as ``make_update`` builds it (unique ids
+    ``[mesh.size * local_unique]`` and segment ids, both split over the batch), to reuse for the update."""
     ids = jnp.where((ids >= 0) & (ids < ctx.vocab), ids, ctx.vocab)  # ctx.vocab: stored rows, out of range
     none = jnp.zeros((), jnp.int32)
+    if with_dedupe and not ctx.routed:
+        raise ValueError("lookup_counted(with_dedupe=True) needs a routed context (row layout, alltoall)")
     if not ctx.sharded:
         return table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32), (none, none)
     mesh, axis = ctx.mesh, ctx.table_axis
     batch_axes = tuple(mesh.axis_names)
     if ctx.routed:
         def routed(table_shard, ids_local):
-            rows, b = routing.routed_lookup_local(ctx, table_shard, ids_local, exact)
-            return rows, (lax.psum(b.overflow, batch_axes), lax.pmax(b.peak, batch_axes))
+            rows, b, *dd = routing.routed_lookup_local(ctx, table_shard, ids_local, exact, with_dedupe)
+            return rows, (lax.psum(b.overflow, batch_axes), lax.pmax(b.peak, batch_axes)), *dd
 
+        dd_specs = ((P(batch_axes), P(batch_axes)),) if with_dedupe else ()
         return jax.shard_map(routed, mesh=mesh, in_specs=(ctx.table_spec(), P(batch_axes, None)),
-                             out_specs=(P(batch_axes, None, None), (P(), P())), check_vma=False)(table, ids)
+                             out_specs=(P(batch_axes, None, None), (P(), P()), *dd_specs),
+                             check_vma=False)(table, ids)
 
     def local(table_shard, ids_local):
         group_ids = lax.all_gather(ids_local, axis, axis=0, tiled=True)  # this data group's ids

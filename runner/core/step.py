@@ -132,18 +132,24 @@ class TrainProgram:
         ids, bad_ids = self.table_ids(batch)
         raw_ids = self.model.table_ids(batch)
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
-        dedup = {n: dedupe(ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids}
-        looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n]) for n in ids}
-        embs = {n: e for n, (e, _) in looked.items()}
+        detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
+        # The batch's distinct ids. Routed tables never dedupe the whole batch (each device dedupes its own
+        # tokens in its lookup, which is also its update record): for them one global dedupe feeds the
+        # diagnostics (distinct ids, stale rows), on logged steps only.
+        routed = {n for n in ids if ctxs[n].routed}
+        dedup = {n: dedupe(ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids if n not in routed}
+        diag = {n: jax.lax.cond(detail, partial(_diagnostics, ids[n], ctxs[n]), lambda p: (jnp.int32(-1),) * 2,
+                                state.pending.get(n) if self.async_emb else None) for n in sorted(routed)}
+        looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n], with_dedupe=n in routed) for n in ids}
+        embs = {n: e for n, (e, *_) in looked.items()}
         tables, emb_states = dict(state.tables), dict(state.emb_states)
         applied: dict[str, tuple] = {}
         metrics: dict[str, jax.Array] = {}
 
         if self.async_emb:  # apply G_{t-1}, ordered after this step's lookups, beside the forward pass
             gate = sum(e.reshape(-1)[0] for e in embs.values())
-            detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
             for n, upd in state.pending.items():
-                metrics[f"emb/stale_rows/{n}"] = jax.lax.cond(
+                metrics[f"emb/stale_rows/{n}"] = diag[n][1] if n in routed else jax.lax.cond(
                     detail, partial(_overlap, vocab=ctxs[n].vocab), lambda *_: jnp.int32(-1), dedup[n][0], upd)
                 tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
 
@@ -157,8 +163,9 @@ class TrainProgram:
         params, opt_state = jax.tree.map(lambda new, old: jnp.where(dense_ok, new, old),
                                          (new_params, new_opt_state), (state.params, state.opt_state))
 
-        updates = {n: AsyncEmbGradientUpdate(dedup[n][0], g_embs[n].reshape(-1, g_embs[n].shape[-1]),
-                                             dedup[n][1], jnp.ones((), bool)) for n in ids}
+        record = {n: looked[n][2] if n in routed else dedup[n] for n in ids}  # (unique ids, segment ids)
+        updates = {n: AsyncEmbGradientUpdate(record[n][0], g_embs[n].reshape(-1, g_embs[n].shape[-1]), record[n][1],
+                                             jnp.ones((), bool)) for n in ids}
         if self.async_emb:
             pending = updates
         else:
@@ -171,7 +178,8 @@ class TrainProgram:
             "train/loss": loss,
             "emb/grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
             "emb/valid_step": jnp.all(jnp.stack([a[1] for a in applied.values()])) if applied else jnp.array(False),
-            "emb/unique_rows": sum(jnp.sum(d[0] < ctxs[n].vocab) for n, d in dedup.items()),
+            "emb/unique_rows": jnp.where(detail | (not routed), sum(
+                diag[n][0] if n in routed else jnp.sum(dedup[n][0] < ctxs[n].vocab) for n in ids), -1),
             "dense/grad_norm": dense_norm,
             "dense/learning_rate": self.dense.schedule(args)(state.step),
             "outputs": outputs,
@@ -185,15 +193,17 @@ class TrainProgram:
         if self.async_emb:
             stale = sum(metrics[f"emb/stale_rows/{n}"] for n in state.pending)
             metrics["emb/stale_rows"] = jnp.where(detail, stale, -1)
-        for n, (_, (overflow, peak)) in looked.items():  # routed ids with no slot at their owner
+        for n, (_, (overflow, peak), *_) in looked.items():  # routed ids with no slot at their owner
             if ctxs[n].routed:
                 metrics[f"emb/route_overflow/{n}"] = overflow + ctxs[n].results.get("route_overflow", 0)
                 metrics[f"emb/route_peak/{n}"] = peak
         for n, bad in bad_ids.items():  # ids outside [0, vocab): they read zeros and update nothing
             metrics[f"emb/dropped_ids/{n}"] = jnp.sum(bad).astype(jnp.int32)
             # One of them (the first in batch order), so trainer.strict_ids can name it; not logged.
+            # A masked sum, not an index: indexing a batch split over the mesh would all-gather it.
             flat = raw_ids[n].reshape(-1).astype(jnp.int32)
-            metrics[f"emb/dropped_id_example/{n}"] = flat[jnp.argmax(bad.reshape(-1))]
+            first = jnp.arange(flat.shape[0]) == jnp.argmax(bad.reshape(-1))
+            metrics[f"emb/dropped_id_example/{n}"] = jnp.sum(jnp.where(first, flat, 0))
         skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
                                   {n: (state.pending[n] if self.async_emb else updates[n]).pending for n in applied})
         metrics.update(skip_metrics(skips))
@@ -308,9 +318,18 @@ class StepFn:
         return self.jitted.lower(state._replace(pending={}), state.pending, batch, self.args)
 
 
-def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, vocab: int) -> jax.Array:
-    """Rows this batch reads that still have a pending (not yet applied) update."""
-    p = pending.unique_tokens
+def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: AsyncEmbGradientUpdate | None):
+    """A routed table's (distinct ids of the batch, rows it reads that still have a pending update, or -1
+    without one), from one dedupe of the whole batch (run on logged steps only)."""
+    unique = dedupe(ids, ctx.vocab, ctx.num_unique)[0]
+    stale = _overlap(unique, pending, ctx.vocab, per_device=True) if pending is not None else jnp.int32(-1)
+    return jnp.sum(unique < ctx.vocab).astype(jnp.int32), stale
+
+
+def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, vocab: int, per_device: bool = False) -> jax.Array:
+    """Rows this batch reads that still have a pending (not yet applied) update. ``per_device``: the
+    record holds each device's own sorted ids (routed), sorted together here (repeats do no harm)."""
+    p = jnp.sort(pending.unique_tokens) if per_device else pending.unique_tokens
     pos = jnp.clip(jnp.searchsorted(p, unique, method="scan"), 0, p.shape[0] - 1)
     hit = (p[pos] == unique) & (unique < vocab) & pending.pending
     return jnp.sum(hit).astype(jnp.int32)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding
 
 import optimizers
@@ -103,3 +104,59 @@ def test_lookup_of_a_larger_batch_than_the_train_batch_reads_every_row():
     got = np.asarray(jax.jit(lambda t, i: lookup(ctx, t, i))(table, ids))
     want = np.where(((ids >= 0) & (ids < VOCAB))[..., None], table0[np.clip(ids, 0, VOCAB - 1)], 0)
     np.testing.assert_array_equal(got, want)
+
+
+def test_make_update_on_the_routed_layout_dedupes_each_devices_own_tokens():
+    """Routed: ``mesh.size`` blocks of ``local_unique`` ids, one per device's tokens, each token's segment id
+    into its own block; host-side ``record_token_ids`` reads either kind back and ``record_for`` rebuilds it."""
+    from optimizers.fused import record_for, record_token_ids
+
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "table"))
+    tokens = 8 * 6
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table")
+    whole = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens)
+    ids = np.random.default_rng(5).integers(-1, VOCAB + 2, size=tokens).astype(np.int32)
+    ids[:3] = 0  # padding
+    grads = np.ones((tokens, WIDTH), np.float32)
+    upd = jax.jit(lambda i, g: optimizers.make_update(ctx, i, g))(ids, grads)
+    ref = jax.jit(lambda i, g: optimizers.make_update(whole, i, g))(ids, grads)
+    assert ctx.record_unique == 8 * ctx.local_unique == 8 * 7 and upd.unique_tokens.shape == (ctx.record_unique,)
+    assert ctx.local_record(upd) and not ctx.local_record(ref) and not whole.local_record(ref)
+    assert upd.unique_tokens.sharding.spec == jax.sharding.PartitionSpec(("data", "table"))
+    unique, seg = np.asarray(upd.unique_tokens), np.asarray(upd.segment_ids)
+    want = np.where((ids > 0) & (ids < VOCAB), ids, -1)
+    for d in range(8):  # each device's block: its own tokens' distinct ids, sorted, padded with VOCAB
+        mine = want[d * 6:(d + 1) * 6]
+        u = np.unique(mine[mine >= 0])
+        np.testing.assert_array_equal(unique[d * 7:(d + 1) * 7], np.r_[u, [VOCAB] * (7 - u.size)])
+        np.testing.assert_array_equal(seg[d * 6:(d + 1) * 6], np.where(mine >= 0, np.searchsorted(u, mine), -1))
+    np.testing.assert_array_equal(record_token_ids(unique, seg, VOCAB), want)
+    np.testing.assert_array_equal(record_token_ids(ref.unique_tokens, ref.segment_ids, VOCAB), want)
+    for c, u in ((ctx, upd), (whole, ref)):
+        got = record_for(c, want)
+        np.testing.assert_array_equal(got[0], np.asarray(u.unique_tokens))
+        np.testing.assert_array_equal(got[1], np.asarray(u.segment_ids))
+    empty = optimizers.empty_update(ctx)
+    assert empty.unique_tokens.shape == (ctx.record_unique,) and ctx.local_record(empty)
+    with pytest.raises(ValueError, match="an update record of 48 tokens cannot hold 49 unique ids"):
+        record_token_ids(np.zeros(49, np.int32), seg, VOCAB)
+
+
+def test_the_lookups_dedupe_without_the_padding_id_is_make_updates():
+    """The routed train step reuses its lookup's per-device dedupe (which keeps id 0, the padding row) as the
+    update record: with 0 dropped it equals ``make_update``'s, padding tokens -1, with or without a 0."""
+    mesh = table_mesh()
+    tokens = 8 * 5
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table")
+    table = jax.device_put(np.zeros((VOCAB, WIDTH), np.float32), NamedSharding(mesh, ctx.table_spec()))
+    rng = np.random.default_rng(9)
+    for zeros in (0, 7):
+        ids = rng.integers(1, VOCAB + 2, size=tokens).astype(np.int32)  # a few out of range
+        ids[rng.permutation(tokens)[:zeros]] = 0
+        _, _, (unique, seg) = jax.jit(lambda t, i: lookup_counted(ctx, t, i, with_dedupe=True))(table, ids.reshape(-1, 1))
+        want = jax.jit(lambda i: optimizers.make_update(ctx, i, np.zeros((tokens, WIDTH), np.float32)))(ids)
+        np.testing.assert_array_equal(np.asarray(unique), np.asarray(want.unique_tokens))
+        np.testing.assert_array_equal(np.asarray(seg), np.asarray(want.segment_ids))
+    whole = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens)
+    with pytest.raises(ValueError, match="with_dedupe=True\\) needs a routed context"):
+        lookup_counted(whole, np.zeros((VOCAB, WIDTH), np.float32), ids, with_dedupe=True)

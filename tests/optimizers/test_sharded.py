@@ -28,17 +28,32 @@ assert VOCAB % 8 == 0 and WIDTH % 8 == 0, "row and column layouts need vocab and
 
 
 @functools.lru_cache(maxsize=None)
-def updates():
-    """Finite steps with padding and out-of-range ids, a NaN step, a non-pending update, then more steps."""
+def raw_steps():
+    """Finite steps with padding and out-of-range ids, a NaN step, a non-pending update ("empty"), then more
+    steps: (ids, grads) pairs."""
     rng = np.random.default_rng(11)
-    steps = [build_update(*batch(rng, out_of_range=(i == 1)), True) for i in range(3)]
+    steps = [batch(rng, out_of_range=(i == 1)) for i in range(3)]
     ids, grads = batch(rng)
     b, t = np.argwhere(ids > 0)[0]
     grads[b, t, 0] = np.nan
-    steps.append(build_update(ids, grads, True))
-    steps.append(optimizers.empty_update(CTX))
-    steps += [build_update(*batch(rng), True) for _ in range(2)]
-    return [jax.tree.map(np.asarray, u) for u in steps]  # host arrays: jit places them for each mesh
+    steps.append((ids, grads))
+    steps.append("empty")
+    steps += [batch(rng) for _ in range(2)]
+    return steps
+
+
+def updates_for(ctx):
+    """``raw_steps`` as ``ctx``'s update records (``make_update(ctx)``: per device on the routed row layout),
+    as host arrays (jit places them for each mesh)."""
+    build = jax.jit(functools.partial(optimizers.make_update, ctx))
+    return [jax.tree.map(np.asarray, optimizers.empty_update(ctx) if isinstance(s, str) else build(*s, True))
+            for s in raw_steps()]
+
+
+@functools.lru_cache(maxsize=None)
+def updates():
+    """``raw_steps`` as one device's records (a dedupe of the whole batch)."""
+    return updates_for(CTX)
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,9 +71,25 @@ def unsharded_run(case):
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 @pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES if c[1]])
 def test_sharded_equals_unsharded(case, mesh_name, layout):
+    """Records as the train step makes them for the sharded context (``make_update(ctx)``: per device on
+    the routed row layout) against one device's records on one device."""
+    _check_sharded(case, mesh_name, layout, whole_batch_records=False)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES[:4:2]])
+def test_routed_update_accepts_a_record_of_the_whole_batch(case):
+    """A record built for one device (replicated ids, e.g. restored from one device's run) applied on the
+    routed row layout: each device re-derives its tokens' ids; the same result as one device."""
+    _check_sharded(case, "2x4", context.ROW, whole_batch_records=True)
+
+
+def _check_sharded(case, mesh_name, layout, whole_batch_records):
     name, hp = case
     mesh = MESHES[mesh_name]()
     ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout)
+    records = updates() if whole_batch_records else updates_for(ctx)
+    if ctx.routed:
+        assert all(ctx.local_record(u) != whole_batch_records for u in records)
     opt = optimizers.create(name, **hp)
     step = fused_step(opt, ctx)
 
@@ -69,7 +100,7 @@ def test_sharded_equals_unsharded(case, mesh_name, layout):
     state = jax.device_put(state, state_shardings)
 
     want = unsharded_run((name, tuple(sorted(hp.items()))))
-    for i, (update, (w_table, w_state, w_norm, w_valid)) in enumerate(zip(updates(), want)):
+    for i, (update, (w_table, w_state, w_norm, w_valid)) in enumerate(zip(records, want)):
         table, state, norm, valid = step(table, state, update)
         where = f"step {i}"
         assert bool(valid) == bool(w_valid), where
@@ -124,3 +155,60 @@ def test_refusal_of_a_non_finite_result_is_one_decision_on_every_shard(name, lay
             jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, (table, state)), before)
         np.testing.assert_allclose(np.asarray(table), np.asarray(ref_table), rtol=1e-6, atol=1e-7)
     assert reported == [True, False, True]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES[:3]])
+def test_the_rule_run_chunk_by_chunk_changes_nothing(case, monkeypatch):
+    """The routed owner runs the rule over its owned rows in chunks of ``RULE_CHUNK`` rows, skipping chunks of
+    padding only. With chunks of 2 rows (several per step, the last part padding) table, state, norm and
+    valid equal one device's step for step on 2x4 row shards (one device does not chunk: checked too)."""
+    from optimizers import fused
+
+    name, hp = case
+    want = unsharded_run((name, tuple(sorted(hp.items()))))  # chunk 256: one chunk at this size
+    monkeypatch.setattr(fused, "RULE_CHUNK", 2)
+    opt = optimizers.create(name, **hp)
+    mesh = MESHES["2x4"]()
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table")
+    for c, records in ((CTX, updates()), (ctx, updates_for(ctx))):
+        step = fused_step(opt, c)
+        state = opt.init(VOCAB, WIDTH)
+        table = jnp.asarray(initial_table())
+        if c.sharded:
+            table = jax.device_put(table, NamedSharding(mesh, c.table_spec()))
+            state = jax.device_put(state, jax.tree.map(lambda s: NamedSharding(mesh, s), c.state_specs(state)))
+        for i, (update, (w_table, w_state, w_norm, w_valid)) in enumerate(zip(records, want)):
+            table, state, norm, valid = step(table, state, update)
+            where = f"{'sharded' if c.sharded else 'one device'} step {i}"
+            assert bool(valid) == bool(w_valid), where
+            np.testing.assert_allclose(float(norm), float(w_norm), rtol=1e-6, err_msg=where)
+            np.testing.assert_allclose(np.asarray(table), w_table, rtol=1e-6, atol=1e-7, err_msg=where)
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-7,
+                                                                 err_msg=where), state, w_state)
+
+
+def test_chunked_rule_on_a_bfloat16_table_is_bit_identical(monkeypatch):
+    """bfloat16 table (f32 state, stochastic rounding keyed by row id): the routed owner's rule in 2-row
+    chunks writes the same bits as in one pass."""
+    from optimizers import fused
+
+    mesh = MESHES["2x4"]()
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table")
+    opt = optimizers.create("async_adam", learning_rate=0.02)
+    records = updates_for(ctx)
+
+    def run(chunk):
+        monkeypatch.setattr(fused, "RULE_CHUNK", chunk)
+        step = fused_step(opt, ctx)
+        table = jax.device_put(jnp.asarray(initial_table(), jnp.bfloat16), NamedSharding(mesh, ctx.table_spec()))
+        state = jax.device_put(opt.init(VOCAB, WIDTH),
+                               jax.tree.map(lambda s: NamedSharding(mesh, s), ctx.state_specs(opt.init(VOCAB, WIDTH))))
+        out = []
+        for update in records:
+            table, state, norm, valid = step(table, state, update)
+            out.append(jax.tree.map(np.array, (table, state, norm, valid)))
+        return out
+
+    for a, b in zip(run(2), run(10**6)):
+        jax.tree.map(np.testing.assert_array_equal, a, b)
+    assert not np.array_equal(a[0], np.asarray(initial_table(), jnp.bfloat16))  # the table did move

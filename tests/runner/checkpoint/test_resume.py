@@ -16,6 +16,7 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from optimizers.fused import record_token_ids
 from runner.app import run
 from runner.build import build
 from runner.checkpoint import open_checkpoints
@@ -180,11 +181,14 @@ def test_restore_reshards_onto_another_mesh_and_layout(tmp_path, runs, target, s
             got, want = np.asarray(leaf), saved[f"['emb_states']['{name}']" + raw_key(*path)]
             np.testing.assert_array_equal(got[:vocab] if got.ndim else got, want[:vocab] if want.ndim else want)
         upd = state.pending[name]
-        ids, old_ids = np.asarray(upd.unique_tokens), saved[f"['pending']['{name}']['unique_tokens']"]
-        real = old_ids[old_ids < vocab]
-        np.testing.assert_array_equal(ids[: real.size], real)
-        assert (ids[real.size:] == rows).all()  # re-padded with this layout's out-of-range id
-        np.testing.assert_array_equal(np.asarray(upd.grads), saved[f"['pending']['{name}']['grads']"])
+        ids = np.asarray(upd.unique_tokens)
+        assert ids.shape == (program.contexts[name].record_unique,)  # this layout's kind of record
+        assert (ids[ids >= vocab] == rows).all()  # padded with this layout's out-of-range id
+        key = f"['pending']['{name}']"
+        np.testing.assert_array_equal(  # every token still names the same row
+            record_token_ids(ids, np.asarray(upd.segment_ids), rows),
+            record_token_ids(saved[key + "['unique_tokens']"], saved[key + "['segment_ids']"], 504))
+        np.testing.assert_array_equal(np.asarray(upd.grads), saved[key + "['grads']"])
 
 
 def test_resharded_resume_continues_like_the_straight_run(tmp_path, runs):
@@ -199,10 +203,12 @@ def test_resharded_resume_continues_like_the_straight_run(tmp_path, runs):
         g = got[key]
         table = f"['tables']{key.split(']')[1]}]" if key.count("]") > 1 else None  # a per-table leaf's table
         vocab = got[table].shape[0] if table in got else None  # one device stores exactly the vocab
-        if key.endswith("['unique_tokens']"):  # the same ids; each layout pads with its own row count
-            n = min(g.size, value.size)  # unique ids kept: at most the rows, so the lists' lengths differ too
-            np.testing.assert_array_equal(np.minimum(g[:n], vocab), np.minimum(value[:n], vocab), err_msg=key)
-            assert (g[n:] >= vocab).all() and (value[n:] >= vocab).all(), key
+        if key.endswith("['unique_tokens']"):  # each layout its own kind of record: per-token ids compared
+            seg = key.replace("unique_tokens", "segment_ids")
+            np.testing.assert_array_equal(record_token_ids(g, got[seg], vocab),
+                                          record_token_ids(value, want[seg], -(-vocab // 4) * 4), err_msg=key)
+        elif key.endswith("['segment_ids']"):
+            continue  # compared with the ids above
         elif g.shape != value.shape:  # row-padded leaves: the logical rows match, the padding stayed zero
             assert g.shape[0] == vocab and value.shape[0] == -(-vocab // 4) * 4, key
             np.testing.assert_allclose(g, value[:vocab], rtol=1e-5, atol=1e-7, err_msg=key)

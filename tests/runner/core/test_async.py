@@ -85,12 +85,18 @@ def test_async_differs_from_sync_and_is_one_step_stale(cfg_of):
 
 
 @pytest.mark.slow
-def test_stale_rows_counted_on_logged_steps(cfg_of):
+@pytest.mark.parametrize("mesh", [[], ["mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=row"]],
+                         ids=["single", "2x4-row-routed"])
+def test_stale_rows_counted_on_logged_steps(cfg_of, mesh):
     """``emb/stale_rows``: rows a batch reads whose previous-step update is still pending, i.e. the ids
-    batch t shares with batch t-1; computed on the steps the loop logs (every 2nd and the last), -1 else."""
+    batch t shares with batch t-1; computed on the steps the loop logs (every 2nd and the last), -1 else.
+    ``emb/unique_rows``: the batch's distinct ids, every step on one device; routed (per-device update
+    records, no dedupe of the whole batch), on logged steps only, -1 else."""
     steps = 5
     program, data, _ = build(cfg_of(["optimizer=async_sgd", "async_emb=on", "trainer.log_interval=2",
-                                     f"trainer.steps={steps}"]))
+                                     f"trainer.steps={steps}", *mesh]))
+    routed = program.contexts["items"].routed
+    assert routed == bool(mesh)
     _, _, _, metrics = run_steps(program, data, steps)
     B = program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
 
@@ -101,6 +107,8 @@ def test_stale_rows_counted_on_logged_steps(cfg_of):
     seen = [unique_ids(t) for t in range(steps)]
     for t, m in enumerate(metrics):
         logged = (t + 1) % 2 == 0 or t + 1 == steps
+        distinct = sum(len(ids) for ids in seen[t].values())
+        assert int(m["emb/unique_rows"]) == (distinct if logged or not routed else -1), t
         if not logged:
             assert int(m["emb/stale_rows"]) == -1
             continue
