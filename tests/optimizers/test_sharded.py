@@ -83,6 +83,20 @@ def test_routed_update_accepts_a_record_of_the_whole_batch(case):
     _check_sharded(case, "2x4", context.ROW, whole_batch_records=True)
 
 
+def steps_match(step, table, state, records, want, label):
+    """Apply ``records`` one by one; after each, valid, norm, table and state equal the unsharded run's
+    (``want``). Yields each step's (table, state) for further checks."""
+    for i, (update, (w_table, w_state, w_norm, w_valid)) in enumerate(zip(records, want)):
+        table, state, norm, valid = step(table, state, update)
+        where = f"{label}step {i}"
+        assert bool(valid) == bool(w_valid), where
+        np.testing.assert_allclose(float(norm), float(w_norm), rtol=1e-6, err_msg=where)
+        np.testing.assert_allclose(np.asarray(table), w_table, rtol=1e-6, atol=1e-7, err_msg=where)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-7,
+                                                             err_msg=where), state, w_state)
+        yield table, state
+
+
 def _check_sharded(case, mesh_name, layout, whole_batch_records):
     name, hp = case
     mesh = MESHES[mesh_name]()
@@ -100,17 +114,10 @@ def _check_sharded(case, mesh_name, layout, whole_batch_records):
     state = jax.device_put(state, state_shardings)
 
     want = unsharded_run((name, tuple(sorted(hp.items()))))
-    for i, (update, (w_table, w_state, w_norm, w_valid)) in enumerate(zip(records, want)):
-        table, state, norm, valid = step(table, state, update)
-        where = f"step {i}"
-        assert bool(valid) == bool(w_valid), where
-        np.testing.assert_allclose(float(norm), float(w_norm), rtol=1e-6, err_msg=where)
-        np.testing.assert_allclose(np.asarray(table), w_table, rtol=1e-6, atol=1e-7, err_msg=where)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-7,
-                                                             err_msg=where), state, w_state)
-        assert table.sharding.is_equivalent_to(table_sharding, table.ndim), (where, table.sharding)
+    for i, (table, state) in enumerate(steps_match(step, table, state, records, want, "")):
+        assert table.sharding.is_equivalent_to(table_sharding, table.ndim), (i, table.sharding)
         for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(state_shardings)):
-            assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), (where, leaf.sharding, sharding)
+            assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), (i, leaf.sharding, sharding)
     assert [bool(v) for *_, v in want] == [True, True, True, False, False, True, True]
     np.testing.assert_array_equal(np.asarray(table)[DRAWN:], initial_table()[DRAWN:])
 
@@ -177,14 +184,8 @@ def test_the_rule_run_chunk_by_chunk_changes_nothing(case, monkeypatch):
         if c.sharded:
             table = jax.device_put(table, NamedSharding(mesh, c.table_spec()))
             state = jax.device_put(state, jax.tree.map(lambda s: NamedSharding(mesh, s), c.state_specs(state)))
-        for i, (update, (w_table, w_state, w_norm, w_valid)) in enumerate(zip(records, want)):
-            table, state, norm, valid = step(table, state, update)
-            where = f"{'sharded' if c.sharded else 'one device'} step {i}"
-            assert bool(valid) == bool(w_valid), where
-            np.testing.assert_allclose(float(norm), float(w_norm), rtol=1e-6, err_msg=where)
-            np.testing.assert_allclose(np.asarray(table), w_table, rtol=1e-6, atol=1e-7, err_msg=where)
-            jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-7,
-                                                                 err_msg=where), state, w_state)
+        for _ in steps_match(step, table, state, records, want, "sharded " if c.sharded else "one device "):
+            pass
 
 
 def test_chunked_rule_on_a_bfloat16_table_is_bit_identical(monkeypatch):
