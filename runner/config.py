@@ -7,6 +7,7 @@ from the optimizer dataclasses themselves, so a hyperparameter is declared once,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -304,9 +305,11 @@ def optimizer_schema(cls: type) -> type:
     return dataclasses.make_dataclass(f"{cls.__name__}Config", fields)
 
 
+@functools.cache
 def register() -> None:
     """Schemas live in ``schema/<group>``, out of the option lists; each option YAML extends one with
-    ``- /schema/<group>@_here_: <name>`` in its defaults."""
+    ``- /schema/<group>@_here_: <name>`` in its defaults. Once per process (the store is process-wide, and
+    storing the 80-odd schemas again costs about a third of a compose)."""
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for name, cls in optimizers.REGISTRY.items():
