@@ -137,7 +137,8 @@ def permute_ids(ids: jax.Array, vocab: int) -> jax.Array:
     relabelling, neighbouring ids land far apart, so every shard owns about as many hot rows. It is a
     multiply-xorshift permutation of ``[0, 2**b)`` (``2**b >= vocab - 1``), cycle-walked until it falls back
     into ``[0, vocab - 1)`` (about two rounds), so the table keeps its size and no row is shared.
-    ``unpermute_ids`` is its inverse.
+    ``unpermute_ids`` is its inverse. Its loop runs until every id of ``ids`` is placed: on ids split over a
+    mesh, call it per device (inside ``jax.shard_map``; ``runner.core.embeddings.stored_rows`` does).
     """
     mixer = _mixer(vocab)
     if mixer is None:
