@@ -110,6 +110,26 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
 _MUL = (0x9E3779B1, 0x85EBCA77)  # odd multipliers (bijections modulo any power of two)
 
 
+def _mixer(vocab: int):
+    """(n, bits, shift) of ``permute_ids``' mixing function over ``[0, 2**bits)``; None when it is the identity."""
+    n = vocab - 1
+    if n <= 2:
+        return None
+    bits = (n - 1).bit_length()
+    return n, bits, max(1, bits // 2)
+
+
+def _walk(ids: jax.Array, vocab: int, step) -> jax.Array:
+    """Cycle-walk ``ids`` in ``[1, vocab)`` (0 and ids outside stay): apply ``step`` to ``id - 1`` until it falls
+    back into ``[0, vocab - 1)``."""
+    n = vocab - 1
+    ids = jnp.asarray(ids).astype(jnp.int32)
+    inside = (ids >= 1) & (ids < vocab)
+    y = step(jnp.where(inside, ids - 1, 0).astype(jnp.uint32))
+    y = lax.while_loop(lambda y: jnp.any(y >= n), lambda y: jnp.where(y >= n, step(y), y), y)
+    return jnp.where(inside, y.astype(jnp.int32) + 1, ids)
+
+
 def permute_ids(ids: jax.Array, vocab: int) -> jax.Array:
     """A fixed bijection of the ids ``[1, vocab)`` onto themselves (0, the padding id, and ids outside stay).
 
@@ -117,13 +137,14 @@ def permute_ids(ids: jax.Array, vocab: int) -> jax.Array:
     relabelling, neighbouring ids land far apart, so every shard owns about as many hot rows. It is a
     multiply-xorshift permutation of ``[0, 2**b)`` (``2**b >= vocab - 1``), cycle-walked until it falls back
     into ``[0, vocab - 1)`` (about two rounds), so the table keeps its size and no row is shared.
+    ``unpermute_ids`` is its inverse. Its loop runs until every id of ``ids`` is placed: on ids split over a
+    mesh, call it per device (inside ``jax.shard_map``; ``runner.core.embeddings.stored_rows`` does).
     """
-    n = vocab - 1
-    ids = jnp.asarray(ids).astype(jnp.int32)
-    if n <= 2:
-        return ids
-    bits = (n - 1).bit_length()
-    mask, shift = jnp.uint32((1 << bits) - 1), max(1, bits // 2)
+    mixer = _mixer(vocab)
+    if mixer is None:
+        return jnp.asarray(ids).astype(jnp.int32)
+    _, bits, shift = mixer
+    mask = jnp.uint32((1 << bits) - 1)
 
     def mix(x):
         for m in _MUL:
@@ -131,7 +152,29 @@ def permute_ids(ids: jax.Array, vocab: int) -> jax.Array:
             x = x ^ (x >> shift)
         return x
 
-    inside = (ids >= 1) & (ids < vocab)
-    y = mix(jnp.where(inside, ids - 1, 0).astype(jnp.uint32))
-    y = lax.while_loop(lambda y: jnp.any(y >= n), lambda y: jnp.where(y >= n, mix(y), y), y)
-    return jnp.where(inside, y.astype(jnp.int32) + 1, ids)
+    return _walk(ids, vocab, mix)
+
+
+def unpermute_ids(rows: jax.Array, vocab: int) -> jax.Array:
+    """The inverse of ``permute_ids``: the id whose relabelled row is ``rows`` (0 and rows outside stay).
+
+    Each round of the mixing function is undone in reverse order (the xorshift by re-applying it until every
+    bit is recovered, the multiply by the multiplier's inverse modulo ``2**b``); walking the inverse cycle
+    until it falls into ``[0, vocab - 1)`` undoes the cycle walk.
+    """
+    mixer = _mixer(vocab)
+    if mixer is None:
+        return jnp.asarray(rows).astype(jnp.int32)
+    _, bits, shift = mixer
+    mask = jnp.uint32((1 << bits) - 1)
+    inverses = [pow(m % (1 << bits), -1, 1 << bits) for m in _MUL]
+
+    def unmix(y):
+        for inv in reversed(inverses):
+            x = y
+            for _ in range(-(-bits // shift)):  # x = y ^ (x >> shift), recovered shift bits per round
+                x = y ^ (x >> shift)
+            y = (x * jnp.uint32(inv)) & mask
+        return y
+
+    return _walk(rows, vocab, unmix)

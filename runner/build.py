@@ -82,7 +82,8 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
                 f"model.tables.{name}.vocab={vocab} is too small: the data's {name} ids go up to {id_range}, so "
                 f"the table needs >= {id_range + 1} rows (row 0 is padding); raise it or set it to null")
         specs[name] = TableSpec(name, vocab, t.width or cfg.model.emb_width, tokens,
-                                rows=-(-vocab // shards) * shards, dtype=t.dtype, init_scale=t.init_scale)
+                                rows=-(-vocab // shards) * shards, dtype=t.dtype, init_scale=t.init_scale,
+                                permute_ids=bool(cfg.mesh.permute_ids))
     return specs
 
 

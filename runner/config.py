@@ -109,6 +109,11 @@ class MeshConfig:
     table_layout: TableLayout = TableLayout.row  # row: each shard owns a block of rows; column: a slice of the width
     pad_vocab: bool = True  # row layout: pad table rows up to a multiple of the table shards
     routing: Routing = Routing.alltoall  # row layout: how ids reach the shard that owns their row
+    # Store id i in row optimizers.routing.permute_ids(i, vocab) (a fixed bijection of [1, vocab), 0 stays), so
+    # the hot small ids of Zipf data spread over the row shards instead of all landing on the first one. Any
+    # layout (it only changes the load of the row layout); the same numbers are learned either way (initial
+    # values follow the id). Checkpoints store rows in this order: a resume must keep the value they record.
+    permute_ids: bool = False
     route_capacity: float = hparam(
         2.0, "row layout, alltoall routing: ids one device may send each table shard per step, as a multiple "
         "of the even share (its tokens / table shards; never below 64 slots); raise it if a run stops on "

@@ -204,8 +204,8 @@ class Checkpoints:
             changes = meta_lib.config_changes(meta["config"], self.cfg)
             if changes:
                 log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changes))
-            return Restored(self._refit(state, meta), int(meta["data_step"]), int(meta["metrics_rows"]), where,
-                            meta)
+            return Restored(self._refit(state, meta, where), int(meta["data_step"]), int(meta["metrics_rows"]),
+                            where, meta)
         if bad:
             raise PreflightError(
                 f"no readable checkpoint in {manager.directory}: " + "; ".join(bad) + ". They were moved aside "
@@ -267,10 +267,13 @@ class Checkpoints:
         if int(np.asarray(state.step.addressable_data(0))) != int(meta["data_step"]):
             raise ValueError(f"state.step does not match the recorded data position {meta['data_step']}")
 
-    def _refit(self, state: Any, meta: Mapping[str, Any]) -> Any:
+    def _refit(self, state: Any, meta: Mapping[str, Any], where: Path) -> Any:
         """The deferred updates as this run makes them: their ids re-padded for this run's padded row
         counts and, when the checkpoint's record is of another kind (per device on a routed row layout, or
-        of the whole batch; ``optimizers.fused.record_token_ids``), rebuilt from its tokens' ids."""
+        of the whole batch; ``optimizers.fused.record_token_ids``), rebuilt from its tokens' ids. A record
+        naming a padding row (an id in ``[vocab, rows)``, which no run writes: ids outside the vocab become
+        the padding id ``rows``) is refused, on any mesh: re-padded it would be dropped or land in another
+        padding row, kept it would write one."""
         if not state.pending:
             return state
         from optimizers.fused import record_for, record_token_ids  # noqa: PLC0415
@@ -280,9 +283,16 @@ class Checkpoints:
             ctx, old = self.program.contexts[n], meta["tables"][n]
             unique = np.asarray(upd.unique_tokens.addressable_data(0))  # both read whole (replicated)
             seg = np.asarray(upd.segment_ids.addressable_data(0))
+            stray = np.unique(unique[(unique >= old["vocab"]) & (unique < old["rows"])])
+            if stray.size:
+                raise PreflightError(
+                    f"checkpoint {where}: the deferred update of table '{n}' holds ids {stray[:4].tolist()} "
+                    f"outside its {old['vocab']} rows (ids 0..{old['vocab'] - 1}, stored padded to {old['rows']} "
+                    f"rows). No run writes such an update: the checkpoint was damaged before its digests were "
+                    f"taken, or written by another program. Move {where} away to resume from the checkpoint "
+                    f"before it, or start a new run: checkpoint.resume=never with another checkpoint.dir or "
+                    f"trainer.run_id.")
             if unique.shape != (ctx.record_unique,) or old["rows"] != ctx.vocab:
-                if old["rows"] != ctx.vocab and (unique[unique < old["rows"]] >= old["vocab"]).any():
-                    raise ValueError(f"deferred update of table {n} holds ids outside its {old['vocab']} rows")
                 unique, seg = record_for(ctx, record_token_ids(unique, seg, old["rows"]))
             specs = ctx.update_specs()
             place = lambda x, spec: jax.make_array_from_callback(  # noqa: E731

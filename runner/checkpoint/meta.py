@@ -72,9 +72,11 @@ def versions() -> dict[str, str]:
 
 
 def tables_of(program: Any) -> dict[str, dict[str, Any]]:
+    """Each table's facts a resume must match. ``permute_ids``: the stored rows are in the order of
+    ``mesh.permute_ids`` (a checkpoint from before the setting has no such key: unpermuted)."""
     return {n: {"vocab": s.vocab, "rows": s.rows, "width": s.width, "dtype": s.dtype,
                 "optimizer": type(program.emb_optimizers[n]).__name__,
-                "tokens_per_batch": program.contexts[n].tokens_per_batch}
+                "tokens_per_batch": program.contexts[n].tokens_per_batch, "permute_ids": bool(s.permute_ids)}
             for n, s in sorted(program.tables.items())}
 
 
@@ -144,6 +146,11 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
             if ours[name][key] != theirs[name][key]:
                 problems.append(f"table '{name}' {key} ({label}): the checkpoint has {theirs[name][key]!r}, "
                                 f"this config has {ours[name][key]!r}")
+        permuted = bool(theirs[name].get("permute_ids", False))
+        if permuted != ours[name]["permute_ids"]:
+            problems.append(f"table '{name}' permute_ids (mesh.permute_ids): the checkpoint has {permuted}, this "
+                            f"config has {ours[name]['permute_ids']}; its rows are stored in that order, so "
+                            f"resume it with mesh.permute_ids={str(permuted).lower()}")
     if problems:
         raise PreflightError(incompatible(where, problems))
 

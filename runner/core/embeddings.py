@@ -8,16 +8,23 @@ Lookups never materialise a full table on any device. With the table sharded ove
   elsewhere), and a reduce-scatter returns every device its own tokens' full rows;
 - ``column`` layout: ids are all-gathered over the table axis, each shard gathers its width slice of every
   row, and an all-to-all rebuilds full rows for each device's own tokens.
+
+With ``TableSpec.permute_ids`` (``mesh.permute_ids``) id ``i`` is stored in row ``routing.permute_ids(i, vocab)``
+instead of row ``i``, so the hot (small) ids of a Zipf distribution spread over the row shards. The relabelling
+happens once, in ``TrainProgram.table_ids`` (``stored_rows``): everything after it (lookup, update records,
+row statistics) works on stored rows. Initial values are drawn per id, not per row, so a permuted table starts
+as the unpermuted one with its rows relabelled and trains to the same numbers.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from optimizers import AsyncEmbContext, routing
 from optimizers.context import COLUMN
@@ -33,6 +40,33 @@ class TableSpec:
     rows: int  # stored rows: vocab padded up so row shards divide evenly
     dtype: str = "float32"
     init_scale: float = 0.05
+    permute_ids: bool = False  # id i lives in row routing.permute_ids(i, vocab) (mesh.permute_ids)
+
+
+def stored_rows(spec: TableSpec, ids: jax.Array, mesh: Mesh | None = None, split: bool = True) -> jax.Array:
+    """The rows that hold ``ids`` (int32): the ids themselves, or their relabelling under ``spec.permute_ids``
+    (0, the padding id, and ids outside ``[1, vocab)`` stay as they are).
+
+    On a mesh of several devices each device relabels its own ids (``split``: the leading dim is split over
+    every mesh axis, as a batch is; else every device holds all of them): the relabelling loops until each of
+    its ids has been placed, and a loop over ids split by the SPMD partitioner stops on a condition the
+    devices agree on through a collective, which deadlocked XLA:CPU's 2x4 mesh. Per device it needs none."""
+    ids = jnp.asarray(ids).astype(jnp.int32)
+    if not spec.permute_ids:
+        return ids
+    relabel = functools.partial(routing.permute_ids, vocab=spec.vocab)
+    if mesh is None or mesh.size == 1:
+        return relabel(ids)
+    where = P(tuple(mesh.axis_names)) if split else P()
+    return jax.shard_map(relabel, mesh=mesh, in_specs=where, out_specs=where, check_vma=False)(ids)
+
+
+def in_id_order(spec: TableSpec, table: jax.Array, mesh: Mesh | None = None) -> jax.Array:
+    """The table with row ``i`` holding id ``i`` (the table itself unless ``spec.permute_ids``): for a model
+    that scores whole catalogues by row (the sequential model's ``predict``)."""
+    if not spec.permute_ids:
+        return table
+    return table[stored_rows(spec, jnp.arange(table.shape[0], dtype=jnp.int32), mesh, split=False)]
 
 
 def hash_ids(raw: jax.Array, vocab: int) -> jax.Array:
@@ -63,7 +97,8 @@ def _fill_block(spec: TableSpec, seed: jax.Array, shape: tuple[int, int], row0, 
     def body(i, block):
         off = jnp.minimum(i * chunk, n_rows - chunk)  # the last chunk overlaps its predecessor (same values)
         rows = row0 + off + jnp.arange(chunk)
-        vals = normal_block(seed, rows, cols) * spec.init_scale
+        ids = routing.unpermute_ids(rows, spec.vocab) if spec.permute_ids else rows  # values follow the id
+        vals = normal_block(seed, ids, cols) * spec.init_scale
         vals = jnp.where(((rows > 0) & (rows < spec.vocab))[:, None], vals, 0)  # padding row 0, padded rows
         return lax.dynamic_update_slice_in_dim(block, vals.astype(dtype), off, 0)
 
@@ -72,6 +107,7 @@ def _fill_block(spec: TableSpec, seed: jax.Array, shape: tuple[int, int], row0, 
 
 def init_table(spec: TableSpec, key: jax.Array, sharding: NamedSharding | None, chunk_rows: int = 1 << 14):
     """Normal(0, init_scale) rows, row 0 (padding) and padded rows zero; the same values on every layout.
+    Each value depends on (key, id, column), so under ``spec.permute_ids`` id i's values land in its row.
 
     Each device fills only its own shard, chunk by chunk and in place, so initialising needs the table plus
     one chunk of work, never a table-sized temporary (drawing a 10M x 64 table with ``jax.random.normal``

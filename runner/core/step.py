@@ -28,7 +28,7 @@ from optimizers.fused import compiler_options, dedupe
 
 from . import mesh as mesh_lib
 from .dense_optimizer import DenseOptimizer
-from .embeddings import TableSpec, lookup, lookup_counted, table_values
+from .embeddings import TableSpec, in_id_order, lookup, lookup_counted, stored_rows, table_values
 from .state import SkipCounts, TrainState
 
 
@@ -116,14 +116,16 @@ class TrainProgram:
         return table, emb_state, norm, valid, None
 
     def table_ids(self, batch: Mapping[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-        """The model's ids per table with every id outside ``[0, vocab)`` replaced by the out-of-range id
-        (the stored row count): it reads zeros on every layout and no update touches a row for it. Also
-        returns each table's mask of those ids."""
+        """The rows the model's ids use, per table: the id itself, or its relabelling under
+        ``mesh.permute_ids`` (``embeddings.stored_rows``; the one place ids become rows, so lookups, update
+        records and row statistics all count stored rows), with every id outside ``[0, vocab)`` replaced by
+        the out-of-range id (the stored row count): it reads zeros on every layout and no update touches a
+        row for it. Also returns each table's mask of those ids."""
         ids, bad = {}, {}
         for n, raw in self.model.table_ids(batch).items():
             raw = raw.astype(jnp.int32)
             bad[n] = (raw < 0) | (raw >= self.tables[n].vocab)
-            ids[n] = jnp.where(bad[n], self.contexts[n].vocab, raw)
+            ids[n] = jnp.where(bad[n], self.contexts[n].vocab, stored_rows(self.tables[n], raw, self.mesh))
         return ids, bad
 
     def train_step(self, state: TrainState, batch: Mapping[str, jax.Array], args: Mapping[str, jax.Array] | None = None):
@@ -250,7 +252,10 @@ class TrainProgram:
     def predict(self, state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
         ids, _ = self.table_ids(batch)
         embs = {n: lookup(self.contexts[n], state.tables[n], ids[n]) for n in ids}
-        return self.model.predict(state.params, embs, batch, state.tables)
+        # The model scores catalogues by row number: it gets every table with row i holding id i (a gather
+        # under mesh.permute_ids, dropped by the compiler for a model that never reads the tables).
+        return self.model.predict(state.params, embs, batch,
+                                  {n: in_id_order(self.tables[n], t, self.mesh) for n, t in state.tables.items()})
 
     # ----- compiled entry points ---------------------------------------------------------------------
     def compile(self, state: TrainState, example_batch: Mapping[str, Any]):

@@ -30,7 +30,8 @@ class Task(Protocol):
 
     def make_model(self, specs: Mapping[str, Any], model_cfg: DictConfig) -> Any:
         """A model with ``table_ids(batch)``, ``init(key)``, ``loss(params, embs, batch) -> (loss, outputs)``
-        and ``predict(params, embs, batch, tables)``."""
+        and ``predict(params, embs, batch, tables)``; ``tables`` hold row i = id i (also under
+        ``mesh.permute_ids``, whose stored rows are relabelled)."""
 
     def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
         """Rows ``[shard*B/n, (shard+1)*B/n)`` of step's global batch: host arrays, a pure function of

@@ -91,6 +91,19 @@ def test_permute_ids_is_a_bijection_that_spreads_hot_ids():
     assert per_shard.max() <= 1.5 * 256 / shards  # the 256 hottest ids: about even, not all on shard 0
 
 
+def test_unpermute_ids_inverts_permute_ids():
+    def round_trips(x, vocab):
+        y = routing.permute_ids(x, vocab)
+        return y, routing.unpermute_ids(y, vocab), routing.permute_ids(routing.unpermute_ids(x, vocab), vocab)
+
+    for vocab in (4, 33, 501, 4097):  # 2**b - 1 ids, 2**b, a few past 2**b (long cycle walks)
+        x = np.arange(-2, vocab + 2, dtype=np.int32)
+        y, back, forth = map(np.asarray, jax.jit(round_trips, static_argnums=1)(x, vocab))
+        assert (y != x).sum() >= (vocab - 1) // 2  # a real relabelling, so the round trips mean something
+        np.testing.assert_array_equal(back, x)
+        np.testing.assert_array_equal(forth, x)
+
+
 def test_lookup_of_a_larger_batch_than_the_train_batch_reads_every_row():
     """Evaluation batches may be bigger than the train batch the context was sized for: the lookup sizes its
     buffers from the ids it gets and, without a capacity (``lookup``), reads every row."""

@@ -55,7 +55,9 @@ def open_with(ckpt_dir: Path, overrides=(), out: Path | None = None):
                                         r"checkpoint has 'AsyncAdam', this config has 'AsyncRowwiseAdagrad'"),
     ("async_emb=off", r"async_emb.enabled: the checkpoint has True, this config has False"),
     ("model.hidden=[32]", r"array .*params.* shape: the checkpoint has \(\d+, 16\), this config has \(\d+, 32\)"),
-], ids=["vocab", "width", "optimizer", "async_emb", "hidden"])
+    ("mesh.permute_ids=true", r"table 'items' permute_ids \(mesh.permute_ids\): the checkpoint has False, this config "
+                              r"has True; its rows are stored in that order, so resume it with mesh.permute_ids=false"),
+], ids=["vocab", "width", "optimizer", "async_emb", "hidden", "permute_ids"])
 @pytest.mark.slow
 def test_incompatible_config_is_refused_by_name(saved, override, message):
     with pytest.raises(PreflightError, match=message) as e:
@@ -317,6 +319,51 @@ def test_a_garbled_lock_file_is_refused_by_name(tmp_path, saved):
     _restores_step_4(ck)
 
 
+# ----- a deferred update naming a padding row ---------------------------------------------------------------
+STRAY = 502  # vocab 501 padded to 504 rows on the 2x4 row layout: 502 is a padding row
+
+
+@pytest.fixture(scope="module")
+def stray_record(tmp_path_factory) -> Path:
+    """A checkpoint (step 1, 2x4 row layout) whose deferred update of the items table names padding row 502:
+    written by the runner's own save, so its digests match and only the resume's refit can notice it."""
+    d = tmp_path_factory.mktemp("stray")
+    cfg = compose_config(BASE + RUN + [f"checkpoint.dir={d / 'ck'}", "mesh=data_table", "mesh.axes={data:2,table:4}",
+                                       "mesh.table_layout=row"])
+    program, _, plan = build(cfg)
+    assert (program.tables["items"].vocab, program.tables["items"].rows) == (501, 504)
+    checkpoints = open_checkpoints(cfg, program, plan, d / "first")
+    state = program.init_state(0)
+    upd = state.pending["items"]
+    unique = np.asarray(upd.unique_tokens).copy()
+    unique[0] = STRAY
+    put = lambda x, like: jax.device_put(np.asarray(x, like.dtype), like.sharding)  # noqa: E731
+    state = state._replace(step=put(1, state.step), pending={**state.pending, "items": upd._replace(
+        unique_tokens=put(unique, upd.unique_tokens), pending=put(True, upd.pending))})
+    checkpoints.save(1, state)
+    checkpoints.wait()
+    checkpoints.close()
+    return d / "ck"
+
+
+def stray_message(ck: Path) -> str:
+    return (f"checkpoint {ck / '1'}: the deferred update of table 'items' holds ids [{STRAY}] outside its 501 rows "
+            f"(ids 0..500, stored padded to 504 rows). No run writes such an update: the checkpoint was damaged "
+            f"before its digests were taken, or written by another program. Move {ck / '1'} away to resume from "
+            f"the checkpoint before it, or start a new run: checkpoint.resume=never with another checkpoint.dir "
+            f"or trainer.run_id.")
+
+
+@pytest.mark.parametrize("mesh", [["mesh=single"], ["mesh=data_table", "mesh.axes={data:2,table:4}",
+                                                    "mesh.table_layout=row"]], ids=["501-rows", "same-504-rows"])
+def test_a_deferred_update_naming_a_padding_row_is_refused(stray_record, mesh):
+    """Onto one device (the record is rebuilt for 501 rows) and onto the mesh that wrote it (kept as it is)."""
+    with pytest.raises(PreflightError) as e:
+        open_with(stray_record, mesh)
+    assert str(e.value) == stray_message(stray_record)
+    assert steps_in(stray_record) == [1] and not (stray_record / LOCK_FILE).exists()  # left as it was
+
+
 # ----- the command line: one clear message, no traceback --------------------------------------------------
 NOISE = ("Traceback", "Task exception was never retrieved", "Exception ignored in", "Event loop is closed")
 
@@ -349,6 +396,15 @@ def test_refusals_on_the_command_line_are_one_message_and_leave_the_directory_al
     assert f"output dir {tmp_path / 'first'} (lock {ck / LOCK_FILE})" in second.stderr
     assert not [n for n in NOISE if n in second.stdout + second.stderr], second.stderr[-3000:]
     _restores_step_4(ck)
+
+
+@pytest.mark.slow
+def test_a_deferred_update_naming_a_padding_row_is_one_message_on_the_command_line(tmp_path, stray_record):
+    proc = cli(tmp_path, "r", f"checkpoint.dir={stray_record}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: {stray_message(stray_record)}\n" in proc.stderr
+    assert not [n for n in NOISE if n in proc.stdout + proc.stderr], proc.stderr[-3000:]
+    assert steps_in(stray_record) == [1] and not (stray_record / LOCK_FILE).exists()
 
 
 @pytest.mark.slow
