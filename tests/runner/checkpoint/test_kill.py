@@ -1,6 +1,6 @@
 """A process killed (SIGKILL) in the middle of a save: the partial checkpoint is never committed, the next
 launch of the same command breaks the dead run's lock, resumes from the previous complete one and ends
-bit-identical to a straight run.
+bit-identical to a straight run (in this process, as ``python -m runner`` runs it: ``runner.app.run``).
 
 ``RUNNER_TEST_KILL_BEFORE_COMMIT=4`` makes the runner kill itself once every array of step 4 is written
 but before Orbax's rename commits it: the latest point a crash can hit, with the most partial data on disk.
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from runner.app import run
 from runner.checkpoint.lock import LOCK_FILE
 from runner.checkpoint.manager import KILL_ENV, TMP_SUFFIX
-from tests.runner.support import TINY
+from tests.runner.support import TINY, compose_config
 from tests.runner.checkpoint.test_resume import BASE, assert_same_arrays, metric_rows, saved_arrays, steps_in
 
 
@@ -28,8 +29,7 @@ def runner(tmp: Path, run_dir: str, ckpt: str, env: dict | None = None) -> subpr
 
 @pytest.mark.slow
 def test_killed_mid_save_resumes_from_the_previous_checkpoint(tmp_path):
-    straight = runner(tmp_path, "straight", "ck_straight")
-    assert straight.returncode == 0, straight.stderr[-2000:]
+    run(compose_config(BASE + [f"checkpoint.dir={tmp_path / 'ck_straight'}"]), tmp_path / "straight")
 
     killed = runner(tmp_path, "run", "ck", env={KILL_ENV: "4"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
