@@ -100,6 +100,7 @@ def zipf_batch(data, program, seed: int, a: float = 1.2):
     return b
 
 
+@pytest.mark.slow
 def test_permuted_ids_spread_zipf_rows_over_the_row_shards():
     """emb/shard_rows_max / _mean of the items table for one Zipf batch, with and without the relabelling (async:
     the second step applies the first one's update), against a numpy count of the distinct rows per shard."""
@@ -121,6 +122,7 @@ def test_permuted_ids_spread_zipf_rows_over_the_row_shards():
     assert bmax / bmean > 1.8 and pmax / pmean < 1.3, loads  # measured: 52 / 25 and 28 / 25
 
 
+@pytest.mark.slow
 def test_sequential_full_ranking_is_unchanged_by_the_relabelling():
     """Full softmax (the catalogue's logits), then valid/test ranking with seen items excluded: the same
     scores and metrics with and without mesh.permute_ids."""
