@@ -217,6 +217,7 @@ class SequentialModelConfig:
                                 "sequence, shared by its positions", low=1, high=MAX_IDS)
     l2_norm: bool = False  # cosine logits: L2-normalise the hidden state and the item rows
     temperature: float = hparam(1.0, "logits are divided by this", low=0.0, low_open=True)
+    seen_bias: bool = False  # learn one logit offset for items already in the input sequence (repeat-aware)
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {"items": TableConfig()})
 
 

@@ -28,6 +28,14 @@ gets them looked up, so the fused embedding optimizer receives per-token gradien
   same again for their gradient) and updates all N rows: fine for a few thousand items, not for 10^5+.
 
 ``predict`` scores the last position against every row of the (possibly sharded) item table.
+
+``seen_bias`` (``model.seen_bias``, off by default) adds one learned logit offset to every item that already
+occurs in the input sequence up to the scored position (at ``predict``: anywhere in it), in training and in
+scoring alike: repeat-aware scoring. Data where a user never consumes an item twice (MovieLens: one rating
+per movie) teaches it a large negative offset, so the model learns to rank seen items low; data with repeats
+teaches a positive one. Nothing is masked by rule: the history is still ranked (``data.exclude_seen`` is
+the rule). The offset is ``SEEN_SCALE * params["seen"]`` (``seen`` starts at 0), so the dense optimizer's
+steps of about its learning rate move it by logit units within a few hundred steps.
 """
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ import jax.numpy as jnp
 from ...core.embeddings import TableSpec
 
 NEG = -1e9  # finite "minus infinity": a fully masked row stays finite
+SEEN_SCALE = 10.0  # seen_bias: the logit offset is SEEN_SCALE * params["seen"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +66,7 @@ class SequentialModel:
     catalog_per_example: int = 0  # full_softmax: catalog ids carried by each example
     l2_norm: bool = False
     temperature: float = 1.0
+    seen_bias: bool = False  # a learned logit offset for items already in the input sequence
 
     @property
     def width(self) -> int:
@@ -87,7 +97,10 @@ class SequentialModel:
                    "ln2": ln(), "w1": dense(d, f), "b1": jnp.zeros((f,), jnp.float32), "w2": dense(f, d),
                    "b2": jnp.zeros((d,), jnp.float32)} for _ in range(self.num_blocks)]
         pos = 0.02 * jax.random.normal(next(keys), (self.max_len, d), jnp.float32)
-        return {"pos": pos, "blocks": blocks, "ln_f": ln()}
+        params = {"pos": pos, "blocks": blocks, "ln_f": ln()}
+        if self.seen_bias:
+            params["seen"] = jnp.zeros((), jnp.float32)
+        return params
 
     # ----- the encoder -------------------------------------------------------------------------------
     def encode(self, params, item_embs: jax.Array, inputs: jax.Array, seeds: jax.Array | None = None):
@@ -116,6 +129,17 @@ class SequentialModel:
         return h / self.temperature, rows
 
     # ----- training and scoring ----------------------------------------------------------------------
+    def _seen(self, params, inputs: jax.Array):
+        """``seen_bias``: ``(first, offset)``, ``first[b, j]`` the first position of item j in ``inputs[b]``
+        (``max_len``-wide, so "never": the length; padding never counts), and the learned logit offset; an
+        item is seen at position t when ``first <= t``. None without ``seen_bias``."""
+        if not self.seen_bias:
+            return None
+        B, L = inputs.shape
+        at = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+        first = jnp.full((B, self.num_items + 1), L, jnp.int32).at[jnp.arange(B)[:, None], inputs].min(at)
+        return first.at[:, 0].set(L), SEEN_SCALE * params["seen"]
+
     def loss(self, params, embs, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Mean next-item cross-entropy over the non-padding positions; outputs {"top1": accuracy}."""
         inputs, targets = batch["inputs"], batch["targets"]
@@ -123,12 +147,18 @@ class SequentialModel:
         e = embs["items"]
         h = self.encode(params, e[:, :L], inputs, batch.get("seed"))
         valid = targets != 0
+        seen = self._seen(params, inputs)
+        t = jnp.arange(L, dtype=jnp.int32)[None, :, None]  # the scored position, against first[b, item]
+        at = lambda first_of: jnp.where(first_of <= t, seen[1], 0.0)  # noqa: E731  ([B, L, n] offsets)
         if self.loss_kind == "full_softmax":
             B, c = inputs.shape[0], self.catalog_per_example
             catalog = e[:, L:].reshape(B * c, -1)[: self.num_items]
             rows = jnp.concatenate([jnp.zeros_like(catalog[:1]), catalog])  # row j = item j (0: padding)
             h, rows = self._out(h, rows)
-            logits = jnp.einsum("bld,nd->bln", h, rows).at[..., 0].set(NEG)
+            logits = jnp.einsum("bld,nd->bln", h, rows)
+            if seen is not None:
+                logits = logits + at(seen[0][:, None, :])
+            logits = logits.at[..., 0].set(NEG)
             pos = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
             lse = jax.nn.logsumexp(logits, -1)
             hit = jnp.argmax(logits, -1) == targets
@@ -136,14 +166,20 @@ class SequentialModel:
             h, rows = self._out(h, e[:, L:])  # [B, L + K, D]: the targets' rows, then the negatives'
             tgt, neg = rows[:, :L], rows[:, L:]
             pos = jnp.sum(h * tgt, -1)
+            if seen is not None:
+                pos = pos + at(jnp.take_along_axis(seen[0], targets, 1)[..., None])[..., 0]
             if self.negatives == "in_batch":  # candidate c at (b, t): sequence c's target at t
                 others = jnp.einsum("bld,cld->blc", h, tgt) - batch["targets_logq"].T[None]
                 cand = targets.T[None]  # [1, L, B]
+                if seen is not None:
+                    others = others + at(jax.vmap(lambda f: f[cand[0]])(seen[0]))  # first[b, targets[c, t]]
                 others = jnp.where((cand == targets[:, :, None]) | (cand == 0), NEG, others)  # own, hits, padding
             else:
                 others = jnp.einsum("bld,bkd->blk", h, neg)
                 if self.negatives == "popularity":
                     others = others - batch["negatives_logq"][:, None, :]
+                if seen is not None:
+                    others = others + at(jnp.take_along_axis(seen[0], batch["negatives"], 1)[:, None, :])
                 others = jnp.where(batch["negatives"][:, None, :] == targets[:, :, None], NEG, others)
             lse = jnp.logaddexp(pos, jax.nn.logsumexp(others, -1))
             hit = pos > others.max(-1)
@@ -157,7 +193,11 @@ class SequentialModel:
         inputs = batch["inputs"]
         h = self.encode(params, embs["items"][:, : inputs.shape[1]], inputs)[:, -1]
         h, rows = self._out(h, tables["items"][: self.num_items + 1].astype(jnp.float32))
-        return (h @ rows.T).at[:, 0].set(NEG)
+        scores = h @ rows.T
+        seen = self._seen(params, inputs)
+        if seen is not None:  # anywhere in the input sequence
+            scores = scores + jnp.where(seen[0] < inputs.shape[1], seen[1], 0.0)
+        return scores.at[:, 0].set(NEG)
 
 
 def _layer_norm(x, p, eps: float = 1e-6):

@@ -157,7 +157,7 @@ class SequentialTask:
         return SequentialModel(specs["items"], self.data.num_items, self.data.max_len, m.num_blocks, m.num_heads,
                                m.ffn_mult, m.dropout, m.loss, negatives=self.negatives,
                                catalog_per_example=self.catalog_per_example,
-                               l2_norm=m.l2_norm, temperature=m.temperature)
+                               l2_norm=m.l2_norm, temperature=m.temperature, seen_bias=m.seen_bias)
 
     def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
         """Rows [shard*B/n, (shard+1)*B/n) of the global batch of ``step``: a pure function of (seed, step)."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from runner.core.embeddings import TableSpec
-from runner.tasks.sequential.model import SequentialModel
+from runner.tasks.sequential.model import SEEN_SCALE, SequentialModel
 
 N, L, D, K, B = 30, 6, 8, 5, 4
 
@@ -64,9 +64,10 @@ def _softmax_ce(logits, target_col):
     return lse - np.take_along_axis(logits, target_col[..., None], -1)[..., 0]
 
 
-def per_position_reference(b, h, rows, negatives_at, correction=lambda n: 0.0, temperature=1.0):
+def per_position_reference(b, h, rows, negatives_at, correction=lambda n: 0.0, temperature=1.0, seen=0.0):
     """Mean cross-entropy and top-1 rate over the non-padding positions, one position at a time: the
-    target's logit against ``negatives_at(i, t, target)``'s, each minus ``correction(id)``, over temperature."""
+    target's logit against ``negatives_at(i, t, target)``'s, each minus ``correction(id)``, over temperature,
+    plus ``seen`` for an item among the inputs up to position t."""
     losses, hits = [], []
     for i in range(B):
         for t in range(L):
@@ -74,7 +75,9 @@ def per_position_reference(b, h, rows, negatives_at, correction=lambda n: 0.0, t
             if y == 0:
                 continue
             negs = negatives_at(i, t, y)
-            logits = np.array([rows[y] @ h[i, t]] + [rows[n] @ h[i, t] - correction(n) for n in negs]) / temperature
+            off = lambda n: seen * (n in b["inputs"][i, : t + 1])  # noqa: E731
+            logits = np.array([rows[y] @ h[i, t] / temperature + off(y)] +
+                              [(rows[n] @ h[i, t] - correction(n)) / temperature + off(n) for n in negs])
             losses.append(_softmax_ce(logits, np.array(0)))
             hits.append(len(negs) == 0 or logits[0] > logits[1:].max())
     return np.mean(losses), np.mean(hits)
@@ -169,3 +172,78 @@ def test_dropout_is_seeded_and_only_in_training():
     tables = {"items": table}
     np.testing.assert_array_equal(np.asarray(model.predict(params, embs, dev, tables)),
                                   np.asarray(no_drop.predict(params, embs, dev, tables)))
+
+
+SEEN = 0.3  # params["seen"]: a logit offset of SEEN_SCALE * 0.3 = 3 for items already in the inputs
+
+
+def with_seen(params):
+    return {**params, "seen": jnp.float32(SEEN)}
+
+
+@pytest.mark.parametrize("negatives", ["uniform", "popularity", "in_batch"])
+def test_seen_bias_offsets_every_candidate_already_in_the_inputs(negatives):
+    """Sampled softmax with ``seen_bias``: the target and each negative get the learned offset when the item
+    occurs among the inputs up to the scored position (the batch has such repeats and such targets)."""
+    model, params, table = make(negatives=negatives, seen_bias=True)
+    assert float(params["seen"]) == 0.0  # starts neutral
+    params = with_seen(params)
+    b = batch(1)
+    b["negatives_logq"] = LOGQ[b["negatives"]]
+    b["targets_logq"] = LOGQ[b["targets"]]
+    repeats = [(i, t) for i in range(B) for t in range(L) if b["targets"][i, t] in b["inputs"][i, : t + 1]]
+    assert repeats and b["targets"][0, -1] != 0
+    h = hidden(model, params, table, b)
+    correction = (lambda n: 0.0) if negatives == "uniform" else (lambda n: LOGQ[n])
+    if negatives == "in_batch":
+        negatives_at = lambda i, t, y: [b["targets"][c, t] for c in range(B)  # noqa: E731
+                                        if c != i and b["targets"][c, t] not in (0, y)]
+    else:
+        negatives_at = lambda i, t, y: [n for n in b["negatives"][i] if n != y]  # noqa: E731
+    want_loss, want_top1 = per_position_reference(b, h, table.astype(np.float64), negatives_at, correction,
+                                                  seen=SEEN_SCALE * SEEN)
+    embs, _ = lookup(model, table, b)
+    loss, out = model.loss(params, embs, {k: jnp.asarray(v) for k, v in b.items()})
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-4)
+    np.testing.assert_allclose(float(out["top1"]), want_top1, atol=1e-6)
+
+
+def test_seen_bias_full_softmax_and_predict_match_numpy():
+    """Full softmax: item j's logit at (b, t) gets the offset when j is among inputs[b, :t + 1]; predict adds it
+    to every item anywhere in the inputs (the history is scored, not removed)."""
+    model, params, table = make("full_softmax", seen_bias=True)
+    params = with_seen(params)
+    b = batch(2)
+    h = hidden(model, params, table, b)
+    seen = np.zeros((B, L, N + 1))
+    for i in range(B):
+        for t in range(L):
+            seen[i, t, [j for j in b["inputs"][i, : t + 1] if j]] = 1.0
+    logits = h @ table.T.astype(np.float64) + SEEN_SCALE * SEEN * seen
+    logits[..., 0] = -np.inf
+    valid = b["targets"] != 0
+    embs, _ = lookup(model, table, b)
+    loss, out = model.loss(params, embs, {k: jnp.asarray(v) for k, v in b.items()})
+    np.testing.assert_allclose(float(loss), _softmax_ce(logits, b["targets"])[valid].mean(), rtol=1e-4)
+    np.testing.assert_allclose(float(out["top1"]), (logits.argmax(-1) == b["targets"])[valid].mean(), atol=1e-6)
+    scores = np.asarray(model.predict(params, embs, {"inputs": jnp.asarray(b["inputs"])}, {"items": table}))
+    want = h[:, -1] @ table.T + SEEN_SCALE * SEEN * seen[:, -1]
+    np.testing.assert_allclose(scores[:, 1:], want[:, 1:], rtol=1e-4, atol=1e-5)
+    assert (scores[:, 0] < -1e8).all() and seen[:, -1, 1:].sum() > B  # padding never seen; items were
+
+
+def test_seen_bias_learns_to_rank_seen_items_down_when_targets_never_repeat():
+    """On sequences whose targets never occur earlier in them, raising the offset only raises wrong items'
+    logits: the gradient pushes it negative (and with it the scores of the seen items)."""
+    model, params, table = make("full_softmax", seen_bias=True)
+    b = batch(4)
+    for i in range(B):  # rewrite each sequence without repeats: then no target is among its inputs
+        n = int((b["inputs"][i] != 0).sum())
+        fresh = np.random.default_rng(i).permutation(np.arange(1, N + 1))[: n + 1].astype(np.int32)
+        b["inputs"][i, L - n:], b["targets"][i, L - n:] = fresh[:-1], fresh[1:]
+    assert not any(0 != b["targets"][i, t] in b["inputs"][i, : t + 1] for i in range(B) for t in range(L))
+    embs, _ = lookup(model, table, b)
+    grad = jax.grad(lambda p: model.loss(p, embs, {k: jnp.asarray(v) for k, v in b.items()})[0])(params)
+    assert float(grad["seen"]) > 0
+    plain, plain_params, _ = make("full_softmax")
+    assert "seen" not in plain_params  # off by default: no such parameter

@@ -180,3 +180,10 @@ def test_all_windows_make_an_epoch_of_every_training_target():
     assert users.size == sum(-(-(p - 1) // 8) for p in every.data.train_lengths if p >= 2)
     b = every.batch(0, 64)
     assert b["inputs"].shape == (64, 8) and (b["targets"] > 0).any(axis=1).all()
+
+
+def test_a_non_boolean_seen_bias_is_refused_when_composed():
+    with pytest.raises(Exception) as e:
+        seq_config("model.seen_bias=sometimes")
+    text = f"{e.value} {e.value.__cause__}"
+    assert "model.seen_bias=sometimes" in text and "'sometimes' is not a valid bool" in text, text
