@@ -8,7 +8,9 @@ from pathlib import Path
 import jax
 import numpy as np
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from omegaconf import DictConfig, OmegaConf
 
 from runner.config import register
 from runner.core.loop import to_device
@@ -22,18 +24,35 @@ TINY_SEQUENCES = ["debug=tiny_sequences"]  # conf/debug/tiny_sequences.yaml: 200
 _COMPOSED: dict[tuple[str, ...], DictConfig] = {}
 
 
-def compose_config(overrides=(), tiny: bool = True) -> DictConfig:
-    """The config ``python -m runner <overrides>`` composes (with ``debug=tiny`` first unless ``tiny=False``).
-
-    Hydra's compose costs 0.15-0.3 s, and many tests compose the same overrides: each distinct list is
-    composed once per process and every caller gets its own deep copy (tests may change it). A list Hydra
-    refuses raises every time (nothing is stored)."""
-    key = tuple(TINY if tiny else []) + tuple(str(o) for o in overrides)
+def _hydra_compose(key: tuple[str, ...]) -> DictConfig:
     if key not in _COMPOSED:
         register()
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="runner"):
             _COMPOSED[key] = compose("config", overrides=list(key))
-    return copy.deepcopy(_COMPOSED[key])
+    return _COMPOSED[key]
+
+
+def compose_config(overrides=(), tiny: bool = True) -> DictConfig:
+    """The config ``python -m runner <overrides>`` composes (with ``debug=tiny`` first unless ``tiny=False``).
+
+    Hydra's compose costs 0.15-0.3 s, and the suite composes a few hundred lists, most of them the same
+    config choices with other values. So the choices (group overrides, ``+``/``~``, ``hydra.*``) are composed
+    by Hydra once per process, and each plain ``key.path=value`` is then applied as Hydra applies it after
+    composing (``OmegaConf.update(cfg, key, parsed value, merge=True)`` on the typed, struct config: the same
+    parsing and type checks; tests/runner/test_config.py compares the two). A list whose values do not apply
+    that way is composed whole by Hydra, so its error is Hydra's. Every caller gets its own deep copy."""
+    key = tuple(TINY if tiny else []) + tuple(str(o) for o in overrides)
+    parsed = OverridesParser.create().parse_overrides(list(key))
+    values = [o for o in parsed if o.type == OverrideType.CHANGE and o.package is None and not o.is_sweep_override()
+              and "." in o.key_or_group and not o.key_or_group.startswith("hydra.")]
+    choices = tuple(o.input_line for o in parsed if o not in values)
+    cfg = copy.deepcopy(_hydra_compose(choices))
+    try:
+        for o in values:
+            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    except Exception:  # noqa: BLE001 - Hydra composes it again and raises its own error
+        return copy.deepcopy(_hydra_compose(key))
+    return cfg
 
 
 # The same shrink as explicit overrides, for a data source or model the debug option cannot be composed with.

@@ -2,9 +2,13 @@
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
-from tests.runner.support import CONF, compose_config
+from runner.config import register
+
+from tests.runner.support import CONF, TINY, compose_config, seq_config
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("hydra", "hparams_search",
                                                                                  "experiment", "debug"))
@@ -114,3 +118,28 @@ def test_choice_yaml_values_are_checked_too(tmp_path):
 def test_checkpoint_resume_takes_a_path():
     cfg = compose_config(["checkpoint.resume=/tmp/some/checkpoint"], tiny=False)
     assert cfg.checkpoint.resume == "/tmp/some/checkpoint"
+
+
+def hydra_compose(overrides) -> str:
+    register()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="runner"):
+        return OmegaConf.to_yaml(compose("config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("overrides", [
+    TINY + ["model.emb_width=0", "data.zipf_a=nan", "model.hidden=[16,0]", "logger.project=''"],
+    TINY + ["mesh.axes={data:0}", "optimizer.learning_rate=inf", "trainer.objective=nope/metric"],
+    TINY + ["optimizer=async_sgd", "mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=column",
+            "trainer.steps=6", "model.tables.items.vocab=null", "logger=wandb", "logger.tags=[a,b]"],
+    ["debug=tiny_sequences", "model.loss=full_softmax", "data.ks=[0]", "trainer.steps=3", "model.seen_bias=true"],
+    ["experiment=ml100k_sasrec", "trainer.seed=2", "++model.tables.items.dtype=bfloat16", "data.max_len=20"],
+])
+def test_the_tests_compose_is_hydras(overrides):
+    """tests.runner.support.compose_config composes the choices with Hydra once and applies plain values after
+    it, as Hydra does: the same config, value for value."""
+    assert OmegaConf.to_yaml(compose_config(overrides, tiny=False)) == hydra_compose(overrides)
+
+
+def test_the_tests_compose_raises_hydras_error_for_a_bad_value():
+    with pytest.raises(ConfigCompositionException, match="Error merging override trainer.steps=many"):
+        compose_config(["trainer.steps=many"])

@@ -8,7 +8,6 @@ In-process wherever possible (``build(compose_config(...))`` raises ``PreflightE
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gzip
 import os
@@ -18,43 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import OverrideType
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
 
 from runner import launch, report
 from runner.build import build
 from runner.preflight import PreflightError
 from tests.runner.support import ROOT, compose_config, seq_config
-
-
-GROUPS = {"optimizer", "async_emb", "mesh", "distributed", "model", "data", "logger", "experiment", "debug"}
-_BASE: dict = {}
-
-
-def fast(*overrides: str, seq: bool = False):
-    """``compose_config(overrides)`` (``seq_config`` with ``seq``) in milliseconds instead of ~0.6 s: the base
-    config is composed once, then each plain ``key=value`` override is applied the way Hydra applies it
-    (``OmegaConf.update(cfg, key, parsed value, merge=True)`` on the typed config: the same parsing and type
-    checks). Group choices and ``+``/``~`` overrides go through a full compose."""
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    if any(o.type != OverrideType.CHANGE or o.package is not None or o.key_or_group.split(".")[0] in GROUPS
-           and "." not in o.key_or_group for o in parsed):
-        return seq_config(*overrides) if seq else compose_config(list(overrides))
-    if seq not in _BASE:
-        _BASE[seq] = seq_config() if seq else compose_config()
-    cfg = copy.deepcopy(_BASE[seq])
-    for o in parsed:
-        OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
-    return cfg
-
-
-def test_fast_path_composes_like_hydra():
-    for ov in (["model.emb_width=0", "data.zipf_a=nan", "model.hidden=[16,0]", "logger.project=''"],
-               ["mesh.axes={data:0}", "optimizer.learning_rate=inf", "trainer.objective=nope/metric"]):
-        assert OmegaConf.to_yaml(fast(*ov)) == OmegaConf.to_yaml(compose_config(ov))
-    assert OmegaConf.to_yaml(fast("data.ks=[0]", seq=True)) == OmegaConf.to_yaml(seq_config("data.ks=[0]"))
 
 
 def refused(cfg) -> str:
@@ -113,11 +81,11 @@ RANKING = [
 
 @pytest.mark.parametrize("override, needle", RANKING, ids=[o for o, _ in RANKING])
 def test_ranking_config_value_is_refused_by_name(override, needle):
-    assert needle in refused(fast(override))
+    assert needle in refused(compose_config([override]))
 
 
 def test_all_problems_are_reported_together():
-    text = refused(fast("model.emb_width=0", "data.num_users=0", "dense_optimizer.b1=1.0"))
+    text = refused(compose_config(["model.emb_width=0", "data.num_users=0", "dense_optimizer.b1=1.0"]))
     assert text.startswith("invalid config:\n  - ")
     assert "model.emb_width=0" in text and "data.num_users=0" in text and "dense_optimizer.b1=1.0" in text
 
@@ -150,7 +118,7 @@ SEQUENTIAL = [
 
 @pytest.mark.parametrize("override, needle", SEQUENTIAL, ids=[o for o, _ in SEQUENTIAL])
 def test_sequential_config_value_is_refused_by_name(override, needle):
-    assert needle in refused(fast(override, seq=True))
+    assert needle in refused(seq_config(override))
 
 
 def test_wrong_type_is_refused_when_composing():
@@ -196,31 +164,31 @@ OPTIMIZER = [
 
 @pytest.mark.parametrize("overrides, needle", OPTIMIZER, ids=[" ".join(o) for o, _ in OPTIMIZER])
 def test_optimizer_hyperparameter_is_refused_by_name(overrides, needle):
-    assert needle in refused(fast(*overrides))
+    assert needle in refused(compose_config(list(overrides)))
 
 
 # ---- the objective: a metric the task reports, checked before compiling --------------------------------
 
 def test_unknown_objective_is_refused_with_the_task_metrics():
-    text = refused(fast("trainer.objective=nope/metric"))
+    text = refused(compose_config(["trainer.objective=nope/metric"]))
     assert text.startswith("trainer.objective='nope/metric' is not a metric this run reports; use one of "
                            "eval/auc_click, ")
     assert "(or trainer.objective=null for the task's own, eval/auc_mean)" in text
-    text = refused(fast("trainer.objective=valid/ndcg@20", seq=True))
+    text = refused(seq_config("trainer.objective=valid/ndcg@20"))
     assert "trainer.objective='valid/ndcg@20' is not a metric" in text and "valid/ndcg@10" in text
 
 
 def test_selection_on_an_objective_no_evaluation_reports_is_refused():
-    text = refused(fast("trainer.objective=final/train_loss", "trainer.early_stop_patience=3"))
+    text = refused(compose_config(["trainer.objective=final/train_loss", "trainer.early_stop_patience=3"]))
     assert text.startswith("trainer.early_stop_patience=3 select on the objective each evaluation reports, but "
                            "trainer.objective='final/train_loss' is not an evaluation metric; use one of eval/")
 
 
 @pytest.mark.parametrize("cfg, objective", [
-    (lambda o: fast(o), "eval/auc_like"),
-    (lambda o: fast(o), "final/train_loss"),
-    (lambda o: fast(o, seq=True), "test/ndcg@10"),
-    (lambda o: fast(o, "data.ks=[5,20]", seq=True), "oracle/valid/hr@20"),
+    (lambda o: compose_config([o]), "eval/auc_like"),
+    (lambda o: compose_config([o]), "final/train_loss"),
+    (lambda o: seq_config(o), "test/ndcg@10"),
+    (lambda o: seq_config(o, "data.ks=[5,20]"), "oracle/valid/hr@20"),
 ])
 def test_known_objectives_pass(cfg, objective):
     build(cfg(f"trainer.objective={objective}"))
@@ -258,7 +226,7 @@ MESH = [
 
 @pytest.mark.parametrize("overrides, needle", MESH, ids=[" ".join(o) for o, _ in MESH])
 def test_mesh_shape_is_refused_by_name(overrides, needle):
-    assert needle in refused(fast(*overrides))
+    assert needle in refused(compose_config(list(overrides)))
 
 
 # ---- data files ------------------------------------------------------------------------------------------
