@@ -243,7 +243,7 @@ def test_seen_bias_learns_to_rank_seen_items_down_when_targets_never_repeat():
         b["inputs"][i, L - n:], b["targets"][i, L - n:] = fresh[:-1], fresh[1:]
     assert not any(0 != b["targets"][i, t] in b["inputs"][i, : t + 1] for i in range(B) for t in range(L))
     embs, _ = lookup(model, table, b)
-    grad = jax.grad(lambda p: model.loss(p, embs, {k: jnp.asarray(v) for k, v in b.items()})[0])(params)
+    grad = jax.jit(jax.grad(lambda p: model.loss(p, embs, {k: jnp.asarray(v) for k, v in b.items()})[0]))(params)
     assert float(grad["seen"]) > 0
     plain, plain_params, _ = make("full_softmax")
     assert "seen" not in plain_params  # off by default: no such parameter
