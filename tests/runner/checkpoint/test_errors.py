@@ -354,6 +354,7 @@ def stray_message(ck: Path) -> str:
             f"or trainer.run_id.")
 
 
+@pytest.mark.slow  # its fixture builds and saves a 2x4 checkpoint (~4-7 s)
 @pytest.mark.parametrize("mesh", [["mesh=single"], ["mesh=data_table", "mesh.axes={data:2,table:4}",
                                                     "mesh.table_layout=row"]], ids=["501-rows", "same-504-rows"])
 def test_a_deferred_update_naming_a_padding_row_is_refused(stray_record, mesh):

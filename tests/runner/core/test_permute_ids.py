@@ -47,6 +47,7 @@ def relabelled(program, name: str) -> np.ndarray:
     return np.asarray(permute_ids(np.arange(vocab, dtype=np.int32), vocab))
 
 
+@pytest.mark.slow  # compiles on the 2x4 mesh or trains; make test-fast keeps the unit checks
 def test_relabelling_on_a_mesh_is_the_one_device_relabelling():
     """``stored_rows`` of a batch split over the 2x4 mesh and ``in_id_order`` of a row-sharded table (each device
     walks its own ids) against numpy indexing with the single-device permutation."""
@@ -64,6 +65,7 @@ def test_relabelling_on_a_mesh_is_the_one_device_relabelling():
     np.testing.assert_array_equal(np.asarray(ordered), table[perm])
 
 
+@pytest.mark.slow  # compiles on the 2x4 mesh or trains; make test-fast keeps the unit checks
 def test_permuted_run_learns_the_unpermuted_runs_numbers_in_relabelled_rows():
     """One device: losses equal, and row permute_ids(i) of every table and per-row state is row i of the
     unpermuted run (initial values follow the id, not the row)."""
@@ -79,6 +81,7 @@ def test_permuted_run_learns_the_unpermuted_runs_numbers_in_relabelled_rows():
                      state.emb_states[name], ref.emb_states[name])
 
 
+@pytest.mark.slow  # compiles on the 2x4 mesh or trains; make test-fast keeps the unit checks
 def test_permuted_row_sharded_run_matches_one_device():
     program, state, losses = trained(*ROW, *PERMUTED)
     _, ref, ref_losses = trained("mesh=single", *PERMUTED)
