@@ -65,6 +65,7 @@ def plan(rows: int, width: int, batch: int, optimizer: str = "async_adam", async
     mem = compiled.memory_analysis()
     args, out, alias, temp = (int(getattr(mem, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp"))
     peak = args + out - alias + temp
+    hlo = compiled.as_text()  # printed once, read by the three counts below
     table_bytes = padded * width * 4
     state_leaves = jax.tree.leaves(shapes.emb_states[table])
     state_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in state_leaves)
@@ -73,9 +74,9 @@ def plan(rows: int, width: int, batch: int, optimizer: str = "async_adam", async
         "async_emb": async_emb, "tokens_per_device": ctx.local_tokens, "route_slots": ctx.route_slots,
         "table_bytes": table_bytes, "optimizer_state_bytes": state_bytes,
         "per_device": {"argument": args, "output": out, "alias": alias, "temp": temp, "peak": peak},
-        "collective_bytes": collective_bytes(compiled.as_text()), "compile_s": seconds,
-        "conditional_collective_bytes": conditional_collective_bytes(compiled.as_text()),
-        "collectives_by_op": collectives_by_op(compiled.as_text()),
+        "collective_bytes": collective_bytes(hlo), "compile_s": seconds,
+        "conditional_collective_bytes": conditional_collective_bytes(hlo),
+        "collectives_by_op": collectives_by_op(hlo),
         "fits_device": peak <= DEVICE_GB * 1e9,
         "min_devices_at_80gb": math.ceil(peak * n / (DEVICE_GB * 1e9)),
     }
