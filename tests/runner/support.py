@@ -24,7 +24,8 @@ TINY_SEQUENCES = ["debug=tiny_sequences"]  # conf/debug/tiny_sequences.yaml: 200
 _COMPOSED: dict[tuple[str, ...], DictConfig] = {}
 
 
-def _hydra_compose(key: tuple[str, ...]) -> DictConfig:
+def hydra_compose(key: tuple[str, ...]) -> DictConfig:
+    """Hydra's own compose of the whole list (once per process; callers copy it before changing it)."""
     if key not in _COMPOSED:
         register()
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="runner"):
@@ -46,12 +47,12 @@ def compose_config(overrides=(), tiny: bool = True) -> DictConfig:
     values = [o for o in parsed if o.type == OverrideType.CHANGE and o.package is None and not o.is_sweep_override()
               and "." in o.key_or_group and not o.key_or_group.startswith("hydra.")]
     choices = tuple(o.input_line for o in parsed if o not in values)
-    cfg = copy.deepcopy(_hydra_compose(choices))
+    cfg = copy.deepcopy(hydra_compose(choices))
     try:
         for o in values:
             OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
     except Exception:  # noqa: BLE001 - Hydra composes it again and raises its own error
-        return copy.deepcopy(_hydra_compose(key))
+        return copy.deepcopy(hydra_compose(key))
     return cfg
 
 
