@@ -60,6 +60,47 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(\S+)\s.*\{\s*$")
 _BRANCHES = re.compile(r"(?:branch_computations=\{([^}]*)\}|(?:true|false)_computation=(%[^,\s]+))")
+_BRANCH_LIST = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRUE_FALSE = re.compile(r"(?:true|false)_computation=%([^,\s]+)")
+
+
+def _computations(hlo_text: str) -> dict[str, list[str]]:
+    """Each computation's instruction lines, by name."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head:
+            current = head.group(1)
+            out[current] = []
+        elif current is not None:
+            out[current].append(line)
+    return out
+
+
+def step_collective_bytes(hlo_text: str, branch: str = "cheapest") -> dict[str, int]:
+    """``collective_bytes`` of one step that takes, at every conditional, its ``"cheapest"`` (by total bytes)
+    or ``"dearest"`` branch, instead of counting every branch: a usual step (no logged-step diagnostics, no
+    rerouted overflow) and the most one step can move. Counts the collectives written directly in a branch
+    computation (not in computations a branch calls)."""
+    if branch not in ("cheapest", "dearest"):
+        raise ValueError(f"branch={branch!r}: cheapest or dearest")
+    comps = _computations(hlo_text)
+    out = collective_bytes(hlo_text)
+    for lines in comps.values():
+        for line in lines:
+            if " conditional(" not in line:
+                continue
+            listed = _BRANCH_LIST.search(line)
+            names = ([n.strip().lstrip("%") for n in listed.group(1).split(",") if n.strip()] if listed
+                     else _TRUE_FALSE.findall(line))
+            per = [collective_bytes("\n".join(comps.get(n, []))) for n in names]
+            if not per:
+                continue
+            keep = (min if branch == "cheapest" else max)(per, key=lambda b: b["total"])
+            for k in out:
+                out[k] += keep[k] - sum(b[k] for b in per)
+    return out
 
 
 def conditional_collective_bytes(hlo_text: str) -> dict[str, int]:

@@ -12,9 +12,9 @@ compiled HLO (``benchmarks/hlo.py``), beside the analytic minimum for the layout
 updates (max and mean over shards) with and without the id permutation (``optimizers.routing.permute_ids``).
 
 Variants: ``single`` (one device), ``row-gather`` (every shard sees every id), ``row-a2a`` (ids routed to
-their owner by all-to-all; block split of the raw Zipf ids, so capacity 4x: the first shard owns the
-hot ids), ``row-a2a-perm`` (ids permuted first: capacity 2x, the default, 1x and 0.8x: 205 slots, which this
-distribution fits; the report gives the most ids one device sent one shard in any step), ``column``.
+their owner by all-to-all; block split of the raw Zipf ids: the first shard owns the hot ids), ``row-a2a-perm`` (ids permuted first; slots 1.2x, the default, and 1x the most distinct ids one device
+sent one shard in the first 8 batches, as the runner sizes them, and ``-even2``: 2x the even share of a
+device's tokens, the sizing before), ``column``.
 """
 from __future__ import annotations
 
@@ -25,17 +25,18 @@ from . import common
 FULL = dict(vocab=1_000_000, width=64, batch=16_384, rounds=10, warmup=2,
             optimizers=("async_rowwise_adagrad", "async_adam"))
 QUICK = dict(vocab=8_192, width=16, batch=512, rounds=2, warmup=2, optimizers=("async_rowwise_adagrad",))
-# name: (layout, routing, capacity, permuted ids)
+# name: (layout, routing, capacity, permuted ids, slots sized from sampled batches (the runner's way))
 VARIANTS = {
-    "single": (None, None, None, False),
-    "single-perm": (None, None, None, True),
-    "row-gather": ("row", "gather", None, False),
-    "row-a2a": ("row", "alltoall", 4.0, False),
-    "row-a2a-perm": ("row", "alltoall", 2.0, True),
-    "row-a2a-perm-c1": ("row", "alltoall", 1.0, True),
-    "row-a2a-perm-c0.8": ("row", "alltoall", 0.8, True),
-    "column": ("column", None, None, False),
+    "single": (None, None, None, False, False),
+    "single-perm": (None, None, None, True, False),
+    "row-gather": ("row", "gather", None, False, False),
+    "row-a2a": ("row", "alltoall", 1.2, False, True),
+    "row-a2a-perm": ("row", "alltoall", 1.2, True, True),
+    "row-a2a-perm-c1": ("row", "alltoall", 1.0, True, True),
+    "row-a2a-perm-even2": ("row", "alltoall", 2.0, True, False),
+    "column": ("column", None, None, False, False),
 }
+SAMPLED = 8  # batches whose ids size the slots, as runner.build.route_peaks does (the first ones)
 
 
 def _can_have_8_devices() -> bool:
@@ -67,9 +68,9 @@ def child(p: dict) -> dict:
     from jax.sharding import Mesh, NamedSharding
 
     import optimizers
-    from optimizers.routing import permute_ids
+    from optimizers.routing import permute_ids, route_peak
 
-    from .hlo import collective_bytes
+    from .hlo import step_collective_bytes
 
     V, D, B = p["vocab"], p["width"], p["batch"]
     mesh = Mesh(np.array(jax.devices()), ("table",))
@@ -93,12 +94,14 @@ def child(p: dict) -> dict:
     for name in p["optimizers"]:
         opt = optimizers.create(name)
         runs, info = {}, {}
-        for var, (layout, routing, cap, permuted) in VARIANTS.items():
+        for var, (layout, routing, cap, permuted, sampled) in VARIANTS.items():
             kw = {} if layout is None else dict(mesh=mesh, table_axis="table", layout=layout)
             if routing:
                 kw["routing"] = routing
             if cap:
                 kw["route_capacity"] = cap
+            if sampled:
+                kw["route_peak"] = max(route_peak(x, S, V // S, S) for x in (perm if permuted else raw)[:SAMPLED])
             ctx = optimizers.AsyncEmbContext(V, D, B, **kw)
             sh = (lambda spec: None) if layout is None else (lambda spec: NamedSharding(mesh, spec))  # noqa: E731
             put = ((lambda x, spec: jax.device_put(x, jax.devices()[0])) if layout is None else
@@ -119,10 +122,12 @@ def child(p: dict) -> dict:
                 keep, table, state = opt.gradient_update_start(c, update, table, state, jnp.zeros(()))
                 norm, valid, _ = opt.gradient_update_done(c, keep[0])
                 return table, state, (norm, valid, c.results.get("rows_per_shard"),
-                                      c.results.get("route_overflow", jnp.zeros((), jnp.int32)))
+                                      c.results.get("route_refused", jnp.zeros((), jnp.int32)))
 
             f = jax.jit(step, donate_argnums=(0, 1))
-            traffic = collective_bytes(f.lower(table, state, bi[0], bg[0]).compile().as_text())
+            hlo = f.lower(table, state, bi[0], bg[0]).compile().as_text()
+            traffic = step_collective_bytes(hlo)  # a usual step: not rerouted
+            traffic_rerouted = step_collective_bytes(hlo, "dearest")
             holder = {"t": table, "s": state, "f": f, "i": bi, "g": bg, "out": []}
 
             def run(i, h=holder):
@@ -132,22 +137,26 @@ def child(p: dict) -> dict:
                 return out[0]
 
             runs[var] = run
-            info[var] = (ctx, traffic, holder)
+            info[var] = (ctx, traffic, holder, traffic_rerouted)
         times = common.interleaved(runs, p["rounds"], p["warmup"])
-        for var, (layout, routing, cap, permuted) in VARIANTS.items():
-            ctx, traffic, holder = info[var]
+        for var, (layout, routing, cap, permuted, sampled) in VARIANTS.items():
+            ctx, traffic, holder, traffic_rerouted = info[var]
             outs = holder["out"]
             valid = all(bool(o[1]) for o in outs)
-            overflow = max(int(o[3]) for o in outs)
+            refused = max(int(o[3]) for o in outs)
+            # Steps whose ids overflowed some device's slots for one shard (routed again with room for all).
+            rerouted = sum(route_peak(x, S, V // S, S) > ctx.route_slots for x in ids[p["warmup"]:]) if ctx.routed else 0
             rows = [np.asarray(o[2]) for o in outs if o[2] is not None and np.ndim(o[2]) and np.size(o[2]) > 1]
             st = common.stats(times[var])
             base = "single-perm" if permuted else "single"
             minimum = minimum_bytes(layout, D, S, unique_dev, unique)
             results.append({
                 "optimizer": name, "variant": var, "layout": layout or "single", "routing": routing,
-                "route_capacity": cap, "permuted": permuted, "step": st, "rows_per_s": unique / st["median"],
-                "vs_single": common.paired_ratio(times[base], times[var]), "valid": valid, "overflow": overflow,
-                "collective_bytes": traffic, "minimum_bytes": minimum,
+                "route_capacity": cap, "permuted": permuted, "sampled": sampled,
+                "route_peak": ctx.route_peak if ctx.routed else None, "step": st, "rows_per_s": unique / st["median"],
+                "vs_single": common.paired_ratio(times[base], times[var]), "valid": valid, "refused": refused,
+                "rerouted_steps": int(rerouted),
+                "collective_bytes": traffic, "rerouted_step_bytes": traffic_rerouted["total"], "minimum_bytes": minimum,
                 "bytes_vs_minimum": traffic["total"] / minimum if minimum else None,
                 "shard_rows_max": float(np.mean([r.max() for r in rows])) if rows else None,
                 "shard_rows_mean": float(np.mean([r.mean() for r in rows])) if rows else None,
@@ -165,15 +174,17 @@ def run(quick: bool, out: Path) -> dict:
     for r in res["results"]:
         print(f"{r['optimizer']:<22} {r['variant']:<16} {common.spread(r['step'])} ms  {r['rows_per_s']:,.0f} rows/s  "
               f"x{r['vs_single']['median']:.2f} of 1 device  {r['collective_bytes']['total'] / 1e6:.3g} MB "
-              f"collectives  valid={r['valid']} overflow={r['overflow']}", flush=True)
+              f"collectives  valid={r['valid']} rerouted={r['rerouted_steps']} refused={r['refused']}", flush=True)
     targets = []
     for r in res["results"]:
         if r["variant"].startswith("row-a2a-perm"):
             o, c = r["optimizer"].replace("async_", ""), r["route_capacity"]
-            targets.append(common.target(f"sharded row update, {o}, routed + permuted ids, capacity {c:g} "
+            what = (f"capacity {c:g} x sampled peak{' (default)' if r['variant'] == 'row-a2a-perm' else ''}"
+                    if r["sampled"] else f"capacity {c:g} x even share")
+            targets.append(common.target(f"sharded row update, {o}, routed + permuted ids, {what} "
                                          f"({r['route_slots']} slots): speed vs 1 device",
                                          r["vs_single"]["median"], 0.7, "higher"))
-            targets.append(common.target(f"sharded row update, {o}, capacity {c:g}: collective bytes / analytic "
+            targets.append(common.target(f"sharded row update, {o}, {what}: collective bytes / analytic "
                                          "minimum", r["bytes_vs_minimum"], 1.5, "lower"))
             if r["shard_rows_max"] and r["variant"] == "row-a2a-perm":
                 targets.append(common.target(f"sharded row update, {o}: rows per shard max / (unique / shards)",
@@ -181,7 +192,7 @@ def run(quick: bool, out: Path) -> dict:
     data = {"config": cfg, **res, "targets": targets}
     head = ["optimizer", "variant", "step ms median (min-max)", "rows/s", "speed vs 1 device (x)",
             "collective MB / device / step (kinds)", "x analytic minimum", "rows updated per shard max / mean",
-            "slots per destination", "valid (overflow)"]
+            "slots per destination", "valid (refused)", "rerouted steps"]
     rows = []
     for r in res["results"]:
         b = r["collective_bytes"]
@@ -191,7 +202,8 @@ def run(quick: bool, out: Path) -> dict:
                      f"{b['total'] / 1e6:.3g} ({kinds})" if b["total"] else "-",
                      f"{r['bytes_vs_minimum']:.2f}" if r["bytes_vs_minimum"] else "-",
                      f"{r['shard_rows_max']:,.0f} / {r['shard_rows_mean']:,.0f}" if r["shard_rows_max"] else "-",
-                     r["route_slots"] or "-", f"{r['valid']} ({r['overflow']})"])
+                     r["route_slots"] or "-", f"{r['valid']} ({r['refused']})",
+                     r["rerouted_steps"] if r["route_slots"] else "-"])
     ld = res["load"]
     body = (f"V = {cfg['vocab']:,} rows, D = {cfg['width']}, B = {cfg['batch']:,} Zipf(1.1) ids per step "
             f"({res['unique_rows']:,.0f} unique on average, {res['unique_rows_per_device']:,.0f} per device's "
@@ -202,7 +214,8 @@ def run(quick: bool, out: Path) -> dict:
             f"part of it. The 8 devices are virtual CPU devices on the same cores, so total work close to one "
             f"device's is what scaling looks like here. `-perm` variants (and their baseline `single-perm`) "
             f"relabel ids with `optimizers.routing.permute_ids` first. Collective bytes are per device per step, "
-            f"read from the compiled HLO; the analytic minimum is a device's distinct ids x (4 D + 4) bytes "
+            f"read from the compiled HLO, for a step that is not rerouted (`benchmarks.hlo.step_collective_bytes`: "
+            f"the cheaper branch of each conditional; the JSON also has `rerouted_step_bytes`); the analytic minimum is a device's distinct ids x (4 D + 4) bytes "
             f"(row) or the batch's distinct ids x (4 D / 8 + 4) (column). {common.machine_line()}.\n\n"
             f"Rows a row shard updates per step (block split, max / mean over the 8 shards): raw Zipf ids "
             f"{ld['block']['max']:,.0f} / {ld['block']['mean']:,.0f}; permuted {ld['permuted']['max']:,.0f} / "
@@ -210,8 +223,12 @@ def run(quick: bool, out: Path) -> dict:
             f"{ld['block']['peak_to_device']:,.0f} raw, {ld['permuted']['peak_to_device']:,.0f} permuted on "
             f"average over steps, at most {ld['block']['peak_to_device_max']:,} raw and "
             f"{ld['permuted']['peak_to_device_max']:,} permuted in any step of this run (the even share of a "
-            f"device's {cfg['batch'] // 8:,} tokens is {cfg['batch'] // 64:,}; a variant's slots per destination "
-            f"must hold that most, or its overflow column counts the ids without a slot).\n\n"
+            f"device's {cfg['batch'] // 8:,} tokens is {cfg['batch'] // 64:,}). Slots per destination: "
+            f"`route_capacity` x the most distinct ids one device sent one shard in the first {SAMPLED} batches "
+            f"(how the runner sizes them; variants without `-even`), or x the even share of a device's tokens "
+            f"(`-even2`, the sizing before). A step where some device has more ids for one shard than its slots "
+            f"is routed again with room for every id (`rerouted steps` counts the timed ones); `refused` counts "
+            f"ids an update could not deliver (it was then refused whole).\n\n"
             + common.md_table(head, rows) + "\n\n" + common.md_table(
                 ["target", "measured", "wanted", ""], [common.target_row(t) for t in targets])
             + "\n\n![sharded](sharded.png)\n")

@@ -28,6 +28,8 @@ ROW = "row"
 COLUMN = "column"
 ALLTOALL = "alltoall"
 GATHER = "gather"
+REROUTE = "reroute"  # a step whose ids overflow their slots routes them again with room for every id
+STOP = "stop"  # ids without a slot read zeros and the update is refused: the runner stops the run
 ROUTE_MIN_SLOTS = 64  # per-destination slots never fall below this (small batches route exactly)
 
 
@@ -45,8 +47,12 @@ class AsyncEmbContext:
     table_axis: str | None = None  # mesh axis the table is sharded over; None = replicated
     layout: str = ROW
     routing: str = ALLTOALL  # row layout: "alltoall" (ids routed to their owners) or "gather"
-    route_capacity: float = 2.0  # per-destination slots, as a multiple of the even share (routing only)
+    route_capacity: float = 2.0  # per-destination slots: a multiple of route_peak, or else of the even share
     route_min_slots: int = ROUTE_MIN_SLOTS
+    # The most distinct ids one device sent one shard in sampled train batches (``routing.route_peak``); when
+    # given, slots are ``route_capacity`` times it instead of times the even share of the device's tokens.
+    route_peak: int | None = None
+    route_overflow: str = REROUTE  # what a step with more ids for one shard than its slots does
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -97,14 +103,31 @@ class AsyncEmbContext:
         return self.slots_for(self.local_tokens)
 
     def slots_for(self, tokens: int, exact: bool = False) -> int:
-        """C for a device holding ``tokens`` ids: ``route_capacity`` times the even share of its distinct ids,
-        at least ``route_min_slots``, at most what can ever be needed (its distinct ids, or the rows one shard
-        owns); ``exact``: that most, so nothing can overflow."""
+        """C for a device holding ``tokens`` ids: ``route_capacity`` times the measured ``route_peak`` (scaled to
+        ``tokens``), or without one, times the even share of its ids (tokens / shards); at least
+        ``route_min_slots``, at most what can ever be needed (its distinct ids, or the rows one shard owns);
+        ``exact``: that most, so nothing can overflow."""
         most = max(1, min(tokens, self.vocab, self.shard_rows))
         if exact:
             return most
-        even = min(tokens, self.vocab) / self.table_shards
-        return max(1, min(most, max(math.ceil(self.route_capacity * even), self.route_min_slots)))
+        return max(1, min(most, max(math.ceil(self.route_capacity * self.slot_base(tokens)), self.route_min_slots)))
+
+    def slot_base(self, tokens: int) -> float:
+        """What ``route_capacity`` multiplies: ``route_peak`` scaled to ``tokens``, or the even share."""
+        if self.route_peak is not None:
+            return self.route_peak * tokens / max(1, self.local_tokens)
+        return min(tokens, self.vocab) / self.table_shards
+
+    @property
+    def reroutes(self) -> bool:
+        """A routed step whose ids overflow their slots routes them again with room for every id (``REROUTE``)."""
+        return self.route_overflow == REROUTE
+
+    def owner_slots_for(self, tokens: int) -> int:
+        """Static size of the unique-row buffer an owning shard dedupes received ids into when each device
+        holds ``tokens`` ids: every sender's slots, or every row it owns, plus one padding slot."""
+        senders = self.mesh.size if self.mesh is not None else 1  # every device of every data group
+        return min(senders * self.slots_for(tokens), self.shard_rows) + 1
 
     @property
     def record_unique(self) -> int:
@@ -120,9 +143,8 @@ class AsyncEmbContext:
 
     @property
     def owner_unique(self) -> int:
-        """Static size of the unique-row buffer an owning shard dedupes received ids into."""
-        senders = self.mesh.size if self.mesh is not None else 1  # every device of every data group
-        return min(senders * self.route_slots, self.shard_rows) + 1
+        """``owner_slots_for`` a train batch."""
+        return self.owner_slots_for(self.local_tokens)
 
     def fresh(self) -> "AsyncEmbContext":
         return dataclasses.replace(self, results={})

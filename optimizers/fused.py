@@ -254,8 +254,11 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
                 table: jax.Array, state: EmbOptState, gate: jax.Array):
     """Apply ``update`` to the touched rows; returns (table, state, norm, valid, rows_updated_per_shard).
 
-    With routed ids (row layout) it also records ``ctx.results["route_overflow"]``: unique ids, summed over
-    devices, that did not fit their owner's slots; an update with any is refused whole (``valid`` false)."""
+    With routed ids (row layout) it also records ``ctx.results["route_refused"]``: ids (summed over devices)
+    the routing could not deliver, so the update was refused whole (``valid`` false). With
+    ``route_overflow="stop"`` those are the ids without a slot at their owner; with ``"reroute"`` a step with
+    such ids routes them again with room for all, and only rows past an owner's buffer
+    (``ctx.owner_slots_for``) count."""
     # The gate orders the table writes after the gate's producer (e.g. the lookup that reads the table).
     table, state, gate = lax.optimization_barrier((table, state, jnp.asarray(gate)))
     if not ctx.sharded:
@@ -272,8 +275,8 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
             out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis), P()),
             check_vma=False,
         )
-        *out, overflow = kernel(update, table, state, jnp.ravel(gate)[0])
-        ctx.results["route_overflow"] = overflow
+        *out, refused = kernel(update, table, state, jnp.ravel(gate)[0])
+        ctx.results["route_refused"] = refused
         return tuple(out)
     upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs())
     kernel = jax.shard_map(
@@ -342,22 +345,39 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
         ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)
         unique, seg = dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
     b = routing.bucket(ctx, unique, ctx.slots_for(n))
-    # Each token's gradient summed (fp32) straight into its unique id's send slot: one pass, no [U, width]
-    # buffer to gather from. Padding tokens and ids without a slot (overflow) land past the end: dropped.
-    shards, slots = b.send.shape
-    tok_slot = jnp.where(seg >= 0, b.slot.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=shards * slots), -1)
-    send_g = segment_sum(update.grads, tok_slot, shards * slots).reshape(shards, slots, -1)
-    rows_in = routing.gather_over_data(ctx, routing.exchange(ctx, b.send)).reshape(-1)
-    g_in = routing.gather_over_data(ctx, routing.exchange(ctx, send_g)).reshape(-1, send_g.shape[-1])
-    owner_unique = min(rows_in.shape[0], ctx.shard_rows) + 1  # every sender's slots, or every owned row
-    local, oseg = dedupe(rows_in, ctx.shard_rows, owner_unique, pad_id=None)
-    g_own = segment_sum(g_in, oseg, owner_unique)  # every sender's gradient for each owned row
+    size = ctx.owner_slots_for(n)  # the owner's unique-row buffer, the same on either route
+
+    def receive(b: routing.Buckets):
+        """-> the owner's (local rows [size], fp32 gradient sums [size, width], rows that did not fit)."""
+        # Each token's gradient summed (fp32) straight into its unique id's send slot: one pass, no [U, width]
+        # buffer to gather from. Padding tokens and ids without a slot (overflow) land past the end: dropped.
+        shards, slots = b.send.shape
+        tok_slot = jnp.where(seg >= 0, b.slot.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=shards * slots),
+                             -1)
+        send_g = segment_sum(update.grads, tok_slot, shards * slots).reshape(shards, slots, -1)
+        rows_in = routing.gather_over_data(ctx, routing.exchange(ctx, b.send)).reshape(-1)
+        g_in = routing.gather_over_data(ctx, routing.exchange(ctx, send_g)).reshape(-1, send_g.shape[-1])
+        full = min(rows_in.shape[0], ctx.shard_rows) + 1  # every received slot, or every owned row
+        local, oseg = dedupe(rows_in, ctx.shard_rows, full, pad_id=None)
+        g_own = segment_sum(g_in, oseg, full)  # every sender's gradient for each owned row
+        # Owned rows come first (sorted, padding last): keep the first ``size``; any owned row past them is lost.
+        lost = jnp.sum(local[size:] < ctx.shard_rows).astype(jnp.int32)
+        return local[:size], g_own[:size], lost
+
+    if ctx.reroutes:  # every device takes the same branch: the test is on the overflow summed over the mesh
+        rerouted = lax.psum(b.overflow, ctx.batch_axes) > 0
+        local, g_own, lost = lax.cond(rerouted, lambda: receive(routing.bucket(ctx, unique, ctx.slots_for(n, True))),
+                                      lambda: receive(b))
+        refused = lax.psum(lost, ctx.batch_axes)  # an owner held more rows than its buffer: refused whole
+    else:
+        local, g_own, _ = receive(b)
+        refused = lax.psum(b.overflow, ctx.batch_axes)
     owned = local < ctx.shard_rows
     gids = jnp.where(owned, local + lax.axis_index(axis) * ctx.shard_rows, ctx.vocab)
-    overflow = lax.psum(b.overflow, ctx.batch_axes)
+    # The table is written outside the cond (a scatter inside a branch would copy the table shard).
     out = _rule_and_write(opt, ctx, gids, local, owned, g_own, table, state, gate, axis,
-                          update.pending & (overflow == 0), chunk=RULE_CHUNK)
-    return (*out, overflow)
+                          update.pending & (refused == 0), chunk=RULE_CHUNK)
+    return (*out, refused)
 
 
 def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, state: EmbOptState, gate, axis,

@@ -5,7 +5,10 @@ Inside ``jax.shard_map`` (batch split over every mesh axis), a device
 1. dedupes its own tokens' ids (static size ``ctx.local_unique``, sorted);
 2. buckets them by owning shard (``owner = id // shard_rows``; sorted ids make each bucket a contiguous
    run) into ``[shards, C]`` slots, ``C = ctx.route_slots``; ids that do not fit are counted (overflow),
-   never silently dropped: the lookup reports them and the update refuses itself;
+   never silently dropped. With ``ctx.route_overflow="reroute"`` (the default) a step where any device
+   overflows routes again with room for every id (``lax.cond``: every device takes the same branch, the
+   test is a sum over the mesh), so only that step pays for the exact size; with ``"stop"`` ids without
+   a slot read zeros, the update refuses itself and the runner stops the run;
 3. ``all_to_all`` over the table axis sends every shard the ids it owns (as local row numbers);
 
 the owner gathers those rows (lookup) or segment-sums the gradients it received and updates only its own
@@ -94,17 +97,43 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     from .context import num_unique_for  # noqa: PLC0415
 
     flat = ids.reshape(-1)
-    unique, seg = dedupe(flat, ctx.vocab, num_unique_for(flat.shape[0], ctx.vocab), pad_id=None)  # bad ids: -1
-    b = bucket(ctx, unique, ctx.slots_for(flat.shape[0], exact))
-    wanted = exchange(ctx, b.send)  # [shards, C]: rows other devices want from me
-    rows = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)
-    got = exchange(ctx, rows).reshape(-1, table_shard.shape[1])  # [shards * C, width]: my ids' rows
-    urows = got.at[b.slot].get(mode="fill", fill_value=0)  # [U, width]; no slot -> zeros (overflow)
+    n = flat.shape[0]
+    unique, seg = dedupe(flat, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)  # bad ids: -1
+    b = bucket(ctx, unique, ctx.slots_for(n, exact))
+    width = table_shard.shape[1]
+
+    def fetch(b: Buckets) -> jax.Array:  # [U, width]: each unique id's row; no slot -> zeros
+        wanted = exchange(ctx, b.send)  # [shards, C]: rows other devices want from me
+        rows = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)
+        got = exchange(ctx, rows).reshape(-1, width)  # [shards * C, width]: my ids' rows
+        return got.at[b.slot].get(mode="fill", fill_value=0)
+
+    if exact or not ctx.reroutes:
+        urows = fetch(b)
+    else:  # every device takes the same branch: the test is on the overflow summed over the mesh
+        rerouted = lax.psum(b.overflow, ctx.batch_axes) > 0
+        urows = lax.cond(rerouted, lambda: fetch(bucket(ctx, unique, ctx.slots_for(n, True))), lambda: fetch(b))
     out = jnp.where((seg >= 0)[:, None], urows.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=0), 0)
-    out = out.reshape(*ids.shape, table_shard.shape[1])
+    out = out.reshape(*ids.shape, width)
     if with_dedupe:
         return out, b, without_padding_id(unique, seg, ctx.vocab)
     return out, b
+
+
+def route_peak(ids, devices: int, shard_rows: int, shards: int) -> int:
+    """Host-side (numpy): the most distinct ids one device sends one row shard for a batch of stored-row ids
+    (``[batch, ...]``, split over ``devices`` in contiguous blocks of the leading dim, as the train step
+    splits it; ids outside the ``shards * shard_rows`` rows go nowhere). ``AsyncEmbContext.route_peak``."""
+    import numpy as np  # noqa: PLC0415
+
+    ids = np.asarray(ids)
+    peak = 0
+    for block in np.split(ids.reshape(ids.shape[0], -1), devices):
+        u = np.unique(block)
+        u = u[(u >= 0) & (u < shards * shard_rows)]
+        if u.size:
+            peak = max(peak, int(np.bincount(u // shard_rows, minlength=shards).max()))
+    return peak
 
 
 _MUL = (0x9E3779B1, 0x85EBCA77)  # odd multipliers (bijections modulo any power of two)

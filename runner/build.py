@@ -4,18 +4,20 @@ Everything here is checked by ``runner.preflight`` before any JAX computation is
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import hydra
 import jax
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from optimizers import AsyncEmbContext
+from optimizers import AsyncEmbContext, routing
 
 from . import budget, preflight
 from .config import TableConfig
 from .core.dense_optimizer import DenseOptimizer
-from .core.embeddings import TableSpec
+from .core.embeddings import TableSpec, stored_rows
 from .core.mesh import MeshPlan, build_mesh, resolve_axes
 from .core.step import TrainProgram
 from .tasks import make_task
@@ -87,6 +89,29 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
     return specs
 
 
+ROUTE_SAMPLE_BATCHES = 8  # train batches whose ids size the routed row layout's slots (mesh.route_capacity)
+
+
+def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: dict[str, AsyncEmbContext],
+                batch_size: int) -> dict[str, int]:
+    """Per routed table: the most distinct ids one device sends one row shard over the first
+    ``ROUTE_SAMPLE_BATCHES`` train batches (their stored rows, split over the mesh as the step splits them).
+    Every process samples the same global batches, so all of them size their slots alike."""
+    routed = {n for n, c in contexts.items() if c.routed}
+    if not routed:
+        return {}
+    peaks = dict.fromkeys(routed, 0)
+    for step in range(ROUTE_SAMPLE_BATCHES):
+        ids = model.table_ids({k: np.asarray(v) for k, v in task.batch(step, batch_size).items()})
+        for n in routed:
+            spec, ctx = specs[n], contexts[n]
+            raw = np.asarray(ids[n]).astype(np.int32)
+            rows = np.asarray(stored_rows(spec, raw))
+            rows = np.where((raw < 0) | (raw >= spec.vocab), ctx.vocab, rows)
+            peaks[n] = max(peaks[n], routing.route_peak(rows, ctx.mesh.size, ctx.shard_rows, ctx.table_shards))
+    return peaks
+
+
 def dense_optimizer(cfg: DictConfig) -> DenseOptimizer:
     d = cfg.dense_optimizer
     return DenseOptimizer(d.learning_rate, d.warmup_steps, int(cfg.trainer.steps),
@@ -124,8 +149,11 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     B = cfg.trainer.batch_size
     contexts = {n: AsyncEmbContext(s.rows, s.width, B * s.tokens_per_example, mesh=mesh,
                                    table_axis=plan.table_axis, layout=plan.layout, routing=str(cfg.mesh.routing),
-                                   route_capacity=float(cfg.mesh.route_capacity)) for n, s in specs.items()}
+                                   route_capacity=float(cfg.mesh.route_capacity),
+                                   route_overflow=str(cfg.mesh.route_overflow)) for n, s in specs.items()}
     model = task.make_model(specs, cfg.model)
+    peaks = route_peaks(task, model, specs, contexts, B)
+    contexts = {n: dataclasses.replace(c, route_peak=peaks.get(n)) for n, c in contexts.items()}
     program = TrainProgram(model, specs, contexts, opts, dense_optimizer(cfg), cfg.async_emb.enabled, mesh,
                            tuple(task.model_keys), detail_interval=int(cfg.trainer.log_interval),
                            detail_last=int(cfg.trainer.steps))

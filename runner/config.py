@@ -48,6 +48,11 @@ class Routing(Choice):
     gather = "gather"  # row layout: every shard sees every id of its data group (the older path)
 
 
+class RouteOverflow(Choice):
+    reroute = "reroute"  # a step with more ids for one shard than its slots is routed again with room for all
+    stop = "stop"  # such ids read zeros, the step's embedding update is refused and the run stops
+
+
 class TableDType(Choice):
     float32 = "float32"
     bfloat16 = "bfloat16"  # fp32 optimizer state, stochastic rounding
@@ -115,9 +120,10 @@ class MeshConfig:
     # values follow the id). Checkpoints store rows in this order: a resume must keep the value they record.
     permute_ids: bool = False
     route_capacity: float = hparam(
-        2.0, "row layout, alltoall routing: ids one device may send each table shard per step, as a multiple "
-        "of the even share (its tokens / table shards; never below 64 slots); raise it if a run stops on "
-        "emb/route_overflow", low=0.0, high=1024.0, low_open=True)
+        1.2, "row layout, alltoall routing: slots for the ids one device sends each table shard per step, as a "
+        "multiple of the most it sent one shard in the first 8 train batches (sampled before compiling; never "
+        "below 64 slots); raise it if emb/route_overflow is often above 0", low=0.0, high=1024.0, low_open=True)
+    route_overflow: RouteOverflow = RouteOverflow.reroute  # a step with more ids for one shard than its slots
     cpu_devices: Optional[int] = hparam(None, "virtual CPU devices to create before JAX starts; CPU only",
                                         low=1, high=MAX_CPU_DEVICES)
 

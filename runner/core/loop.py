@@ -81,6 +81,7 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     # finish each step (after the next batch is ready) before dispatching the next computation.
     one_at_a_time = jax.default_backend() == "cpu" and program.mesh.devices.size > 1
     lagged = None  # (metrics, step) of the step whose health check is still due
+    noted: set[str] = set()  # tables whose rerouted overflow has been reported (once a run)
     for step in range(start, stop):
         state, metrics = step_fn(state, batch)  # dispatch is asynchronous: prepare the next batch meanwhile
         progress.step(step + 1)
@@ -126,10 +127,10 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
         # scalars; checking the previous step's (finished by now) keeps the device busy while the host waits.
         # With checkpoints on, each step is checked before it can be saved, and the last before the flush.
         if lagged is not None:
-            check_health(program, trainer, *lagged, checkpoints)
+            check_health(program, trainer, *lagged, checkpoints, log=log, noted=noted)
         lagged = (metrics, step + 1)
         if checkpoints is not None or step + 1 == stop:
-            check_health(program, trainer, *lagged, checkpoints)
+            check_health(program, trainer, *lagged, checkpoints, log=log, noted=noted)
             lagged = None
         if selection.should_stop():
             selection.stopped_at = step + 1
@@ -187,24 +188,47 @@ SKIP_CAUSES = ("Likely causes: a learning rate too high for this table (optimize
                "and dense/grad_norm; lower dense_optimizer.learning_rate)")
 
 
-ROUTE_KEYS = ("emb/route_overflow/", "emb/route_peak/")
+ROUTE_KEYS = ("emb/route_overflow/", "emb/route_peak/", "emb/route_refused/")
 
 
-def route_overflow_message(program: TrainProgram, name: str, overflow: int, peak: int, where: str) -> str:
+def _route_slots(ctx: Any) -> str:
+    basis = (f"{ctx.route_capacity:g} x {ctx.route_peak}, the most distinct ids one device sent one shard in the "
+             f"sampled batches" if ctx.route_peak is not None else
+             f"{ctx.route_capacity:g} x the even share of {ctx.slot_base(ctx.local_tokens):.0f} ids")
+    return f"mesh.route_capacity={ctx.route_capacity:g} gives {ctx.route_slots} slots per device and shard ({basis})"
+
+
+def route_overflow_message(program: TrainProgram, name: str, overflow: int, refused: int, peak: int,
+                           where: str) -> str:
     """Why a run stopped on ids the row layout's all-to-all routing had no room for, and what to raise."""
     ctx = program.contexts[name]
-    slots, even = ctx.route_slots, min(ctx.local_tokens, ctx.vocab) / ctx.table_shards
-    fits = (f" One device had {peak} distinct ids for one shard: mesh.route_capacity={peak / even:.2f} or more "
-            f"fits that batch." if peak > slots else "")
-    return (f"training stopped at {where}: table '{name}': {overflow} distinct ids of the batch (summed over "
-            f"devices) had no slot at their owning table shard: mesh.route_capacity={ctx.route_capacity:g} gives "
-            f"{slots} slots per device and shard (the even share is {even:.0f} ids). None was dropped silently: "
-            f"they read zeros, and an embedding update holding them is refused whole.{fits} Raise "
-            f"mesh.route_capacity (hot ids crowd one shard; see emb/route_peak/{name}), or set mesh.routing=gather.")
+    fits = (f" One device had {peak} distinct ids for one shard: mesh.route_capacity="
+            f"{peak / ctx.slot_base(ctx.local_tokens):.2f} or more fits that batch." if peak > ctx.route_slots else "")
+    if ctx.reroutes:
+        return (f"training stopped at {where}: table '{name}': {refused} rows had no room at their owning table "
+                f"shard even after the step was routed again with room for every id: an owner keeps at most "
+                f"{ctx.owner_unique - 1} distinct rows, every device's slots for it, and {_route_slots(ctx)}. The "
+                f"update was refused whole: nothing of it was written.{fits} Raise mesh.route_capacity (see "
+                f"emb/route_peak/{name}), or set mesh.routing=gather.")
+    return (f"training stopped at {where}: table '{name}': {max(overflow, refused)} distinct ids of the batch "
+            f"(summed over devices) had no slot at their owning table shard: {_route_slots(ctx)}. None was "
+            f"dropped silently: they read zeros, and an embedding update holding them is refused whole.{fits} "
+            f"Raise mesh.route_capacity (hot ids crowd one shard; see emb/route_peak/{name}), set "
+            f"mesh.route_overflow=reroute (such a step is routed again with room for every id), or set "
+            f"mesh.routing=gather.")
+
+
+def route_reroute_note(program: TrainProgram, name: str, overflow: int, peak: int, where: str) -> str:
+    """The one line a run prints the first time a table's ids overflowed their slots and were rerouted."""
+    ctx = program.contexts[name]
+    return (f"note: table '{name}' at {where}: {overflow} distinct ids (summed over devices) had no slot at their "
+            f"owning table shard ({peak} for one shard, {_route_slots(ctx)}); the step was routed again with room "
+            f"for every id, so nothing was lost, but such steps are slower. emb/route_overflow/{name} counts them; "
+            f"raise mesh.route_capacity if it is often above 0.")
 
 
 def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any], step: int,
-                 checkpoints: Any = None, what: str | None = None) -> None:
+                 checkpoints: Any = None, what: str | None = None, log=None, noted: set | None = None) -> None:
     """Raise a TrainingError when a table's last ``trainer.max_skipped_updates`` updates were all refused,
     or (``trainer.strict_ids``) the batch held an id outside a table. Fetches only the few scalars it needs
     (one device sync a step, only when a check is on)."""
@@ -218,9 +242,13 @@ def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any]
     where = what or f"step {step}"
     for name in sorted(program.tables):
         overflow = int(got.get(f"emb/route_overflow/{name}", 0))
-        if overflow:
-            raise TrainingError(route_overflow_message(program, name, overflow, int(got.get(
-                f"emb/route_peak/{name}", 0)), where))
+        refused = int(got.get(f"emb/route_refused/{name}", 0))
+        peak = int(got.get(f"emb/route_peak/{name}", 0))
+        if refused or (overflow and not program.contexts[name].reroutes):
+            raise TrainingError(route_overflow_message(program, name, overflow, refused, peak, where))
+        if overflow and log is not None and noted is not None and name not in noted:
+            noted.add(name)
+            log(route_reroute_note(program, name, overflow, peak, where))
     for name in sorted(program.tables):
         count = int(got.get(f"emb/dropped_ids/{name}", 0))
         if strict and count:

@@ -197,8 +197,9 @@ class TrainProgram:
             metrics["emb/stale_rows"] = jnp.where(detail, stale, -1)
         for n, (_, (overflow, peak), *_) in looked.items():  # routed ids with no slot at their owner
             if ctxs[n].routed:
-                metrics[f"emb/route_overflow/{n}"] = overflow + ctxs[n].results.get("route_overflow", 0)
+                metrics[f"emb/route_overflow/{n}"] = overflow
                 metrics[f"emb/route_peak/{n}"] = peak
+                metrics[f"emb/route_refused/{n}"] = ctxs[n].results.get("route_refused", jnp.int32(0))
         for n, bad in bad_ids.items():  # ids outside [0, vocab): they read zeros and update nothing
             metrics[f"emb/dropped_ids/{n}"] = jnp.sum(bad).astype(jnp.int32)
             # One of them (the first in batch order), so trainer.strict_ids can name it; not logged.
@@ -242,8 +243,8 @@ class TrainProgram:
         metrics = {"emb/flush_grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
                    "emb/flush_valid": jnp.all(jnp.stack([a[1] for a in applied.values()]))}
         for n, (norm, valid, _) in applied.items():
-            if "route_overflow" in ctxs[n].results:
-                metrics[f"emb/route_overflow/{n}"] = ctxs[n].results["route_overflow"]
+            if "route_refused" in ctxs[n].results:
+                metrics[f"emb/route_refused/{n}"] = ctxs[n].results["route_refused"]
             metrics[f"emb/flush_grad_norm/{n}"] = norm
             metrics[f"emb/flush_valid/{n}"] = valid
         metrics.update(skip_metrics(skips))

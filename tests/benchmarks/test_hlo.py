@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from benchmarks.hlo import collective_bytes, conditional_collective_bytes
+from benchmarks.hlo import collective_bytes, conditional_collective_bytes, step_collective_bytes
 
 
 def test_collectives_in_a_cond_branch_are_counted_apart():
@@ -25,3 +25,22 @@ def test_collectives_in_a_cond_branch_are_counted_apart():
     assert branch["all-gather"] == 16 * 4 and branch["all-reduce"] == 0 and branch["total"] == 16 * 4
     assert total["all-gather"] == 16 * 4 and total["all-reduce"] >= 4
     assert conditional_collective_bytes("") == {**{k: 0 for k in branch if k != "total"}, "total": 0}
+
+
+def test_a_step_counts_one_branch_of_each_cond():
+    """Two branches with all-to-alls of 16 and 64 floats: the total counts both, a usual step the cheaper one,
+    the dearest step the other (as a routed step and its rerouted overflow)."""
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    n = mesh.size
+
+    def body(x, flag):
+        def move(v):
+            return jnp.sum(jax.lax.all_to_all(v.reshape(n, -1), "x", 0, 0, tiled=True))
+        return jax.lax.cond(flag, lambda v: move(jnp.tile(v, 4)), move, x)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P(), check_vma=False))
+    x = jax.device_put(np.ones(n * 16, np.float32), NamedSharding(mesh, P("x")))
+    text = f.lower(x, True).compile().as_text()
+    assert collective_bytes(text)["all-to-all"] == (16 + 64) * 4
+    assert step_collective_bytes(text)["all-to-all"] == 16 * 4 == step_collective_bytes(text)["total"]
+    assert step_collective_bytes(text, "dearest")["all-to-all"] == 64 * 4

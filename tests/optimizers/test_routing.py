@@ -44,11 +44,11 @@ def skewed(tokens):
     return ids, grads
 
 
-def test_overflow_is_counted_and_the_update_refused():
+def test_overflow_is_counted_and_the_update_refused_when_the_policy_is_stop():
     mesh = table_mesh()
     tokens = 24  # 3 per device
     ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", layout=context.ROW,
-                                     route_capacity=1.0, route_min_slots=1)
+                                     route_capacity=1.0, route_min_slots=1, route_overflow=context.STOP)
     assert ctx.routed and ctx.route_slots == 1
     opt = optimizers.create("async_sgd", learning_rate=0.1)
     ids, grads = skewed(tokens)
@@ -60,7 +60,7 @@ def test_overflow_is_counted_and_the_update_refused():
     def step(table, state, update):
         c = ctx.fresh()
         keep, table, state = opt.gradient_update_start(c, update, table, state, jnp.zeros(()))
-        return table, state, opt.gradient_update_done(c, keep[0])[1], c.results["route_overflow"]
+        return table, state, opt.gradient_update_done(c, keep[0])[1], c.results["route_refused"]
 
     table, state, valid, overflow = jax.jit(step)(table, state, update)
     assert int(overflow) == 8 * 2 and not bool(valid)  # 2 of 3 ids per device had no slot: nothing written
@@ -76,6 +76,76 @@ def test_overflow_is_counted_and_the_update_refused():
     step_ok = fused_step(opt, roomy)
     _, _, _, valid = step_ok(jax.device_put(table0, NamedSharding(mesh, roomy.table_spec())), state, update)
     assert bool(valid)
+
+
+def sgd_reference(table0, ids, grads, lr):
+    """A plain dense SGD step: every id's row minus lr times the sum of its tokens' gradients."""
+    want = table0.copy()
+    np.add.at(want, ids, -lr * grads)
+    return want
+
+
+def routed_step(ctx, opt, table0, update):
+    table = jax.device_put(table0, NamedSharding(ctx.mesh, ctx.table_spec()))
+
+    def step(table, state, update):
+        c = ctx.fresh()
+        keep, table, state = opt.gradient_update_start(c, update, table, state, jnp.zeros(()))
+        return table, opt.gradient_update_done(c, keep[0])[1], c.results["route_refused"]
+
+    return jax.jit(step)(table, opt.init(*table0.shape), update)
+
+
+def test_overflowing_ids_are_rerouted_with_room_for_all_by_default():
+    """The default policy: a step where any device has more ids for one shard than its slots routes them again
+    with room for every id, so the lookup reads every row and the update is the dense one."""
+    mesh = table_mesh()
+    tokens = 24
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", route_capacity=1.0,
+                                     route_min_slots=1)
+    assert ctx.reroutes and ctx.route_slots == 1
+    opt = optimizers.create("async_sgd", learning_rate=0.1)
+    ids, grads = skewed(tokens)
+    grads = grads * np.arange(1, tokens + 1, dtype=np.float32)[:, None]
+    update = jax.jit(lambda i, g: optimizers.make_update(ctx, i, g))(ids, grads)
+    table0 = np.random.default_rng(0).normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    table, valid, refused = routed_step(ctx, opt, table0, update)
+    assert bool(valid) and int(refused) == 0
+    np.testing.assert_allclose(np.asarray(table), sgd_reference(table0, ids, grads, 0.1), rtol=1e-6, atol=1e-6)
+
+    rows, (overflow, peak) = jax.jit(lambda t, i: lookup_counted(ctx, t, i))(table, ids.reshape(8, 3))
+    assert (int(overflow), int(peak)) == (16, 3)  # counted, and every row read anyway
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(table)[ids.reshape(8, 3)])
+
+
+def test_rows_past_an_owners_buffer_after_rerouting_refuse_the_update():
+    """Rerouting gives every device room for all its ids, but an owner keeps at most every device's slots of
+    distinct rows (``owner_slots_for``); past that the update is refused whole and counted, never half-written."""
+    mesh = table_mesh()
+    vocab, tokens = 256, 16  # 32 rows a shard; 2 ids a device, 16 distinct ids all owned by shard 0
+    ctx = optimizers.AsyncEmbContext(vocab, WIDTH, tokens, mesh=mesh, table_axis="table", route_capacity=0.5,
+                                     route_min_slots=1)
+    assert ctx.route_slots == 1 and ctx.owner_unique == 8 + 1
+    opt = optimizers.create("async_sgd", learning_rate=0.1)
+    ids = np.arange(1, tokens + 1, dtype=np.int32)
+    grads = np.ones((tokens, WIDTH), np.float32)
+    update = jax.jit(lambda i, g: optimizers.make_update(ctx, i, g))(ids, grads)
+    table0 = np.random.default_rng(1).normal(size=(vocab, WIDTH)).astype(np.float32)
+    table, valid, refused = routed_step(ctx, opt, table0, update)
+    assert not bool(valid) and int(refused) == 16 - 9  # the owner kept 9 of the 16 rows
+    np.testing.assert_array_equal(np.asarray(table), table0)
+
+
+def test_route_peak_counts_each_devices_distinct_ids_per_shard():
+    ids = np.array([[1, 4, 2], [9, 3, 3], [9, 10, 11], [12, 0, 99]], np.int32)  # 2 devices, 2 rows each
+    # device 0: {1, 2, 3, 4, 9}: 4 for shard 0 (rows 0-7); device 1: {0, 9, 10, 11, 12}: 4 for shard 1
+    assert routing.route_peak(ids, devices=2, shard_rows=8, shards=2) == 4
+    # one device: {0, 1, 2, 3, 4} for shard 0; 99 is past the 16 rows: it goes nowhere
+    assert routing.route_peak(ids, devices=1, shard_rows=8, shards=2) == 5
+    ctx = optimizers.AsyncEmbContext(256, WIDTH, 128, mesh=table_mesh(), table_axis="table", route_capacity=1.5,
+                                     route_peak=3, route_min_slots=1)
+    # 16 tokens a device: 1.5 x 3 slots; twice the tokens, twice the peak; exact: room for all 32
+    assert (ctx.route_slots, ctx.slots_for(32), ctx.slots_for(32, exact=True)) == (5, 9, 32)
 
 
 def test_permute_ids_is_a_bijection_that_spreads_hot_ids():

@@ -1,8 +1,10 @@
 """The row layout's id routing as the runner uses it: its settings are checked before anything compiles, and
-a batch with more ids for one shard than ``mesh.route_capacity`` allows stops the run with a message naming
-the table and the setting (never silently dropped ids)."""
+a batch with more ids for one shard than ``mesh.route_capacity`` allows is routed again with room for every id
+(the default, noted once) or, with ``mesh.route_overflow=stop``, stops the run with a message naming the table
+and the setting; ids are never silently dropped."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from runner.build import build
@@ -30,6 +32,13 @@ def test_unknown_routing_is_refused_when_composed():
     assert "mesh.routing=ring" in text and "Invalid value 'ring', expected one of [alltoall, gather]" in text
 
 
+def test_unknown_overflow_policy_is_refused_when_composed():
+    with pytest.raises(Exception) as e:
+        compose_config([*ROW, "mesh.route_overflow=drop"])
+    text = f"{e.value} {e.value.__cause__}"
+    assert "mesh.route_overflow=drop" in text and "Invalid value 'drop', expected one of [reroute, stop]" in text
+
+
 def test_routing_is_the_row_layout_default():
     program, _, _ = build(compose_config(ROW))
     assert all(c.routed for c in program.contexts.values())
@@ -37,12 +46,16 @@ def test_routing_is_the_row_layout_default():
     assert not any(c.routed for c in program.contexts.values())
 
 
-@pytest.mark.slow
-def test_capacity_overflow_stops_the_run_naming_the_table_and_the_setting():
+def overflowing(*extra):
     # 4,096 examples x 5 item tokens over 8 devices: 2,560 tokens each; Zipf ids crowd the first of 4 row shards,
     # far past the 64 slots a capacity of 0.1 gives.
-    cfg = compose_config([*ROW, "trainer.batch_size=4096", "mesh.route_capacity=0.1", "trainer.steps=3",
-                          "trainer.log_interval=1"])
+    return compose_config([*ROW, "trainer.batch_size=4096", "mesh.route_capacity=0.1", "trainer.steps=3",
+                           "trainer.log_interval=1", *extra])
+
+
+@pytest.mark.slow
+def test_capacity_overflow_stops_the_run_naming_the_table_and_the_setting():
+    cfg = overflowing("mesh.route_overflow=stop")
     program, task, _ = build(cfg)
     tracker = Recorder()
     with pytest.raises(TrainingError) as info:
@@ -52,7 +65,32 @@ def test_capacity_overflow_stops_the_run_naming_the_table_and_the_setting():
     assert "had no slot at their owning table shard: mesh.route_capacity=0.1 gives 64 slots per device and shard" \
         in text
     assert "None was dropped silently" in text and "Raise mesh.route_capacity" in text
-    assert "mesh.routing=gather" in text
+    assert "mesh.route_overflow=reroute" in text and "mesh.routing=gather" in text
     row = tracker.rows[0]
     name = text.split("'")[1]
     assert row[f"emb/route_overflow/{name}"] > 0 and row[f"emb/route_peak/{name}"] > 64
+
+
+@pytest.mark.slow
+def test_overflowing_steps_are_rerouted_by_default_noted_once_and_learn_the_same_numbers():
+    cfg = overflowing()
+    program, task, _ = build(cfg)
+    slots = {n: c.route_slots for n, c in program.contexts.items()}
+    assert slots["items"] == 64 and all(c.reroutes for c in program.contexts.values())
+    tracker, lines = Recorder(), []
+    got = loop.train(program, task, cfg.trainer, tracker, log=lines.append)
+    notes = [line for line in lines if line.startswith("note: table")]
+    assert all(r["emb/route_overflow/items"] > 0 and r["emb/route_refused/items"] == 0 for r in tracker.rows[:3])
+    assert len([n for n in notes if "'items'" in n]) == 1  # once a run, not once a step
+    assert "the step was routed again with room for every id, so nothing was lost" in notes[0]
+    assert "raise mesh.route_capacity" in notes[0]
+    # The same run with room to spare (the default capacity, sized from the first 8 batches: no step overflows).
+    cfg = compose_config([*ROW, "trainer.batch_size=4096", "trainer.steps=3", "trainer.log_interval=1"])
+    program2, task2, _ = build(cfg)
+    assert program2.contexts["items"].route_slots > 64
+    tracker2 = Recorder()
+    want = loop.train(program2, task2, cfg.trainer, tracker2, log=lambda *a: None)
+    assert all(r["emb/route_overflow/items"] == 0 for r in tracker2.rows[:3])
+    for n in program.tables:
+        np.testing.assert_allclose(np.asarray(got["state"].tables[n]), np.asarray(want["state"].tables[n]),
+                                   rtol=0, atol=1e-6)
