@@ -145,7 +145,8 @@ def child(p: dict) -> dict:
             valid = all(bool(o[1]) for o in outs)
             refused = max(int(o[3]) for o in outs)
             # Steps whose ids overflowed some device's slots for one shard (routed again with room for all).
-            rerouted = sum(route_peak(x, S, V // S, S) > ctx.route_slots for x in ids[p["warmup"]:]) if ctx.routed else 0
+            rerouted = (sum(route_peak(x, S, V // S, S) > ctx.route_slots for x in (perm if permuted else raw)[p["warmup"]:])
+                        if ctx.routed else 0)
             rows = [np.asarray(o[2]) for o in outs if o[2] is not None and np.ndim(o[2]) and np.size(o[2]) > 1]
             st = common.stats(times[var])
             base = "single-perm" if permuted else "single"

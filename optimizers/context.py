@@ -5,7 +5,9 @@ of unique ids) and, when the table is sharded, the mesh, the table axis and the 
 
 - ``row``: each table shard owns a contiguous block of ``rows // shards`` rows (``P(table_axis, None)``);
 - ``column``: each shard owns ``width // shards`` columns of every row (``P(None, table_axis)``), as the
-  seed design does.
+  seed design does. Each device dedupes its own tokens; the ids go to every shard of its table group
+  (all-gather) and each shard returns (lookup) or receives (update) only its width slice of those rows
+  (all-to-all), so nothing per token crosses devices.
 
 In the row layout ids are routed (``routing="alltoall"``, the default; ``optimizers/routing.py``): each
 device dedupes its own tokens' ids, an all-to-all over the table axis sends each shard only the ids it owns
@@ -119,6 +121,12 @@ class AsyncEmbContext:
         return min(tokens, self.vocab) / self.table_shards
 
     @property
+    def per_device_record(self) -> bool:
+        """Each device dedupes only its own tokens, for its lookup and its update record (``make_update``):
+        the routed row layout and the column layout. Their ids then travel between devices deduplicated."""
+        return self.routed or (self.sharded and self.layout == COLUMN)
+
+    @property
     def reroutes(self) -> bool:
         """A routed step whose ids overflow their slots routes them again with room for every id (``REROUTE``)."""
         return self.route_overflow == REROUTE
@@ -135,11 +143,12 @@ class AsyncEmbContext:
         distinct ids (``num_unique``), or, routed, every device's own (``mesh.size`` blocks of
         ``local_unique``, one per device, split like the batch). The two sizes differ whenever the mesh has
         more than one device, so a record says which kind it is (``local_record``)."""
-        return self.mesh.size * self.local_unique if self.routed else self.num_unique
+        return self.mesh.size * self.local_unique if self.per_device_record else self.num_unique
 
     def local_record(self, update: Any) -> bool:
-        """Whether ``update`` holds per-device ids (routed ``make_update``), not the batch's (one device's)."""
-        return self.routed and update.unique_tokens.shape[0] == self.record_unique
+        """Whether ``update`` holds per-device ids (``make_update`` on a ``per_device_record`` context), not the
+        batch's (one device's)."""
+        return self.per_device_record and update.unique_tokens.shape[0] == self.record_unique
 
     @property
     def owner_unique(self) -> int:
@@ -174,18 +183,18 @@ class AsyncEmbContext:
         return jax.tree.map(self.state_leaf_spec, state)
 
     def grads_spec(self) -> P:
-        """The deferred update's per-token gradients: full rows split over the batch (routed row layout),
-        full rows (gather row layout) or this shard's width slice (column layout)."""
-        if self.routed:
+        """The deferred update's per-token gradients: full rows split over the batch (routed row layout and
+        column layout: each device's own tokens) or full rows (gather row layout)."""
+        if self.per_device_record:
             return P(self.batch_axes, None)
-        if self.sharded and self.layout == COLUMN:
-            return P(None, self.table_axis)
         return P()
 
     def update_specs(self, local: bool | None = None) -> tuple[P, P, P, P]:
-        """Specs of the update record's fields (unique_tokens, grads, segment_ids, pending). Routed, the record
-        ``make_update`` builds is per device (``local``, the default there): every field but ``pending`` is
-        split over the batch axes; a record of the whole batch (``local=False``) has its ids replicated."""
-        local = self.routed if local is None else local
-        seg = P(self.batch_axes) if self.routed else P()
-        return (P(self.batch_axes) if local and self.routed else P()), self.grads_spec(), seg, P()
+        """Specs of the update record's fields (unique_tokens, grads, segment_ids, pending). On a
+        ``per_device_record`` context the record ``make_update`` builds is per device (``local``, the default
+        there): every field but ``pending`` is split over the batch axes; a record of the whole batch
+        (``local=False``) has its ids replicated."""
+        split = self.per_device_record
+        local = split if local is None else local
+        seg = P(self.batch_axes) if split else P()
+        return (P(self.batch_axes) if local and split else P()), self.grads_spec(), seg, P()

@@ -80,12 +80,13 @@ def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending:
                 pad_id: int | None = 0) -> AsyncEmbGradientUpdate:
     """Build the update record for one table from the batch's ids and per-token gradients.
 
-    Routed (row layout, ``routing="alltoall"``): each device dedupes only its own tokens (the batch split
-    over every mesh axis, as the train step holds it) inside ``jax.shard_map``; ``unique_tokens`` is then
+    Routed (row layout, ``routing="alltoall"``) and column layout (``ctx.per_device_record``): each device
+    dedupes only its own tokens (the batch split over every mesh axis, as the train step holds it) inside
+    ``jax.shard_map``; ``unique_tokens`` is then
     ``mesh.size`` sorted blocks of ``ctx.local_unique``, one per device, and each token's segment id indexes
     its own device's block. No device sees another's ids. Otherwise one dedupe of the whole batch."""
     grads = grads.reshape(-1, grads.shape[-1])
-    if ctx.routed:
+    if ctx.per_device_record:
         axes = ctx.batch_axes
         P = jax.sharding.PartitionSpec
         local = jax.shard_map(lambda i: dedupe(i, ctx.vocab, ctx.local_unique, pad_id), mesh=ctx.mesh,
@@ -130,7 +131,7 @@ def record_for(ctx: AsyncEmbContext, token_ids: Any) -> tuple["np.ndarray", "np.
     import numpy as np  # noqa: PLC0415
 
     tok = np.asarray(token_ids).reshape(-1)
-    blocks = ctx.mesh.size if ctx.routed else 1
+    blocks = ctx.mesh.size if ctx.per_device_record else 1
     size = ctx.record_unique // blocks
     n = tok.size // blocks
     unique = np.full((ctx.record_unique,), ctx.vocab, np.int32)
@@ -278,6 +279,17 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
         *out, refused = kernel(update, table, state, jnp.ravel(gate)[0])
         ctx.results["route_refused"] = refused
         return tuple(out)
+    if ctx.layout == COLUMN:
+        local = ctx.local_record(update)
+        upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs(local))
+        kernel = jax.shard_map(
+            lambda u, t, s, g: _apply_columns(opt, ctx, u, t, s, g, local),
+            mesh=ctx.mesh,
+            in_specs=(upd_specs, ctx.table_spec(), specs_state, P()),
+            out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis)),
+            check_vma=False,
+        )
+        return kernel(update, table, state, jnp.ravel(gate)[0])
     upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs())
     kernel = jax.shard_map(
         lambda u, t, s, g: _apply_local(opt, ctx, u, t, s, g, axis=ctx.table_axis),
@@ -339,11 +351,7 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
     ids): this device re-derives its tokens' ids and dedupes them first."""
     axis = ctx.table_axis
     n = update.segment_ids.shape[0]  # this device's tokens (ctx.local_tokens for a train batch's record)
-    if local:
-        unique, seg = update.unique_tokens, update.segment_ids
-    else:
-        ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)
-        unique, seg = dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
+    unique, seg = _device_record(ctx, update, local)
     b = routing.bucket(ctx, unique, ctx.slots_for(n))
     size = ctx.owner_slots_for(n)  # the owner's unique-row buffer, the same on either route
 
@@ -378,6 +386,37 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
     out = _rule_and_write(opt, ctx, gids, local, owned, g_own, table, state, gate, axis,
                           update.pending & (refused == 0), chunk=RULE_CHUNK)
     return (*out, refused)
+
+
+def _device_record(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, local: bool):
+    """This device's (sorted unique ids, its tokens' segment ids): the record's own block when it is per device
+    (``local``), else re-derived from a record of the whole batch (replicated ids) and deduped here."""
+    if local:
+        return update.unique_tokens, update.segment_ids
+    n = update.segment_ids.shape[0]
+    ids = routing.token_ids(ctx, update.unique_tokens, update.segment_ids)
+    return dedupe(ids, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)
+
+
+def _apply_columns(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state: EmbOptState, gate,
+                   local: bool = True):
+    """The column layout's per-device kernel: this device's fp32 segment-summed gradients of its unique rows,
+    split by width; an all-to-all gives every shard its slice of every table-group device's rows (and an
+    all-gather their ids); each shard sums what all devices (of every data group) sent for the same row and
+    applies the rule to its slice of those rows. Every shard sees the same ids in the same order, so the
+    per-row sums over the full width the rule needs (``width_sum``, the norm) are one psum over the table axis."""
+    unique, seg = _device_record(ctx, update, local)
+    shards, width = ctx.table_shards, ctx.emb_width
+    g = segment_sum(update.grads, seg, unique.shape[0])  # [U, width] fp32
+    g = jnp.moveaxis(g.reshape(unique.shape[0], shards, width // shards), 1, 0)  # [shards, U, width / shards]
+    g_in = routing.gather_over_data(ctx, routing.exchange(ctx, g)).reshape(-1, width // shards)
+    rows_in = routing.gather_over_data(ctx, lax.all_gather(unique, ctx.table_axis, axis=0)).reshape(-1)
+    size = min(rows_in.shape[0], ctx.vocab) + 1
+    ids, oseg = dedupe(rows_in, ctx.vocab, size, pad_id=None)
+    g_own = segment_sum(g_in, oseg, size)  # every device's gradient slice for each row
+    owned = ids < ctx.vocab
+    return _rule_and_write(opt, ctx, ids, ids, owned, g_own, table, state, gate, ctx.table_axis, update.pending,
+                           chunk=RULE_CHUNK)
 
 
 def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, state: EmbOptState, gate, axis,

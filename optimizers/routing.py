@@ -120,6 +120,25 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     return out, b
 
 
+def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, with_dedupe: bool = False):
+    """Per-device body of the column layout's lookup: ids [...] -> rows [..., width] float32. The device dedupes
+    its ids, every shard of its table group gets them (all-gather) and gathers its width slice of each, and an
+    all-to-all returns each device the slices of its own rows. ``with_dedupe``: also the device's (unique ids,
+    segment ids) without the padding id 0, its update record's (``make_update``)."""
+    from .fused import dedupe  # noqa: PLC0415 - fused imports this module
+    from .context import num_unique_for  # noqa: PLC0415
+
+    flat = ids.reshape(-1)
+    unique, seg = dedupe(flat, ctx.vocab, num_unique_for(flat.shape[0], ctx.vocab), pad_id=None)  # bad ids: -1
+    wanted = lax.all_gather(unique, ctx.table_axis, axis=0)  # [shards, U]: every table-group device's ids
+    part = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)  # [shards, U, width / shards]
+    got = exchange(ctx, part)  # [shards, U, width / shards]: block k is shard k's slice of my rows
+    urows = jnp.moveaxis(got, 0, 1).reshape(unique.shape[0], -1)  # [U, width]: slices in column order
+    out = jnp.where((seg >= 0)[:, None], urows.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=0), 0)
+    out = out.reshape(*ids.shape, urows.shape[1])
+    return (out, without_padding_id(unique, seg, ctx.vocab)) if with_dedupe else out
+
+
 def route_peak(ids, devices: int, shard_rows: int, shards: int) -> int:
     """Host-side (numpy): the most distinct ids one device sends one row shard for a batch of stored-row ids
     (``[batch, ...]``, split over ``devices`` in contiguous blocks of the leading dim, as the train step

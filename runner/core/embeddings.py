@@ -156,8 +156,9 @@ def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact
     ``[mesh.size * local_unique]`` and segment ids, both split over the batch), to reuse for the update."""
     ids = jnp.where((ids >= 0) & (ids < ctx.vocab), ids, ctx.vocab)  # ctx.vocab: stored rows, out of range
     none = jnp.zeros((), jnp.int32)
-    if with_dedupe and not ctx.routed:
-        raise ValueError("lookup_counted(with_dedupe=True) needs a routed context (row layout, alltoall)")
+    if with_dedupe and not ctx.per_device_record:
+        raise ValueError("lookup_counted(with_dedupe=True) needs a per-device record (routed row layout or column "
+                         "layout)")
     if not ctx.sharded:
         return table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32), (none, none)
     mesh, axis = ctx.mesh, ctx.table_axis
@@ -172,11 +173,16 @@ def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact
                              out_specs=(P(batch_axes, None, None), (P(), P()), *dd_specs),
                              check_vma=False)(table, ids)
 
+    if ctx.layout == COLUMN:
+        dd_specs = ((P(batch_axes), P(batch_axes)),) if with_dedupe else ()
+        out = jax.shard_map(lambda t, i: routing.column_lookup_local(ctx, t, i, with_dedupe), mesh=mesh,
+                            in_specs=(ctx.table_spec(), P(batch_axes, None)),
+                            out_specs=(P(batch_axes, None, None), *dd_specs) if with_dedupe else P(batch_axes, None, None),
+                            check_vma=False)(table, ids)
+        return (out[0], (none, none), out[1]) if with_dedupe else (out, (none, none))
+
     def local(table_shard, ids_local):
         group_ids = lax.all_gather(ids_local, axis, axis=0, tiled=True)  # this data group's ids
-        if ctx.layout == COLUMN:
-            part = table_shard.at[group_ids].get(mode="fill", fill_value=0).astype(jnp.float32)
-            return lax.all_to_all(part, axis, split_axis=0, concat_axis=2, tiled=True)
         local_ids = group_ids - lax.axis_index(axis) * ctx.shard_rows
         owned = (local_ids >= 0) & (local_ids < ctx.shard_rows)
         rows = table_shard.at[jnp.where(owned, local_ids, ctx.shard_rows)].get(mode="fill", fill_value=0)

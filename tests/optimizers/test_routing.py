@@ -225,21 +225,28 @@ def test_make_update_on_the_routed_layout_dedupes_each_devices_own_tokens():
         record_token_ids(np.zeros(49, np.int32), seg, VOCAB)
 
 
-def test_the_lookups_dedupe_without_the_padding_id_is_make_updates():
-    """The routed train step reuses its lookup's per-device dedupe (which keeps id 0, the padding row) as the
-    update record: with 0 dropped it equals ``make_update``'s, padding tokens -1, with or without a 0."""
+@pytest.mark.parametrize("layout", [context.ROW, context.COLUMN])
+def test_the_lookups_dedupe_without_the_padding_id_is_make_updates(layout):
+    """The routed row and the column train step reuse their lookup's per-device dedupe (which keeps id 0, the
+    padding row) as the update record: with 0 dropped it equals ``make_update``'s, padding tokens -1, with or
+    without a 0; and the rows it reads are the table's."""
     mesh = table_mesh()
     tokens = 8 * 5
-    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table")
-    table = jax.device_put(np.zeros((VOCAB, WIDTH), np.float32), NamedSharding(mesh, ctx.table_spec()))
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", layout=layout)
+    assert ctx.per_device_record
+    table0 = np.random.default_rng(2).normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    table = jax.device_put(table0, NamedSharding(mesh, ctx.table_spec()))
     rng = np.random.default_rng(9)
     for zeros in (0, 7):
         ids = rng.integers(1, VOCAB + 2, size=tokens).astype(np.int32)  # a few out of range
         ids[rng.permutation(tokens)[:zeros]] = 0
-        _, _, (unique, seg) = jax.jit(lambda t, i: lookup_counted(ctx, t, i, with_dedupe=True))(table, ids.reshape(-1, 1))
+        rows, _, (unique, seg) = jax.jit(lambda t, i: lookup_counted(ctx, t, i, with_dedupe=True))(
+            table, ids.reshape(-1, 1))
         want = jax.jit(lambda i: optimizers.make_update(ctx, i, np.zeros((tokens, WIDTH), np.float32)))(ids)
         np.testing.assert_array_equal(np.asarray(unique), np.asarray(want.unique_tokens))
         np.testing.assert_array_equal(np.asarray(seg), np.asarray(want.segment_ids))
+        inside = (ids < VOCAB)[:, None]
+        np.testing.assert_array_equal(np.asarray(rows)[:, 0], np.where(inside, table0[np.minimum(ids, VOCAB - 1)], 0))
     whole = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens)
-    with pytest.raises(ValueError, match="with_dedupe=True\\) needs a routed context"):
+    with pytest.raises(ValueError, match="with_dedupe=True\\) needs a per-device record"):
         lookup_counted(whole, np.zeros((VOCAB, WIDTH), np.float32), ids, with_dedupe=True)
