@@ -94,3 +94,17 @@ def test_overflowing_steps_are_rerouted_by_default_noted_once_and_learn_the_same
     for n in program.tables:
         np.testing.assert_allclose(np.asarray(got["state"].tables[n]), np.asarray(want["state"].tables[n]),
                                    rtol=0, atol=1e-6)
+
+
+def test_a_refused_update_after_rerouting_names_the_table_the_owner_buffer_and_the_setting():
+    """The message ``check_health`` raises when an owner had more rows than its buffer even after rerouting
+    (``emb/route_refused/<table>`` > 0; the update itself is tested in tests/optimizers/test_routing.py)."""
+    program, _, _ = build(compose_config(ROW))
+    ctx = program.contexts["items"]
+    text = loop.route_overflow_message(program, "items", overflow=40, refused=7, peak=10**6, where="step 3")
+    assert text.startswith("training stopped at step 3: table 'items': 7 rows had no room at their owning table "
+                           "shard even after the step was routed again with room for every id")
+    assert f"an owner keeps at most {ctx.owner_unique - 1} distinct rows" in text
+    assert f"mesh.route_capacity={ctx.route_capacity:g} gives {ctx.route_slots} slots per device and shard" in text
+    assert "The update was refused whole: nothing of it was written." in text
+    assert "Raise mesh.route_capacity" in text and "mesh.routing=gather" in text
