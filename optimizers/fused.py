@@ -415,8 +415,8 @@ def _apply_columns(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, ta
     ids, oseg = dedupe(rows_in, ctx.vocab, size, pad_id=None)
     g_own = segment_sum(g_in, oseg, size)  # every device's gradient slice for each row
     owned = ids < ctx.vocab
-    return _rule_and_write(opt, ctx, ids, ids, owned, g_own, table, state, gate, ctx.table_axis, update.pending,
-                           chunk=RULE_CHUNK)
+    # One pass over the whole buffer (no chunks): the rule's width sums are collectives, one per chunk otherwise.
+    return _rule_and_write(opt, ctx, ids, ids, owned, g_own, table, state, gate, ctx.table_axis, update.pending)
 
 
 def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, state: EmbOptState, gate, axis,
