@@ -87,6 +87,12 @@ def without_padding_id(unique: jax.Array, seg: jax.Array, vocab: int, pad_id: in
     return unique, seg
 
 
+def to_tokens(urows: jax.Array, seg: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """A device's unique rows ``[U, width]`` expanded to its tokens ``[*shape, width]`` (segment id -1: zeros)."""
+    out = jnp.where((seg >= 0)[:, None], urows.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=0), 0)
+    return out.reshape(*shape, urows.shape[1])
+
+
 def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, exact: bool = False,
                         with_dedupe: bool = False):
     """Per-device body of the routed lookup: ids [...] -> (rows [..., width] float32, ``Buckets``). Sizes
@@ -113,8 +119,7 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     else:  # every device takes the same branch: the test is on the overflow summed over the mesh
         rerouted = lax.psum(b.overflow, ctx.batch_axes) > 0
         urows = lax.cond(rerouted, lambda: fetch(bucket(ctx, unique, ctx.slots_for(n, True))), lambda: fetch(b))
-    out = jnp.where((seg >= 0)[:, None], urows.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=0), 0)
-    out = out.reshape(*ids.shape, width)
+    out = to_tokens(urows, seg, ids.shape)
     if with_dedupe:
         return out, b, without_padding_id(unique, seg, ctx.vocab)
     return out, b
@@ -134,8 +139,7 @@ def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     part = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)  # [shards, U, width / shards]
     got = exchange(ctx, part)  # [shards, U, width / shards]: block k is shard k's slice of my rows
     urows = jnp.moveaxis(got, 0, 1).reshape(unique.shape[0], -1)  # [U, width]: slices in column order
-    out = jnp.where((seg >= 0)[:, None], urows.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=0), 0)
-    out = out.reshape(*ids.shape, urows.shape[1])
+    out = to_tokens(urows, seg, ids.shape)
     return (out, without_padding_id(unique, seg, ctx.vocab)) if with_dedupe else out
 
 
