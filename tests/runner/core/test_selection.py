@@ -107,7 +107,7 @@ def test_without_selection_the_ranking_task_returns_the_final_value(tmp_path, mo
 @pytest.mark.parametrize("async_emb", ["on"])
 def test_best_state_and_value_survive_a_resume(tmp_path, async_emb):
     over = [f"async_emb={async_emb}", "trainer.steps=8", "trainer.eval_interval=2", "trainer.log_interval=2",
-            "trainer.select_best=true", "checkpoint.interval=2", "optimizer.learning_rate=0.5"]
+            "trainer.select_best=true", "checkpoint.interval=4", "optimizer.learning_rate=0.5"]
     straight = compose_config(over + [f"checkpoint.dir={tmp_path / 'ck1'}"])
     run(straight, tmp_path / "straight")
     resumed = compose_config(over + [f"checkpoint.dir={tmp_path / 'ck2'}"])
