@@ -82,7 +82,7 @@ def restore_in_one_process(source: Path, overrides: list[str], out: Path) -> tup
 def test_two_processes_train_like_one_process(tmp_path, mode, start):
     multi, single = tmp_path / "multi", tmp_path / "single"
     over = BASE + MODES[mode]
-    out = start(multi, *over, "mesh.cpu_devices=4", "logger=wandb", "checkpoint.interval=2",
+    out = start(multi, *over, "mesh.cpu_devices=4", "logger=wandb", "checkpoint.interval=4",  # one save: step 4
                 f"checkpoint.dir={tmp_path / 'ck'}")
     run(compose_config(over + ["mesh.cpu_devices=8", "logger=none"], tiny=False), single)  # 1 process, 8 devices
 
