@@ -103,11 +103,11 @@ def test_without_selection_the_ranking_task_returns_the_final_value(tmp_path, mo
     assert objective == 0.6 and "best/step" not in s and "early_stop/step" not in s
 
 
-@pytest.mark.slow  # three launches with checkpoints and two restores: ~25 s on 2 free cores
+@pytest.mark.slow  # three launches with checkpoints and two restores: ~15 s on shared cores
 @pytest.mark.parametrize("async_emb", ["on"])
 def test_best_state_and_value_survive_a_resume(tmp_path, async_emb):
     over = [f"async_emb={async_emb}", "trainer.steps=8", "trainer.eval_interval=2", "trainer.log_interval=2",
-            "trainer.select_best=true", "checkpoint.interval=2", "optimizer.learning_rate=0.5"]
+            "trainer.select_best=true", "checkpoint.interval=4", "optimizer.learning_rate=0.5"]
     straight = compose_config(over + [f"checkpoint.dir={tmp_path / 'ck1'}"])
     run(straight, tmp_path / "straight")
     resumed = compose_config(over + [f"checkpoint.dir={tmp_path / 'ck2'}"])
@@ -129,11 +129,11 @@ def test_best_state_and_value_survive_a_resume(tmp_path, async_emb):
     jax.tree.map(np.testing.assert_array_equal, kept[0], kept[1])
 
 
-@pytest.mark.slow  # two launches with checkpoints: ~14 s on shared cores
+@pytest.mark.slow  # two launches with checkpoints (at 4 and at the stop, 8): ~10 s on shared cores
 def test_a_relaunched_early_stopped_run_trains_no_further(tmp_path, monkeypatch):
     scripted(monkeypatch, [0.5, 0.7, 0.6, 0.65, 0.9, 0.95, 0.99])
     over = ["trainer.steps=12", "trainer.eval_interval=2", "trainer.select_best=true", "trainer.early_stop_patience=2",
-            "checkpoint.interval=2", f"checkpoint.dir={tmp_path / 'ck'}"]
+            "checkpoint.interval=4", f"checkpoint.dir={tmp_path / 'ck'}"]
     first = run(compose_config(over), tmp_path / "a")
     again = run(compose_config(over), tmp_path / "b")  # the same command: resumes from the early stop's checkpoint
     s = json.loads((tmp_path / "b" / "summary.json").read_text())
