@@ -12,6 +12,7 @@ reproducible bit for bit, and updates far below a bfloat16 ulp still move the ro
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -266,39 +267,24 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
         return _apply_local(opt, ctx, update, table, state, gate, axis=None)
     specs_state = ctx.state_specs(state)
     P = jax.sharding.PartitionSpec
-    if ctx.routed:
-        local = ctx.local_record(update)
-        upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs(local))
-        kernel = jax.shard_map(
-            lambda u, t, s, g: _apply_routed(opt, ctx, u, t, s, g, local),
-            mesh=ctx.mesh,
-            in_specs=(upd_specs, ctx.table_spec(), specs_state, P()),
-            out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis), P()),
-            check_vma=False,
-        )
-        *out, refused = kernel(update, table, state, jnp.ravel(gate)[0])
-        ctx.results["route_refused"] = refused
-        return tuple(out)
-    if ctx.layout == COLUMN:
-        local = ctx.local_record(update)
-        upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs(local))
-        kernel = jax.shard_map(
-            lambda u, t, s, g: _apply_columns(opt, ctx, u, t, s, g, local),
-            mesh=ctx.mesh,
-            in_specs=(upd_specs, ctx.table_spec(), specs_state, P()),
-            out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis)),
-            check_vma=False,
-        )
-        return kernel(update, table, state, jnp.ravel(gate)[0])
-    upd_specs = AsyncEmbGradientUpdate(*ctx.update_specs())
+    local = ctx.local_record(update)  # a per-device record (routed row or column layout), used as it is
+    if ctx.routed:  # also returns the ids it could not deliver
+        body, extra = functools.partial(_apply_routed, local=local), (P(),)
+    elif ctx.layout == COLUMN:
+        body, extra = functools.partial(_apply_columns, local=local), ()
+    else:  # the gather row layout: every shard sees the whole batch's record
+        body, extra = functools.partial(_apply_local, axis=ctx.table_axis), ()
     kernel = jax.shard_map(
-        lambda u, t, s, g: _apply_local(opt, ctx, u, t, s, g, axis=ctx.table_axis),
+        lambda u, t, s, g: body(opt, ctx, u, t, s, g),
         mesh=ctx.mesh,
-        in_specs=(upd_specs, ctx.table_spec(), specs_state, P()),
-        out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis)),
+        in_specs=(AsyncEmbGradientUpdate(*ctx.update_specs(local)), ctx.table_spec(), specs_state, P()),
+        out_specs=(ctx.table_spec(), specs_state, P(), P(), P(ctx.table_axis), *extra),
         check_vma=False,
     )
-    return kernel(update, table, state, jnp.ravel(gate)[0])
+    out = kernel(update, table, state, jnp.ravel(gate)[0])
+    if ctx.routed:
+        *out, ctx.results["route_refused"] = out
+    return tuple(out)
 
 
 def _gate_bit(gate: jax.Array) -> jax.Array:
