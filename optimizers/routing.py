@@ -128,8 +128,9 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
 def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, with_dedupe: bool = False):
     """Per-device body of the column layout's lookup: ids [...] -> rows [..., width] float32. The device dedupes
     its ids, every shard of its table group gets them (all-gather) and gathers its width slice of each, and an
-    all-to-all returns each device the slices of its own rows. ``with_dedupe``: also the device's (unique ids,
-    segment ids) without the padding id 0, its update record's (``make_update``)."""
+    all-to-all returns each device the slices of its own rows. Returns ``(rows,)``, and with ``with_dedupe``
+    ``(rows, (unique ids, segment ids))``: the device's dedupe without the padding id 0, its update record's
+    (``make_update``)."""
     from .fused import dedupe  # noqa: PLC0415 - fused imports this module
     from .context import num_unique_for  # noqa: PLC0415
 
@@ -140,7 +141,7 @@ def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     got = exchange(ctx, part)  # [shards, U, width / shards]: block k is shard k's slice of my rows
     urows = jnp.moveaxis(got, 0, 1).reshape(unique.shape[0], -1)  # [U, width]: slices in column order
     out = to_tokens(urows, seg, ids.shape)
-    return (out, without_padding_id(unique, seg, ctx.vocab)) if with_dedupe else out
+    return (out, without_padding_id(unique, seg, ctx.vocab)) if with_dedupe else (out,)
 
 
 def route_peak(ids, devices: int, shard_rows: int, shards: int) -> int:

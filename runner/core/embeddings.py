@@ -27,7 +27,6 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from optimizers import AsyncEmbContext, routing
-from optimizers.context import COLUMN
 from optimizers.fused import compiler_options, hash2d
 
 
@@ -163,23 +162,19 @@ def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact
         return table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32), (none, none)
     mesh, axis = ctx.mesh, ctx.table_axis
     batch_axes = tuple(mesh.axis_names)
-    if ctx.routed:
-        def routed(table_shard, ids_local):
+    if ctx.per_device_record:  # each device dedupes its own ids: the routed row layout, the column layout
+        def per_device(table_shard, ids_local):
+            if not ctx.routed:
+                zero = jnp.zeros((), jnp.int32)  # no capacity: nothing overflows
+                return *routing.column_lookup_local(ctx, table_shard, ids_local, with_dedupe), (zero, zero)
             rows, b, *dd = routing.routed_lookup_local(ctx, table_shard, ids_local, exact, with_dedupe)
-            return rows, (lax.psum(b.overflow, batch_axes), lax.pmax(b.peak, batch_axes)), *dd
+            return rows, *dd, (lax.psum(b.overflow, batch_axes), lax.pmax(b.peak, batch_axes))
 
         dd_specs = ((P(batch_axes), P(batch_axes)),) if with_dedupe else ()
-        return jax.shard_map(routed, mesh=mesh, in_specs=(ctx.table_spec(), P(batch_axes, None)),
-                             out_specs=(P(batch_axes, None, None), (P(), P()), *dd_specs),
-                             check_vma=False)(table, ids)
-
-    if ctx.layout == COLUMN:
-        dd_specs = ((P(batch_axes), P(batch_axes)),) if with_dedupe else ()
-        out = jax.shard_map(lambda t, i: routing.column_lookup_local(ctx, t, i, with_dedupe), mesh=mesh,
-                            in_specs=(ctx.table_spec(), P(batch_axes, None)),
-                            out_specs=(P(batch_axes, None, None), *dd_specs) if with_dedupe else P(batch_axes, None, None),
-                            check_vma=False)(table, ids)
-        return (out[0], (none, none), out[1]) if with_dedupe else (out, (none, none))
+        rows, *dd, (overflow, peak) = jax.shard_map(
+            per_device, mesh=mesh, in_specs=(ctx.table_spec(), P(batch_axes, None)),
+            out_specs=(P(batch_axes, None, None), *dd_specs, (P(), P())), check_vma=False)(table, ids)
+        return rows, (overflow, peak), *dd
 
     def local(table_shard, ids_local):
         group_ids = lax.all_gather(ids_local, axis, axis=0, tiled=True)  # this data group's ids
