@@ -59,7 +59,6 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
 
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(\S+)\s.*\{\s*$")
-_BRANCHES = re.compile(r"(?:branch_computations=\{([^}]*)\}|(?:true|false)_computation=(%[^,\s]+))")
 _BRANCH_LIST = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRUE_FALSE = re.compile(r"(?:true|false)_computation=%([^,\s]+)")
 
@@ -78,6 +77,24 @@ def _computations(hlo_text: str) -> dict[str, list[str]]:
     return out
 
 
+def _conditionals(comps: dict[str, list[str]]) -> list[list[str]]:
+    """The branch computations' names of every conditional instruction, one list a conditional."""
+    found = []
+    for lines in comps.values():
+        for line in lines:
+            if " conditional(" not in line:
+                continue
+            listed = _BRANCH_LIST.search(line)
+            found.append([n.strip().lstrip("%") for n in listed.group(1).split(",") if n.strip()] if listed
+                         else _TRUE_FALSE.findall(line))
+    return found
+
+
+def _branch_bytes(comps: dict[str, list[str]], name: str) -> dict[str, int]:
+    """``collective_bytes`` of the collectives written directly in one computation."""
+    return collective_bytes("\n".join(comps.get(name, [])))
+
+
 def step_collective_bytes(hlo_text: str, branch: str = "cheapest") -> dict[str, int]:
     """``collective_bytes`` of one step that takes, at every conditional, its ``"cheapest"`` (by total bytes)
     or ``"dearest"`` branch, instead of counting every branch: a usual step (no logged-step diagnostics, no
@@ -87,19 +104,13 @@ def step_collective_bytes(hlo_text: str, branch: str = "cheapest") -> dict[str, 
         raise ValueError(f"branch={branch!r}: cheapest or dearest")
     comps = _computations(hlo_text)
     out = collective_bytes(hlo_text)
-    for lines in comps.values():
-        for line in lines:
-            if " conditional(" not in line:
-                continue
-            listed = _BRANCH_LIST.search(line)
-            names = ([n.strip().lstrip("%") for n in listed.group(1).split(",") if n.strip()] if listed
-                     else _TRUE_FALSE.findall(line))
-            per = [collective_bytes("\n".join(comps.get(n, []))) for n in names]
-            if not per:
-                continue
-            keep = (min if branch == "cheapest" else max)(per, key=lambda b: b["total"])
-            for k in out:
-                out[k] += keep[k] - sum(b[k] for b in per)
+    for names in _conditionals(comps):
+        per = [_branch_bytes(comps, n) for n in names]
+        if not per:
+            continue
+        keep = (min if branch == "cheapest" else max)(per, key=lambda b: b["total"])
+        for k in out:
+            out[k] += keep[k] - sum(b[k] for b in per)
     return out
 
 
@@ -107,18 +118,9 @@ def conditional_collective_bytes(hlo_text: str) -> dict[str, int]:
     """The part of ``collective_bytes`` that sits in the branches of a conditional (``lax.cond``): it moves
     only on the steps that take that branch (e.g. diagnostics computed on logged steps only). Counts the
     collectives written directly in a branch computation (not in computations a branch calls)."""
-    branches = set()
-    for m in _BRANCHES.finditer(hlo_text):
-        names = m.group(1) if m.group(1) is not None else m.group(2)
-        branches.update(n.strip().lstrip("%") for n in names.split(",") if n.strip())
-    inside, current = [], None
-    for line in hlo_text.splitlines():
-        head = _COMPUTATION.match(line)
-        if head:
-            current = head.group(1)
-        elif current in branches and _INSTR.match(line):
-            inside.append(line)
-    return collective_bytes("\n".join(inside))
+    comps = _computations(hlo_text)
+    names = sorted({n for branches in _conditionals(comps) for n in branches})
+    return collective_bytes("\n".join(line for n in names for line in comps.get(n, [])))
 
 
 def collectives_by_op(hlo_text: str, top: int = 8) -> list[tuple[str, str, int]]:
