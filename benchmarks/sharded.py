@@ -90,6 +90,8 @@ def child(p: dict) -> dict:
                 "peak_to_device_max": int(np.max(peaks))}
 
     load = {"block": shard_load(raw), "permuted": shard_load(perm)}
+    # Per batch, the most distinct ids one device sends one shard (raw, permuted): sizes slots, counts reroutes.
+    batch_peaks = {p_: [route_peak(x, S, V // S, S) for x in xs] for p_, xs in ((False, raw), (True, perm))}
     results = []
     for name in p["optimizers"]:
         opt = optimizers.create(name)
@@ -101,7 +103,7 @@ def child(p: dict) -> dict:
             if cap:
                 kw["route_capacity"] = cap
             if sampled:
-                kw["route_peak"] = max(route_peak(x, S, V // S, S) for x in (perm if permuted else raw)[:SAMPLED])
+                kw["route_peak"] = max(batch_peaks[permuted][:SAMPLED])
             ctx = optimizers.AsyncEmbContext(V, D, B, **kw)
             sh = (lambda spec: None) if layout is None else (lambda spec: NamedSharding(mesh, spec))  # noqa: E731
             put = ((lambda x, spec: jax.device_put(x, jax.devices()[0])) if layout is None else
@@ -145,8 +147,7 @@ def child(p: dict) -> dict:
             valid = all(bool(o[1]) for o in outs)
             refused = max(int(o[3]) for o in outs)
             # Steps whose ids overflowed some device's slots for one shard (routed again with room for all).
-            rerouted = (sum(route_peak(x, S, V // S, S) > ctx.route_slots for x in (perm if permuted else raw)[p["warmup"]:])
-                        if ctx.routed else 0)
+            rerouted = sum(k > ctx.route_slots for k in batch_peaks[permuted][p["warmup"]:]) if ctx.routed else 0
             rows = [np.asarray(o[2]) for o in outs if o[2] is not None and np.ndim(o[2]) and np.size(o[2]) > 1]
             st = common.stats(times[var])
             base = "single-perm" if permuted else "single"
