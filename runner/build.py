@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from optimizers import AsyncEmbContext, routing
 
 from . import budget, preflight
-from .config import TableConfig
+from .config import ROUTE_SAMPLE_BATCHES, TableConfig
 from .core.dense_optimizer import DenseOptimizer
 from .core.embeddings import TableSpec, stored_rows
 from .core.mesh import MeshPlan, build_mesh, resolve_axes
@@ -87,9 +87,6 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
                                 rows=-(-vocab // shards) * shards, dtype=t.dtype, init_scale=t.init_scale,
                                 permute_ids=bool(cfg.mesh.permute_ids))
     return specs
-
-
-ROUTE_SAMPLE_BATCHES = 8  # train batches whose ids size the routed row layout's slots (mesh.route_capacity)
 
 
 def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: dict[str, AsyncEmbContext],

@@ -135,9 +135,9 @@ class TrainProgram:
         raw_ids = self.model.table_ids(batch)
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
         detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
-        # The batch's distinct ids. Routed row and column tables never dedupe the whole batch (each device dedupes its own
-        # tokens in its lookup, which is also its update record): for them one global dedupe feeds the
-        # diagnostics (distinct ids, stale rows), on logged steps only.
+        # The batch's distinct ids. Routed row and column tables never dedupe the whole batch (each device
+        # dedupes its own tokens in its lookup, which is also its update record): for them one global dedupe
+        # feeds the diagnostics (distinct ids, stale rows), on logged steps only.
         routed = {n for n in ids if ctxs[n].per_device_record}  # per-device records (routed row, column)
         dedup = {n: dedupe(ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids if n not in routed}
         diag = {n: jax.lax.cond(detail, partial(_diagnostics, ids[n], ctxs[n]), lambda p: (jnp.int32(-1),) * 2,
