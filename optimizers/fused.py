@@ -256,11 +256,11 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
                 table: jax.Array, state: EmbOptState, gate: jax.Array):
     """Apply ``update`` to the touched rows; returns (table, state, norm, valid, rows_updated_per_shard).
 
-    With routed ids (row layout) it also records ``ctx.results["route_refused"]``: ids (summed over devices)
-    the routing could not deliver, so the update was refused whole (``valid`` false). With
-    ``route_overflow="stop"`` those are the ids without a slot at their owner; with ``"reroute"`` a step with
-    such ids routes them again with room for all, and only rows past an owner's buffer
-    (``ctx.owner_slots_for``) count."""
+    With routed ids (row layout) it also records ``ctx.results["route_refused"]``: what the routing could not
+    deliver, so the update was refused whole (``valid`` false). With ``route_overflow="stop"`` those are the
+    ids without a slot at their owner (summed over the sending devices); with ``"reroute"`` a step with such
+    ids routes them again with room for all, and only rows past an owner's buffer (``ctx.owner_slots_for``)
+    count (summed over the table shards)."""
     # The gate orders the table writes after the gate's producer (e.g. the lookup that reads the table).
     table, state, gate = lax.optimization_barrier((table, state, jnp.asarray(gate)))
     if not ctx.sharded:
@@ -349,8 +349,11 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
         tok_slot = jnp.where(seg >= 0, b.slot.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=shards * slots),
                              -1)
         send_g = segment_sum(update.grads, tok_slot, shards * slots).reshape(shards, slots, -1)
-        rows_in = routing.gather_over_data(ctx, routing.exchange(ctx, b.send)).reshape(-1)
-        g_in = routing.gather_over_data(ctx, routing.exchange(ctx, send_g)).reshape(-1, send_g.shape[-1])
+        # One all-to-all carries both: each slot's row number rides, bit for bit, as an extra float32 column.
+        width = send_g.shape[-1]
+        packed = jnp.concatenate([send_g, lax.bitcast_convert_type(b.send, jnp.float32)[..., None]], axis=-1)
+        got = routing.gather_over_data(ctx, routing.exchange(ctx, packed)).reshape(-1, width + 1)
+        rows_in, g_in = lax.bitcast_convert_type(got[:, width], jnp.int32), got[:, :width]
         full = min(rows_in.shape[0], ctx.shard_rows) + 1  # every received slot, or every owned row
         local, oseg = dedupe(rows_in, ctx.shard_rows, full, pad_id=None)
         g_own = segment_sum(g_in, oseg, full)  # every sender's gradient for each owned row
@@ -362,13 +365,15 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
         rerouted = lax.psum(b.overflow, ctx.batch_axes) > 0
         local, g_own, lost = lax.cond(rerouted, lambda: receive(routing.bucket(ctx, unique, ctx.slots_for(n, True))),
                                       lambda: receive(b))
-        refused = lax.psum(lost, ctx.batch_axes)  # an owner held more rows than its buffer: refused whole
     else:
         local, g_own, _ = receive(b)
-        refused = lax.psum(b.overflow, ctx.batch_axes)
+        refused = lax.psum(b.overflow, ctx.batch_axes)  # ids without a slot, counted at their senders
     owned = local < ctx.shard_rows
     gids = jnp.where(owned, local + lax.axis_index(axis) * ctx.shard_rows, ctx.vocab)
     # The table is written outside the cond (a scatter inside a branch would copy the table shard).
+    if ctx.reroutes:  # rows an owner could not hold refuse the update whole: summed with the norm and the rule's check
+        return _rule_and_write(opt, ctx, gids, local, owned, g_own, table, state, gate, axis, update.pending,
+                               chunk=RULE_CHUNK, lost=lost)
     out = _rule_and_write(opt, ctx, gids, local, owned, g_own, table, state, gate, axis,
                           update.pending & (refused == 0), chunk=RULE_CHUNK)
     return (*out, refused)
@@ -406,16 +411,14 @@ def _apply_columns(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, ta
 
 
 def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, state: EmbOptState, gate, axis,
-                    pending, chunk: int | None = None):
+                    pending, chunk: int | None = None, lost: jax.Array | None = None):
     """Norm, gather, rule, gate, scatter for unique rows ``ids`` (global; ``local`` in this shard, valid
     where ``owned``) with their summed gradients ``g``. ``chunk``: the owned rows come first (the rest is
-    padding); the rule runs on ``chunk`` rows at a time, only as many chunks as hold owned rows."""
+    padding); the rule runs on ``chunk`` rows at a time, only as many chunks as hold owned rows. ``lost``
+    (int32): rows of this update this shard could not hold; any, summed over the shards, refuse it whole, and
+    the sum is returned after the other results."""
     row_sq = jnp.sum(g * g, axis=-1)  # one pass over g serves the norm and any rule that needs sum(g**2)
-    sq = jnp.sum(row_sq)
-    if axis is not None:
-        sq = lax.psum(sq, axis)  # each shard summed its own rows (row layout) or columns (column layout)
-    norm = jnp.sqrt(sq)
-    valid = jnp.isfinite(norm) & pending  # the rule's result is checked too, below
+    sq = jnp.sum(row_sq)  # summed over the shards below, with the rule's check: each summed its rows or columns
 
     n_local = table.shape[0]
     local = jnp.where(owned, local, n_local)  # out of range: gathers fill, scatters drop
@@ -474,12 +477,16 @@ def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, stat
                                                            (jnp.int32(0), out0, jnp.zeros((), jnp.int32)))
     # Invalid or not ours: an index past the end (n_local or n_local + 1, after the gate), nothing is written.
     scatter = lambda a, v: a.at[write].set(v.astype(a.dtype), mode="drop", unique_indices=True)  # noqa: E731
-    if axis is not None:
-        bad = lax.psum(bad, axis)
-    valid = valid & (bad == 0)
+    refused = jnp.zeros((), jnp.int32) if lost is None else lost
+    if axis is not None:  # one all-reduce for all three (counts as float32: exact below 2**24 rows a step)
+        sq, bad, refused = lax.psum(jnp.stack([sq, bad.astype(jnp.float32), refused.astype(jnp.float32)]), axis)
+        bad, refused = bad.astype(jnp.int32), refused.astype(jnp.int32)
+    norm = jnp.sqrt(sq)
+    valid = jnp.isfinite(norm) & pending & (bad == 0) & (refused == 0)
     write = jnp.where(valid & owned, local, n_local + _gate_bit(gate))
     table = scatter(table, new_rows)
     new_state = EmbOptState(jax.tree.map(scatter, state.rows, new_row_state),
                             jnp.where(valid, step, state.count))
     rows_updated = jnp.sum(valid & owned).astype(jnp.int32).reshape(1)
-    return table, new_state, norm, valid, rows_updated
+    out = (table, new_state, norm, valid, rows_updated)
+    return out if lost is None else (*out, refused)
