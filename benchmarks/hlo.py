@@ -90,6 +90,14 @@ def _conditionals(comps: dict[str, list[str]]) -> list[list[str]]:
     return found
 
 
+_WHILE_BODY = re.compile(r" while\(.*\bbody=%([^,\s]+)")
+
+
+def _while_bodies(comps: dict[str, list[str]]) -> list[str]:
+    """The body computations' names of every while loop."""
+    return [m.group(1) for lines in comps.values() for line in lines if (m := _WHILE_BODY.search(line))]
+
+
 def _branch_bytes(comps: dict[str, list[str]], name: str) -> dict[str, int]:
     """``collective_bytes`` of the collectives written directly in one computation."""
     return collective_bytes("\n".join(comps.get(name, [])))
@@ -97,13 +105,20 @@ def _branch_bytes(comps: dict[str, list[str]], name: str) -> dict[str, int]:
 
 def step_collective_bytes(hlo_text: str, branch: str = "cheapest") -> dict[str, int]:
     """``collective_bytes`` of one step that takes, at every conditional, its ``"cheapest"`` (by total bytes)
-    or ``"dearest"`` branch, instead of counting every branch: a usual step (no logged-step diagnostics, no
-    rerouted overflow) and the most one step can move. Counts the collectives written directly in a branch
-    computation (not in computations a branch calls)."""
+    or ``"dearest"`` branch, instead of counting every branch, and runs the body of every while loop that
+    holds collectives zero times (``"cheapest"``) or once (``"dearest"``): a usual step (no logged-step
+    diagnostics, no rerouting round past the first) and a step with one such round (the extra rounds of an
+    overflowing routed step are the only loops with collectives in the train step). Counts the collectives
+    written directly in a branch or loop body (not in computations they call)."""
     if branch not in ("cheapest", "dearest"):
         raise ValueError(f"branch={branch!r}: cheapest or dearest")
     comps = _computations(hlo_text)
     out = collective_bytes(hlo_text)
+    if branch == "cheapest":
+        for name in _while_bodies(comps):
+            body = _branch_bytes(comps, name)
+            for k in out:
+                out[k] -= body[k]
     for names in _conditionals(comps):
         per = [_branch_bytes(comps, n) for n in names]
         if not per:

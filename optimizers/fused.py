@@ -338,14 +338,16 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
     axis = ctx.table_axis
     n = update.segment_ids.shape[0]  # this device's tokens (ctx.local_tokens for a train batch's record)
     unique, seg = _device_record(ctx, update, local)
-    b = routing.bucket(ctx, unique, ctx.slots_for(n))
-    size = ctx.owner_slots_for(n)  # the owner's unique-row buffer, the same on either route
+    slots = ctx.slots_for(n)
+    b = routing.bucket(ctx, unique, slots)
+    size = ctx.owner_slots_for(n)  # the owner's unique-row buffer
 
-    def receive(b: routing.Buckets):
-        """-> the owner's (local rows [size], fp32 gradient sums [size, width], rows that did not fit)."""
+    def receive(b: routing.Buckets, held=None):
+        """-> the owner's (local rows [size], fp32 gradient sums [size, width], rows that did not fit). ``held``:
+        what earlier rounds delivered (the same triple); this round's rows are merged into it."""
         # Each token's gradient summed (fp32) straight into its unique id's send slot: one pass, no [U, width]
-        # buffer to gather from. Padding tokens and ids without a slot (overflow) land past the end: dropped.
-        shards, slots = b.send.shape
+        # buffer to gather from. Padding tokens and ids without a slot this round land past the end: dropped.
+        shards = b.send.shape[0]
         tok_slot = jnp.where(seg >= 0, b.slot.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=shards * slots),
                              -1)
         send_g = segment_sum(update.grads, tok_slot, shards * slots).reshape(shards, slots, -1)
@@ -354,23 +356,30 @@ def _apply_routed(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tab
         packed = jnp.concatenate([send_g, lax.bitcast_convert_type(b.send, jnp.float32)[..., None]], axis=-1)
         got = routing.gather_over_data(ctx, routing.exchange(ctx, packed)).reshape(-1, width + 1)
         rows_in, g_in = lax.bitcast_convert_type(got[:, width], jnp.int32), got[:, :width]
+        lost = jnp.zeros((), jnp.int32)
+        if held is not None:
+            rows_in, g_in = jnp.concatenate([held[0], rows_in]), jnp.concatenate([held[1], g_in])
+            lost = held[2]
         full = min(rows_in.shape[0], ctx.shard_rows) + 1  # every received slot, or every owned row
         local, oseg = dedupe(rows_in, ctx.shard_rows, full, pad_id=None)
         g_own = segment_sum(g_in, oseg, full)  # every sender's gradient for each owned row
         # Owned rows come first (sorted, padding last): keep the first ``size``; any owned row past them is lost.
-        lost = jnp.sum(local[size:] < ctx.shard_rows).astype(jnp.int32)
+        lost = lost + jnp.sum(local[size:] < ctx.shard_rows).astype(jnp.int32)
         return local[:size], g_own[:size], lost
 
-    if ctx.reroutes:  # every device takes the same branch: the test is on the overflow summed over the mesh
-        rerouted = lax.psum(b.overflow, ctx.batch_axes) > 0
-        local, g_own, lost = lax.cond(rerouted, lambda: receive(routing.bucket(ctx, unique, ctx.slots_for(n, True))),
-                                      lambda: receive(b))
+    if ctx.reroutes:
+        # Rounds of the same slots until every id reached its owner: the first as usual, then (only when some
+        # device has more ids for one shard than its slots; every device runs as many as the most crowded one
+        # needs) the next slots of each run, merged into the owner's buffer. The table is written once, after
+        # them (outside the loop: a scatter inside it would copy the table shard).
+        rounds, _, _ = routing.rounds_needed(ctx, b, slots)
+        local, g_own, lost = lax.fori_loop(
+            1, rounds, lambda r, held: receive(routing.bucket(ctx, unique, slots, r * slots), held), receive(b))
     else:
         local, g_own, _ = receive(b)
         refused = lax.psum(b.overflow, ctx.batch_axes)  # ids without a slot, counted at their senders
     owned = local < ctx.shard_rows
     gids = jnp.where(owned, local + lax.axis_index(axis) * ctx.shard_rows, ctx.vocab)
-    # The table is written outside the cond (a scatter inside a branch would copy the table shard).
     if ctx.reroutes:  # rows an owner could not hold refuse the update whole: summed with the norm and the rule's check
         return _rule_and_write(opt, ctx, gids, local, owned, g_own, table, state, gate, axis, update.pending,
                                chunk=RULE_CHUNK, lost=lost)

@@ -6,9 +6,10 @@ Inside ``jax.shard_map`` (batch split over every mesh axis), a device
 2. buckets them by owning shard (``owner = id // shard_rows``; sorted ids make each bucket a contiguous
    run) into ``[shards, C]`` slots, ``C = ctx.route_slots``; ids that do not fit are counted (overflow),
    never silently dropped. With ``ctx.route_overflow="reroute"`` (the default) a step where any device
-   overflows routes again with room for every id (``lax.cond``: every device takes the same branch, the
-   test is a sum over the mesh), so only that step pays for the exact size; with ``"stop"`` ids without
-   a slot read zeros, the update refuses itself and the runner stops the run;
+   overflows routes the rest in further rounds of the same slots (a ``lax.fori_loop`` that runs zero times
+   on a usual step; every device runs as many rounds as the most crowded one needs, read from one
+   all-gather of the counts), so only that step pays, and no buffer grows; with ``"stop"`` ids without a
+   slot read zeros, the update refuses itself and the runner stops the run;
 3. ``all_to_all`` over the table axis sends every shard the ids it owns (as local row numbers);
 
 the owner gathers those rows (lookup) or segment-sums the gradients it received and updates only its own
@@ -36,23 +37,33 @@ class Buckets(NamedTuple):
     peak: jax.Array  # int32: the most ids bound for one shard (the capacity this batch needed)
 
 
-def bucket(ctx: AsyncEmbContext, unique: jax.Array, slots: int | None = None) -> Buckets:
+def bucket(ctx: AsyncEmbContext, unique: jax.Array, slots: int | None = None, offset: jax.Array | int = 0) -> Buckets:
     """Bucket sorted unique ids (padded with ``ctx.vocab``) by owning row shard, ``slots`` (default
-    ``ctx.route_slots``) per shard."""
+    ``ctx.route_slots``) per shard. ``offset`` (may be traced): the slots hold each shard's ids from that
+    position of its run on (a later round of a rerouted step); ``overflow`` and ``peak`` do not depend on it."""
     shards, rows = ctx.table_shards, ctx.shard_rows
     slots = ctx.route_slots if slots is None else slots
     bounds = jnp.arange(shards + 1, dtype=jnp.int32) * rows
     starts = jnp.searchsorted(unique, bounds, side="left").astype(jnp.int32)  # [shards + 1]
     counts = starts[1:] - starts[:-1]
     overflow = jnp.sum(jnp.maximum(counts - slots, 0)).astype(jnp.int32)
-    j = jnp.arange(slots, dtype=jnp.int32)
+    j = jnp.arange(slots, dtype=jnp.int32) + offset  # positions in each shard's run this round sends
     index = starts[:-1, None] + j[None, :]
     filled = j[None, :] < counts[:, None]
     send = jnp.where(filled, unique.at[index].get(mode="fill", fill_value=ctx.vocab) - bounds[:-1, None], rows)
     owner = jnp.minimum(unique // rows, shards)
-    pos = jnp.arange(unique.shape[0], dtype=jnp.int32) - starts[jnp.minimum(owner, shards - 1)]
-    slot = jnp.where((owner < shards) & (pos < slots), owner * slots + pos, shards * slots)
+    pos = jnp.arange(unique.shape[0], dtype=jnp.int32) - starts[jnp.minimum(owner, shards - 1)] - offset
+    slot = jnp.where((owner < shards) & (pos >= 0) & (pos < slots), owner * slots + pos, shards * slots)
     return Buckets(send, index, filled, slot, overflow, jnp.max(counts).astype(jnp.int32))
+
+
+def rounds_needed(ctx: AsyncEmbContext, b: Buckets, slots: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(rounds, overflow, peak)`` over the whole mesh (one all-gather): the rounds of ``slots`` per shard
+    that route every id of the most crowded (device, shard) pair (1 when nothing overflows), the ids past
+    the first round summed over devices, and the most ids one device has for one shard."""
+    stats = lax.all_gather(jnp.stack([b.overflow, b.peak]), ctx.batch_axes)  # [devices, 2]
+    overflow, peak = jnp.sum(stats[:, 0]), jnp.max(stats[:, 1])
+    return jnp.maximum(-(-peak // slots), 1), overflow, peak
 
 
 def exchange(ctx: AsyncEmbContext, x: jax.Array) -> jax.Array:
@@ -95,30 +106,41 @@ def to_tokens(urows: jax.Array, seg: jax.Array, shape: tuple[int, ...]) -> jax.A
 
 def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, exact: bool = False,
                         with_dedupe: bool = False):
-    """Per-device body of the routed lookup: ids [...] -> (rows [..., width] float32, ``Buckets``). Sizes
-    follow ``ids`` (an evaluation batch may differ from the train batch); ``exact``: room for every id.
-    ``with_dedupe``: also this device's (unique ids, segment ids) without the padding id 0, what a
-    per-device update record of these tokens holds (``make_update``), so the train step dedupes once."""
+    """Per-device body of the routed lookup: ids [...] -> (rows [..., width] float32, ``Buckets``, whose
+    ``overflow`` and ``peak`` are over the whole mesh unless ``exact``). Sizes follow ``ids`` (an evaluation
+    batch may differ from the train batch); ``exact``: room for every id. ``with_dedupe``: also this
+    device's (unique ids, segment ids) without the padding id 0, what a per-device update record of these
+    tokens holds (``make_update``), so the train step dedupes once.
+
+    With ``route_overflow="reroute"`` the routing runs in rounds of the same slots until every id is
+    fetched: the first round as usual, then (a ``lax.fori_loop`` that runs zero times unless some device has
+    more ids for one shard than its slots) each round sends each shard the next slots of the ids it owns.
+    Every device runs as many rounds as the most crowded one needs (``rounds_needed``), so their collectives
+    match."""
     from .fused import dedupe  # noqa: PLC0415 - fused imports this module
     from .context import num_unique_for  # noqa: PLC0415
 
     flat = ids.reshape(-1)
     n = flat.shape[0]
     unique, seg = dedupe(flat, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)  # bad ids: -1
-    b = bucket(ctx, unique, ctx.slots_for(n, exact))
+    slots = ctx.slots_for(n, exact)
+    b = bucket(ctx, unique, slots)
     width = table_shard.shape[1]
 
-    def fetch(b: Buckets) -> jax.Array:  # [U, width]: each unique id's row; no slot -> zeros
+    def fetch(b: Buckets) -> jax.Array:  # [U, width]: the rows of the unique ids in b's slots; others zeros
         wanted = exchange(ctx, b.send)  # [shards, C]: rows other devices want from me
         rows = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)
         got = exchange(ctx, rows).reshape(-1, width)  # [shards * C, width]: my ids' rows
         return got.at[b.slot].get(mode="fill", fill_value=0)
 
-    if exact or not ctx.reroutes:
+    if exact:
         urows = fetch(b)
-    else:  # every device takes the same branch: the test is on the overflow summed over the mesh
-        rerouted = lax.psum(b.overflow, ctx.batch_axes) > 0
-        urows = lax.cond(rerouted, lambda: fetch(bucket(ctx, unique, ctx.slots_for(n, True))), lambda: fetch(b))
+    else:
+        rounds, overflow, peak = rounds_needed(ctx, b, slots)
+        b = b._replace(overflow=overflow, peak=peak)
+        urows = fetch(b)  # ids past the slots read zeros: with "stop" the step reports them, the update refuses
+        if ctx.reroutes:  # the next slots of each shard's run, round after round, only when some device needs it
+            urows = lax.fori_loop(1, rounds, lambda r, acc: acc + fetch(bucket(ctx, unique, slots, r * slots)), urows)
     out = to_tokens(urows, seg, ids.shape)
     if with_dedupe:
         return out, b, without_padding_id(unique, seg, ctx.vocab)

@@ -168,7 +168,9 @@ def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact
                 zero = jnp.zeros((), jnp.int32)  # no capacity: nothing overflows
                 return *routing.column_lookup_local(ctx, table_shard, ids_local, with_dedupe), (zero, zero)
             rows, b, *dd = routing.routed_lookup_local(ctx, table_shard, ids_local, exact, with_dedupe)
-            return rows, *dd, (lax.psum(b.overflow, batch_axes), lax.pmax(b.peak, batch_axes))
+            if exact:  # room for every id: nothing overflows
+                return rows, *dd, (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+            return rows, *dd, (b.overflow, b.peak)  # already over the whole mesh
 
         dd_specs = ((P(batch_axes), P(batch_axes)),) if with_dedupe else ()
         rows, *dd, (overflow, peak) = jax.shard_map(

@@ -44,3 +44,24 @@ def test_a_step_counts_one_branch_of_each_cond():
     assert collective_bytes(text)["all-to-all"] == (16 + 64) * 4
     assert step_collective_bytes(text)["all-to-all"] == 16 * 4 == step_collective_bytes(text)["total"]
     assert step_collective_bytes(text, "dearest")["all-to-all"] == 64 * 4
+
+
+def test_a_step_runs_loop_bodies_with_collectives_zero_times_or_once():
+    """An all-to-all of 16 floats every step and one of 32 in a loop body whose trip count is data (the extra
+    rounds of an overflowing routed step): a usual step counts the first only, the dearest one round more."""
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    n = mesh.size
+
+    def body(x, rounds):
+        def move(v):
+            return jax.lax.all_to_all(v.reshape(n, -1), "x", 0, 0, tiled=True).reshape(-1)
+        first = move(x)
+        more = jax.lax.fori_loop(1, rounds, lambda r, acc: acc + move(jnp.tile(x, 2) * r)[: x.shape[0]], first)
+        return jnp.sum(more)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P(), check_vma=False))
+    x = jax.device_put(np.ones(n * 16, np.float32), NamedSharding(mesh, P("x")))
+    text = f.lower(x, 1).compile().as_text()
+    assert collective_bytes(text)["all-to-all"] == (16 + 32) * 4
+    assert step_collective_bytes(text)["all-to-all"] == 16 * 4 == step_collective_bytes(text)["total"]
+    assert step_collective_bytes(text, "dearest")["all-to-all"] == (16 + 32) * 4
