@@ -108,17 +108,36 @@ class AsyncEmbContext:
         """C for a device holding ``tokens`` ids: ``route_capacity`` times the measured ``route_peak`` (scaled to
         ``tokens``), or without one, times the even share of its ids (tokens / shards); at least
         ``route_min_slots``, at most what can ever be needed (its distinct ids, or the rows one shard owns);
-        ``exact``: that most, so nothing can overflow."""
-        most = max(1, min(tokens, self.vocab, self.shard_rows))
-        if exact:
-            return most
+        ``exact``: that most, so nothing can overflow.
+
+        Column layout: C is how many of the device's distinct ids (the first C of its sorted unique buffer) it
+        exchanges, ``route_capacity`` times ``route_peak`` (the most distinct ids one device held in the sampled
+        batches, scaled to ``tokens``), at least ``route_min_slots``, at most its distinct ids (``min(tokens,
+        vocab)``, the unique buffer less its padding slot). Without a ``route_peak`` there is no even share to
+        guess from: C is that most (the whole buffer is exchanged, nothing can overflow)."""
+        if self.layout == COLUMN:
+            most = max(1, min(tokens, self.vocab))
+            if exact or self.route_peak is None:
+                return most
+        else:
+            most = max(1, min(tokens, self.vocab, self.shard_rows))
+            if exact:
+                return most
         return max(1, min(most, max(math.ceil(self.route_capacity * self.slot_base(tokens)), self.route_min_slots)))
 
     def slot_base(self, tokens: int) -> float:
-        """What ``route_capacity`` multiplies: ``route_peak`` scaled to ``tokens``, or the even share."""
+        """What ``route_capacity`` multiplies: ``route_peak`` scaled to ``tokens``, or the even share (row
+        layout; the column layout without a peak: every distinct id ``tokens`` can hold)."""
         if self.route_peak is not None:
             return self.route_peak * tokens / max(1, self.local_tokens)
-        return min(tokens, self.vocab) / self.table_shards
+        return min(tokens, self.vocab) / (1 if self.layout == COLUMN else self.table_shards)
+
+    @property
+    def column_capped(self) -> bool:
+        """A sharded column table whose exchange (``slots_for``) is smaller than a train batch's distinct ids can
+        be on one device: a step with more may overflow it (``route_overflow`` says what then happens)."""
+        return (self.sharded and self.layout == COLUMN
+                and self.slots_for(self.local_tokens) < self.slots_for(self.local_tokens, exact=True))
 
     @property
     def per_device_record(self) -> bool:
@@ -128,8 +147,15 @@ class AsyncEmbContext:
 
     @property
     def reroutes(self) -> bool:
-        """A routed step whose ids overflow their slots routes them again with room for every id (``REROUTE``)."""
+        """A routed step whose ids overflow their slots routes them again with room for every id (``REROUTE``);
+        a column step whose ids overflow its exchange exchanges every device's whole unique buffer."""
         return self.route_overflow == REROUTE
+
+    @property
+    def counts_routes(self) -> bool:
+        """Its lookup and update report ``(overflow, peak)`` and refused ids (``emb/route_*/<table>``): the routed
+        row layout and the sharded column layout."""
+        return self.per_device_record
 
     def owner_slots_for(self, tokens: int) -> int:
         """Static size of the unique-row buffer an owning shard dedupes received ids into when each device
