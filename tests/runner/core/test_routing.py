@@ -1,8 +1,11 @@
 """The row layout's id routing as the runner uses it: its settings are checked before anything compiles, and
 a batch with more ids for one shard than ``mesh.route_capacity`` allows is routed again with room for every id
 (the default, noted once) or, with ``mesh.route_overflow=stop``, stops the run with a message naming the table
-and the setting; ids are never silently dropped."""
+and the setting; ids are never silently dropped. The column layout's exchange (each device's distinct ids, up
+to ``mesh.route_capacity`` x the most one device held in the first batches) follows the same policy."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -156,3 +159,20 @@ def test_a_column_table_past_its_exchange_stops_the_run_when_the_policy_is_stop(
     assert "None was dropped silently" in text and "Raise mesh.route_capacity" in text
     assert "mesh.route_overflow=reroute" in text and "mesh.routing=gather" not in text
     assert tracker.rows[0]["emb/route_overflow/items"] > 0 and tracker.rows[0]["emb/route_peak/items"] > 64
+
+
+def test_route_peaks_of_a_column_table_is_the_most_distinct_ids_one_device_held_in_the_first_batches():
+    from runner.config import ROUTE_SAMPLE_BATCHES
+
+    cfg = compose_config(COLUMN)
+    program, task, _ = build(cfg)
+    B = cfg.trainer.batch_size
+    for name, ctx in program.contexts.items():
+        want = 0
+        for step in range(ROUTE_SAMPLE_BATCHES):
+            ids = np.asarray(program.model.table_ids({k: np.asarray(v) for k, v in task.batch(step, B).items()})[name])
+            for block in np.split(ids.reshape(B, -1), 8):  # the batch split over the 8 devices
+                want = max(want, len(set(block.ravel().tolist()) & set(range(ctx.vocab))))
+        assert ctx.route_peak == want, name
+        # 1.2 x it, at least 64, at most a device's tokens or the table's rows (authors: 51)
+        assert ctx.route_slots == min(max(math.ceil(1.2 * want), 64), ctx.local_tokens, ctx.vocab), name
