@@ -7,7 +7,12 @@ of unique ids) and, when the table is sharded, the mesh, the table axis and the 
 - ``column``: each shard owns ``width // shards`` columns of every row (``P(None, table_axis)``), as the
   seed design does. Each device dedupes its own tokens; the ids go to every shard of its table group
   (all-gather) and each shard returns (lookup) or receives (update) only its width slice of those rows
-  (all-to-all), so nothing per token crosses devices.
+  (all-to-all), so nothing per token crosses devices. Only the first ``slots_for(tokens)`` of a device's
+  sorted distinct ids are exchanged: ``route_capacity`` times ``route_peak``, the most distinct ids one
+  device held in sampled train batches (``runner.build.route_peaks``); the update record keeps its size.
+  Without a ``route_peak`` the whole buffer is exchanged. A device with more distinct ids follows
+  ``route_overflow``: ``REROUTE`` exchanges every device's whole buffer that step, ``STOP`` reads zeros for
+  the ids past it and refuses the update.
 
 In the row layout ids are routed (``routing="alltoall"``, the default; ``optimizers/routing.py``): each
 device dedupes its own tokens' ids, an all-to-all over the table axis sends each shard only the ids it owns
@@ -53,8 +58,9 @@ class AsyncEmbContext:
     route_min_slots: int = ROUTE_MIN_SLOTS
     # The most distinct ids one device sent one shard in sampled train batches (``routing.route_peak``); when
     # given, slots are ``route_capacity`` times it instead of times the even share of the device's tokens.
+    # Column layout: the most distinct ids one device held; its exchange is ``route_capacity`` times it.
     route_peak: int | None = None
-    route_overflow: str = REROUTE  # what a step with more ids for one shard than its slots does
+    route_overflow: str = REROUTE  # what a step with more ids for one shard (column: one device) than its slots does
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

@@ -1,7 +1,10 @@
 """Shared fused machinery: static-size dedupe, fp32 segment-sum, gated gather -> rule -> in-place scatter.
 
 Every fused optimizer writes only its per-row rule (``FusedEmbOptimizer.update_rows``); this module does
-the rest, once, for all of them, on one device or inside ``jax.shard_map`` over a table-sharded mesh.
+the rest, once, for all of them, on one device or inside ``jax.shard_map`` over a table-sharded mesh
+(row layout: ids routed to their owners, ``_apply_routed``; column layout: every shard gets each device's
+first ``ctx.slots_for(n)`` distinct ids and their gradients' width slices, ``_apply_columns``; a step that
+overflows either is exchanged again with room for every id, or refused under ``route_overflow="stop"``).
 The cost of an update grows with the rows a batch touches, never with the vocabulary: nothing here
 builds a table-sized temporary, and the scatter writes into the (donated) table buffer.
 

@@ -1,4 +1,4 @@
-"""Id routing for the row layout: each table shard sees only the ids it owns.
+"""Id routing for the row layout (each table shard sees only the ids it owns) and the column layout's sized exchange.
 
 Inside ``jax.shard_map`` (batch split over every mesh axis), a device
 
@@ -15,6 +15,13 @@ the owner gathers those rows (lookup) or segment-sums the gradients it received 
 rows (``optimizers.fused``); a second ``all_to_all`` brings looked-up rows back, and each device expands
 its unique rows to its tokens. Work and traffic per device grow with its own distinct ids, not with the
 data group's batch.
+
+The column layout (``column_lookup_local``; its update is ``optimizers.fused._apply_columns``) has no owners
+to route to: every shard needs every id. It exchanges the first ``C = ctx.slots_for(n)`` of a device's sorted
+distinct ids (the sampled peak of distinct ids one device holds times ``route_capacity``) instead of its
+whole unique buffer, with the same overflow policy: ``reroute`` exchanges every device's whole buffer on a
+step where any device has more (``lax.cond`` on the overflow summed over the mesh), ``stop`` reads zeros for
+the ids past C and refuses the update.
 """
 from __future__ import annotations
 
