@@ -7,7 +7,12 @@ of unique ids) and, when the table is sharded, the mesh, the table axis and the 
 - ``column``: each shard owns ``width // shards`` columns of every row (``P(None, table_axis)``), as the
   seed design does. Each device dedupes its own tokens; the ids go to every shard of its table group
   (all-gather) and each shard returns (lookup) or receives (update) only its width slice of those rows
-  (all-to-all), so nothing per token crosses devices.
+  (all-to-all), so nothing per token crosses devices. Only the first ``slots_for(tokens)`` of a device's
+  sorted distinct ids are exchanged: ``route_capacity`` times ``route_peak``, the most distinct ids one
+  device held in sampled train batches (``runner.build.route_peaks``); the update record keeps its size.
+  Without a ``route_peak`` the whole buffer is exchanged. A device with more distinct ids follows
+  ``route_overflow``: ``REROUTE`` exchanges every device's whole buffer that step, ``STOP`` reads zeros for
+  the ids past it and refuses the update.
 
 In the row layout ids are routed (``routing="alltoall"``, the default; ``optimizers/routing.py``): each
 device dedupes its own tokens' ids, an all-to-all over the table axis sends each shard only the ids it owns
@@ -53,8 +58,9 @@ class AsyncEmbContext:
     route_min_slots: int = ROUTE_MIN_SLOTS
     # The most distinct ids one device sent one shard in sampled train batches (``routing.route_peak``); when
     # given, slots are ``route_capacity`` times it instead of times the even share of the device's tokens.
+    # Column layout: the most distinct ids one device held; its exchange is ``route_capacity`` times it.
     route_peak: int | None = None
-    route_overflow: str = REROUTE  # what a step with more ids for one shard than its slots does
+    route_overflow: str = REROUTE  # what a step with more ids for one shard (column: one device) than its slots does
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -108,17 +114,36 @@ class AsyncEmbContext:
         """C for a device holding ``tokens`` ids: ``route_capacity`` times the measured ``route_peak`` (scaled to
         ``tokens``), or without one, times the even share of its ids (tokens / shards); at least
         ``route_min_slots``, at most what can ever be needed (its distinct ids, or the rows one shard owns);
-        ``exact``: that most, so nothing can overflow."""
-        most = max(1, min(tokens, self.vocab, self.shard_rows))
-        if exact:
-            return most
+        ``exact``: that most, so nothing can overflow.
+
+        Column layout: C is how many of the device's distinct ids (the first C of its sorted unique buffer) it
+        exchanges, ``route_capacity`` times ``route_peak`` (the most distinct ids one device held in the sampled
+        batches, scaled to ``tokens``), at least ``route_min_slots``, at most its distinct ids (``min(tokens,
+        vocab)``, the unique buffer less its padding slot). Without a ``route_peak`` there is no even share to
+        guess from: C is that most (the whole buffer is exchanged, nothing can overflow)."""
+        if self.layout == COLUMN:
+            most = max(1, min(tokens, self.vocab))
+            if exact or self.route_peak is None:
+                return most
+        else:
+            most = max(1, min(tokens, self.vocab, self.shard_rows))
+            if exact:
+                return most
         return max(1, min(most, max(math.ceil(self.route_capacity * self.slot_base(tokens)), self.route_min_slots)))
 
     def slot_base(self, tokens: int) -> float:
-        """What ``route_capacity`` multiplies: ``route_peak`` scaled to ``tokens``, or the even share."""
+        """What ``route_capacity`` multiplies: ``route_peak`` scaled to ``tokens``, or the even share (row
+        layout; the column layout without a peak: every distinct id ``tokens`` can hold)."""
         if self.route_peak is not None:
             return self.route_peak * tokens / max(1, self.local_tokens)
-        return min(tokens, self.vocab) / self.table_shards
+        return min(tokens, self.vocab) / (1 if self.layout == COLUMN else self.table_shards)
+
+    @property
+    def column_capped(self) -> bool:
+        """A sharded column table whose exchange (``slots_for``) is smaller than a train batch's distinct ids can
+        be on one device: a step with more may overflow it (``route_overflow`` says what then happens)."""
+        return (self.sharded and self.layout == COLUMN
+                and self.slots_for(self.local_tokens) < self.slots_for(self.local_tokens, exact=True))
 
     @property
     def per_device_record(self) -> bool:
@@ -128,8 +153,15 @@ class AsyncEmbContext:
 
     @property
     def reroutes(self) -> bool:
-        """A routed step whose ids overflow their slots routes them again with room for every id (``REROUTE``)."""
+        """A routed step whose ids overflow their slots routes them again with room for every id (``REROUTE``);
+        a column step whose ids overflow its exchange exchanges every device's whole unique buffer."""
         return self.route_overflow == REROUTE
+
+    @property
+    def counts_routes(self) -> bool:
+        """Its lookup and update report ``(overflow, peak)`` and refused ids (``emb/route_*/<table>``): the routed
+        row layout and the sharded column layout."""
+        return self.per_device_record
 
     def owner_slots_for(self, tokens: int) -> int:
         """Static size of the unique-row buffer an owning shard dedupes received ids into when each device

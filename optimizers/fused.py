@@ -1,7 +1,10 @@
 """Shared fused machinery: static-size dedupe, fp32 segment-sum, gated gather -> rule -> in-place scatter.
 
 Every fused optimizer writes only its per-row rule (``FusedEmbOptimizer.update_rows``); this module does
-the rest, once, for all of them, on one device or inside ``jax.shard_map`` over a table-sharded mesh.
+the rest, once, for all of them, on one device or inside ``jax.shard_map`` over a table-sharded mesh
+(row layout: ids routed to their owners, ``_apply_routed``; column layout: every shard gets each device's
+first ``ctx.slots_for(n)`` distinct ids and their gradients' width slices, ``_apply_columns``; a step that
+overflows either is exchanged again with room for every id, or refused under ``route_overflow="stop"``).
 The cost of an update grows with the rows a batch touches, never with the vocabulary: nothing here
 builds a table-sized temporary, and the scatter writes into the (donated) table buffer.
 
@@ -260,7 +263,9 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
     deliver, so the update was refused whole (``valid`` false). With ``route_overflow="stop"`` those are the
     ids without a slot at their owner (summed over the sending devices); with ``"reroute"`` a step with such
     ids routes them again with room for all, and only rows past an owner's buffer (``ctx.owner_slots_for``)
-    count (summed over the table shards)."""
+    count (summed over the table shards). The sharded column layout records it too: with ``"stop"`` the
+    distinct ids past a device's exchange (``ctx.slots_for``, summed over devices); with ``"reroute"`` such a
+    step exchanges every device's whole buffer and nothing is refused (0)."""
     # The gate orders the table writes after the gate's producer (e.g. the lookup that reads the table).
     table, state, gate = lax.optimization_barrier((table, state, jnp.asarray(gate)))
     if not ctx.sharded:
@@ -270,8 +275,8 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
     local = ctx.local_record(update)  # a per-device record (routed row or column layout), used as it is
     if ctx.routed:  # also returns the ids it could not deliver
         body, extra = functools.partial(_apply_routed, local=local), (P(),)
-    elif ctx.layout == COLUMN:
-        body, extra = functools.partial(_apply_columns, local=local), ()
+    elif ctx.layout == COLUMN:  # also returns the ids past its exchange (route_overflow="stop"; else 0)
+        body, extra = functools.partial(_apply_columns, local=local), (P(),)
     else:  # the gather row layout: every shard sees the whole batch's record
         body, extra = functools.partial(_apply_local, axis=ctx.table_axis), ()
     kernel = jax.shard_map(
@@ -282,7 +287,7 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
         check_vma=False,
     )
     out = kernel(update, table, state, jnp.ravel(gate)[0])
-    if ctx.routed:
+    if extra:
         *out, ctx.results["route_refused"] = out
     return tuple(out)
 
@@ -404,28 +409,66 @@ def _apply_columns(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, ta
     split by width; an all-to-all gives every shard its slice of every table-group device's rows (and an
     all-gather their ids); each shard sums what all devices (of every data group) sent for the same row and
     applies the rule to its slice of those rows. Every shard sees the same ids in the same order, so the
-    per-row sums over the full width the rule needs (``width_sum``, the norm) are one psum over the table axis."""
+    per-row sums over the full width the rule needs (``width_sum``, the norm) are one psum over the table axis.
+
+    Only the first C = ``ctx.slots_for(n)`` unique ids (the distinct ones come first) and their gradient slices
+    are exchanged; the record keeps its size. A device with more distinct ids than C: with ``reroute`` (the
+    default) every device exchanges its whole buffer that step (``lax.cond`` on the overflow summed over the
+    mesh; the table is written outside it), and the rule's width sums psum the whole owner buffer only then;
+    with ``stop`` the update is refused whole and the ids past C (summed over devices) are returned last."""
     unique, seg = _device_record(ctx, update, local)
+    n, size = seg.shape[0], unique.shape[0]  # this device's tokens and its unique buffer
     shards, width = ctx.table_shards, ctx.emb_width
-    g = segment_sum(update.grads, seg, unique.shape[0])  # [U, width] fp32
-    g = jnp.moveaxis(g.reshape(unique.shape[0], shards, width // shards), 1, 0)  # [shards, U, width / shards]
-    g_in = routing.gather_over_data(ctx, routing.exchange(ctx, g)).reshape(-1, width // shards)
-    rows_in = routing.gather_over_data(ctx, lax.all_gather(unique, ctx.table_axis, axis=0)).reshape(-1)
-    size = min(rows_in.shape[0], ctx.vocab) + 1
-    ids, oseg = dedupe(rows_in, ctx.vocab, size, pad_id=None)
-    g_own = segment_sum(g_in, oseg, size)  # every device's gradient slice for each row
+    slots = ctx.slots_for(n)
+    g = segment_sum(update.grads, seg, size)  # [U, width] fp32
+
+    def owner_size(c: int) -> int:
+        return min(ctx.mesh.size * c, ctx.vocab) + 1
+
+    def receive(c: int, pad_to: int | None = None):
+        """Exchange the first ``c`` unique ids -> (every row's id [S], every device's gradient slice summed
+        [S, width / shards]), padded to ``pad_to`` rows (ids ``ctx.vocab``, gradients 0)."""
+        gc = jnp.moveaxis(g[:c].reshape(c, shards, width // shards), 1, 0)  # [shards, c, width / shards]
+        g_in = routing.gather_over_data(ctx, routing.exchange(ctx, gc)).reshape(-1, width // shards)
+        rows_in = routing.gather_over_data(ctx, lax.all_gather(unique[:c], ctx.table_axis, axis=0)).reshape(-1)
+        s = owner_size(c)
+        ids, oseg = dedupe(rows_in, ctx.vocab, s, pad_id=None)
+        g_own = segment_sum(g_in, oseg, s)  # every device's gradient slice for each row
+        if pad_to is not None and pad_to > s:  # sorted ids, padding last: stays so
+            ids = jnp.concatenate([ids, jnp.full((pad_to - s,), ctx.vocab, ids.dtype)])
+            g_own = jnp.pad(g_own, ((0, pad_to - s), (0, 0)))
+        return ids, g_own
+
+    pending, live, refused = update.pending, None, jnp.zeros((), jnp.int32)
+    if slots >= ctx.slots_for(n, exact=True):  # room for every distinct id: the whole buffer, as it is
+        ids, g_own = receive(size)
+    else:
+        overflow = jnp.maximum(jnp.sum(unique < ctx.vocab).astype(jnp.int32) - slots, 0)
+        if ctx.reroutes:  # every device takes the same branch: the test is on the overflow summed over the mesh
+            rerouted = lax.psum(overflow, ctx.batch_axes) > 0
+            full = owner_size(size)
+            ids, g_own = lax.cond(rerouted, lambda: receive(size), lambda: receive(slots, full))
+            live = (owner_size(slots), rerouted)  # the width sums move the whole buffer only when rerouted
+        else:  # ids past the exchange: the update is refused whole
+            refused = lax.psum(overflow, ctx.batch_axes)
+            ids, g_own = receive(slots)
+            pending = pending & (refused == 0)
     owned = ids < ctx.vocab
     # One pass over the whole buffer (no chunks): the rule's width sums are collectives, one per chunk otherwise.
-    return _rule_and_write(opt, ctx, ids, ids, owned, g_own, table, state, gate, ctx.table_axis, update.pending)
+    out = _rule_and_write(opt, ctx, ids, ids, owned, g_own, table, state, gate, ctx.table_axis, pending, live=live)
+    return (*out, refused)
 
 
 def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, state: EmbOptState, gate, axis,
-                    pending, chunk: int | None = None, lost: jax.Array | None = None):
+                    pending, chunk: int | None = None, lost: jax.Array | None = None,
+                    live: tuple[int, jax.Array] | None = None):
     """Norm, gather, rule, gate, scatter for unique rows ``ids`` (global; ``local`` in this shard, valid
     where ``owned``) with their summed gradients ``g``. ``chunk``: the owned rows come first (the rest is
     padding); the rule runs on ``chunk`` rows at a time, only as many chunks as hold owned rows. ``lost``
     (int32): rows of this update this shard could not hold; any, summed over the shards, refuse it whole, and
-    the sum is returned after the other results."""
+    the sum is returned after the other results. ``live`` (column layout): ``(k, whole)``: unless ``whole``
+    (a bool every device agrees on), only the first ``k`` rows can be owned, so the width sums (a psum over the
+    table axis) move those rows only."""
     row_sq = jnp.sum(g * g, axis=-1)  # one pass over g serves the norm and any rule that needs sum(g**2)
     sq = jnp.sum(row_sq)  # summed over the shards below, with the rule's check: each summed its rows or columns
 
@@ -433,7 +476,13 @@ def _rule_and_write(opt, ctx: AsyncEmbContext, ids, local, owned, g, table, stat
     local = jnp.where(owned, local, n_local)  # out of range: gathers fill, scatters drop
 
     def across_width(s):
-        return lax.psum(s, axis) if axis is not None and ctx.layout == COLUMN else s
+        if axis is None or ctx.layout != COLUMN:
+            return s
+        if live is None or live[0] >= s.shape[0]:
+            return lax.psum(s, axis)
+        k, whole = live  # the rows past k are padding unless whole: their sums are zeros there
+        return lax.cond(whole, lambda: lax.psum(s, axis),
+                        lambda: jnp.pad(lax.psum(s[:k], axis), ((0, s.shape[0] - k),) + ((0, 0),) * (s.ndim - 1)))
 
     def width_sum(x):
         return across_width(jnp.sum(x, axis=-1))

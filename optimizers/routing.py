@@ -1,4 +1,4 @@
-"""Id routing for the row layout: each table shard sees only the ids it owns.
+"""Id routing for the row layout (each table shard sees only the ids it owns) and the column layout's sized exchange.
 
 Inside ``jax.shard_map`` (batch split over every mesh axis), a device
 
@@ -16,6 +16,13 @@ the owner gathers those rows (lookup) or segment-sums the gradients it received 
 rows (``optimizers.fused``); a second ``all_to_all`` brings looked-up rows back, and each device expands
 its unique rows to its tokens. Work and traffic per device grow with its own distinct ids, not with the
 data group's batch.
+
+The column layout (``column_lookup_local``; its update is ``optimizers.fused._apply_columns``) has no owners
+to route to: every shard needs every id. It exchanges the first ``C = ctx.slots_for(n)`` of a device's sorted
+distinct ids (the sampled peak of distinct ids one device holds times ``route_capacity``) instead of its
+whole unique buffer, with the same overflow policy: ``reroute`` exchanges every device's whole buffer on a
+step where any device has more (``lax.cond`` on the overflow summed over the mesh), ``stop`` reads zeros for
+the ids past C and refuses the update.
 """
 from __future__ import annotations
 
@@ -147,29 +154,56 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     return out, b
 
 
-def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, with_dedupe: bool = False):
+def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, exact: bool = False,
+                        with_dedupe: bool = False):
     """Per-device body of the column layout's lookup: ids [...] -> rows [..., width] float32. The device dedupes
-    its ids, every shard of its table group gets them (all-gather) and gathers its width slice of each, and an
-    all-to-all returns each device the slices of its own rows. Returns ``(rows,)``, and with ``with_dedupe``
-    ``(rows, (unique ids, segment ids))``: the device's dedupe without the padding id 0, its update record's
-    (``make_update``)."""
+    its ids (sorted, distinct ids first, padding ``ctx.vocab`` after them); every shard of its table group gets
+    the first C of them (all-gather, ``C = ctx.slots_for(n)``) and gathers its width slice of each, and an
+    all-to-all returns each device the slices of its own rows. Ids past C (``overflow``) are counted: with
+    ``ctx.route_overflow="reroute"`` a step where any device has some exchanges every device's whole buffer
+    instead (``lax.cond`` on the overflow summed over the mesh, so every device takes the same branch); with
+    ``"stop"`` they read zeros. ``exact``: the whole buffer, nothing can overflow.
+
+    Returns ``(rows, (overflow, peak))`` (this device's ids past C, and its distinct ids: the C this batch
+    needed), and with ``with_dedupe`` ``(rows, (overflow, peak), (unique ids, segment ids))``: the device's
+    dedupe without the padding id 0, its update record's (``make_update``)."""
     from .fused import dedupe  # noqa: PLC0415 - fused imports this module
     from .context import num_unique_for  # noqa: PLC0415
 
     flat = ids.reshape(-1)
-    unique, seg = dedupe(flat, ctx.vocab, num_unique_for(flat.shape[0], ctx.vocab), pad_id=None)  # bad ids: -1
-    wanted = lax.all_gather(unique, ctx.table_axis, axis=0)  # [shards, U]: every table-group device's ids
-    part = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)  # [shards, U, width / shards]
-    got = exchange(ctx, part)  # [shards, U, width / shards]: block k is shard k's slice of my rows
-    urows = jnp.moveaxis(got, 0, 1).reshape(unique.shape[0], -1)  # [U, width]: slices in column order
+    n = flat.shape[0]
+    unique, seg = dedupe(flat, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)  # bad ids: -1
+    size = unique.shape[0]
+    slots = ctx.slots_for(n, exact)
+    distinct = jnp.sum(unique < ctx.vocab).astype(jnp.int32)
+    overflow = jnp.maximum(distinct - slots, 0)
+
+    def fetch(c: int) -> jax.Array:  # [U, width]: the first c unique ids' rows; the rest zeros
+        wanted = lax.all_gather(unique[:c], ctx.table_axis, axis=0)  # [shards, c]: every table-group device's ids
+        part = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)  # [shards, c, width / shards]
+        got = exchange(ctx, part)  # [shards, c, width / shards]: block k is shard k's slice of my rows
+        urows = jnp.moveaxis(got, 0, 1).reshape(c, -1)  # [c, width]: slices in column order
+        return jnp.pad(urows, ((0, size - c), (0, 0)))
+
+    if slots >= ctx.slots_for(n, exact=True):  # room for every distinct id: the whole buffer, as it is
+        urows = fetch(size)
+    elif ctx.reroutes:  # every device takes the same branch: the test is on the overflow summed over the mesh
+        rerouted = lax.psum(overflow, ctx.batch_axes) > 0
+        urows = lax.cond(rerouted, lambda: fetch(size), lambda: fetch(slots))
+    else:
+        urows = fetch(slots)  # ids past the exchange read zeros (counted: the runner stops)
     out = to_tokens(urows, seg, ids.shape)
-    return (out, without_padding_id(unique, seg, ctx.vocab)) if with_dedupe else (out,)
+    if with_dedupe:
+        return out, (overflow, distinct), without_padding_id(unique, seg, ctx.vocab)
+    return out, (overflow, distinct)
 
 
 def route_peak(ids, devices: int, shard_rows: int, shards: int) -> int:
     """Host-side (numpy): the most distinct ids one device sends one row shard for a batch of stored-row ids
     (``[batch, ...]``, split over ``devices`` in contiguous blocks of the leading dim, as the train step
-    splits it; ids outside the ``shards * shard_rows`` rows go nowhere). ``AsyncEmbContext.route_peak``."""
+    splits it; ids outside the ``shards * shard_rows`` rows go nowhere). ``AsyncEmbContext.route_peak``.
+    For the column layout, one "shard" of every row (``shard_rows=vocab, shards=1``): the most distinct ids
+    one device holds."""
     import numpy as np  # noqa: PLC0415
 
     ids = np.asarray(ids)

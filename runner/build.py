@@ -92,9 +92,11 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
 def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: dict[str, AsyncEmbContext],
                 batch_size: int) -> dict[str, int]:
     """Per routed table: the most distinct ids one device sends one row shard over the first
-    ``ROUTE_SAMPLE_BATCHES`` train batches (their stored rows, split over the mesh as the step splits them).
-    Every process samples the same global batches, so all of them size their slots alike."""
-    routed = {n for n, c in contexts.items() if c.routed}
+    ``ROUTE_SAMPLE_BATCHES`` train batches (their stored rows, split over the mesh as the step splits them);
+    per sharded column table: the most distinct ids one device holds (what its exchange is sized from,
+    ``AsyncEmbContext.slots_for``). Every process samples the same global batches, so all of them size their
+    slots alike."""
+    routed = {n for n, c in contexts.items() if c.per_device_record}
     if not routed:
         return {}
     peaks = dict.fromkeys(routed, 0)
@@ -105,7 +107,11 @@ def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: di
             raw = np.asarray(ids[n]).astype(np.int32)
             rows = np.asarray(stored_rows(spec, raw))
             rows = np.where((raw < 0) | (raw >= spec.vocab), ctx.vocab, rows)
-            peaks[n] = max(peaks[n], routing.route_peak(rows, ctx.mesh.size, ctx.shard_rows, ctx.table_shards))
+            if ctx.routed:
+                peak = routing.route_peak(rows, ctx.mesh.size, ctx.shard_rows, ctx.table_shards)
+            else:  # column layout: every shard holds every row; one "shard" of all of them
+                peak = routing.route_peak(rows, ctx.mesh.size, ctx.vocab, 1)
+            peaks[n] = max(peaks[n], peak)
     return peaks
 
 

@@ -24,7 +24,8 @@ MAX_IDS = 10**8  # ids / rows of a generated data source or a table
 MAX_WIDTH = 65536  # an embedding or hidden width
 MAX_SEED = 2**32 - 1
 MAX_CPU_DEVICES = 4096  # virtual CPU devices: creating many more takes minutes
-ROUTE_SAMPLE_BATCHES = 8  # train batches whose ids size the routed row layout's slots (runner.build.route_peaks)
+ROUTE_SAMPLE_BATCHES = 8  # train batches whose ids size the routed row layout's slots and the column layout's
+# exchange (runner.build.route_peaks)
 
 
 class Choice(str, Enum):
@@ -123,8 +124,11 @@ class MeshConfig:
     route_capacity: float = hparam(
         1.2, "row layout, alltoall routing: slots for the ids one device sends each table shard per step, as a "
         f"multiple of the most it sent one shard in the first {ROUTE_SAMPLE_BATCHES} train batches (sampled before "
-        "compiling; never below 64 slots); raise it if emb/route_overflow is often above 0", low=0.0, high=1024.0, low_open=True)
-    route_overflow: RouteOverflow = RouteOverflow.reroute  # a step with more ids for one shard than its slots
+        "compiling; never below 64 slots); column layout: distinct ids one device exchanges per step, as a multiple "
+        "of the most one device held in those batches; raise it if emb/route_overflow is often above 0", low=0.0,
+        high=1024.0, low_open=True)
+    route_overflow: RouteOverflow = RouteOverflow.reroute  # a step with more ids for one shard (column: one
+    # device) than its slots
     cpu_devices: Optional[int] = hparam(None, "virtual CPU devices to create before JAX starts; CPU only",
                                         low=1, high=MAX_CPU_DEVICES)
 

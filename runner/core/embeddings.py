@@ -6,8 +6,11 @@ Lookups never materialise a full table on any device. With the table sharded ove
   (``optimizers/routing.py``);
 - ``row`` layout, ``routing="gather"``: ids are all-gathered over the table axis, each shard gathers the rows it owns (zeros
   elsewhere), and a reduce-scatter returns every device its own tokens' full rows;
-- ``column`` layout: ids are all-gathered over the table axis, each shard gathers its width slice of every
-  row, and an all-to-all rebuilds full rows for each device's own tokens.
+- ``column`` layout: each device dedupes its own ids; the first ``ctx.slots_for(n)`` of them (sized from
+  the sampled peak of distinct ids one device holds, ``runner.build.route_peaks``) are all-gathered over the
+  table axis, each shard gathers its width slice of every row, and an all-to-all rebuilds full rows for each
+  device's own tokens (a step with more distinct ids on some device is exchanged again whole, or with
+  ``route_overflow="stop"`` reads zeros for them and stops the run).
 
 With ``TableSpec.permute_ids`` (``mesh.permute_ids``) id ``i`` is stored in row ``routing.permute_ids(i, vocab)``
 instead of row ``i``, so the hot (small) ids of a Zipf distribution spread over the row shards. The relabelling
@@ -150,7 +153,10 @@ def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact
     """``lookup`` and, on the routed path, ``(overflow, peak)``: the distinct ids (summed over devices) the
     id routing had no slot for (they read zeros, so a step with any must not be trusted:
     ``emb/route_overflow/<table>``) and the most ids one device sent one shard (the slots this batch
-    needed: ``emb/route_peak/<table>``). Both 0 off the routed path. ``with_dedupe`` (routed only): also
+    needed: ``emb/route_peak/<table>``). On the sharded column layout: the distinct ids past a device's
+    exchange (``ctx.slots_for``; summed over devices) and the most distinct ids one device held. With
+    ``route_overflow="reroute"`` overflowing ids are exchanged again with room for all (they read their
+    rows); with ``"stop"`` they read zeros. Both 0 on other layouts. ``with_dedupe`` (per-device records only): also
     each device's dedupe of its own ids, padding id 0 left out, as ``make_update`` builds it (unique ids
     ``[mesh.size * local_unique]`` and segment ids, both split over the batch), to reuse for the update."""
     ids = jnp.where((ids >= 0) & (ids < ctx.vocab), ids, ctx.vocab)  # ctx.vocab: stored rows, out of range
@@ -164,9 +170,10 @@ def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact
     batch_axes = tuple(mesh.axis_names)
     if ctx.per_device_record:  # each device dedupes its own ids: the routed row layout, the column layout
         def per_device(table_shard, ids_local):
-            if not ctx.routed:
-                zero = jnp.zeros((), jnp.int32)  # no capacity: nothing overflows
-                return *routing.column_lookup_local(ctx, table_shard, ids_local, with_dedupe), (zero, zero)
+            if not ctx.routed:  # column layout: ids past the exchange, and distinct ids, of this device
+                rows, (overflow, peak), *dd = routing.column_lookup_local(ctx, table_shard, ids_local, exact,
+                                                                          with_dedupe)
+                return rows, *dd, (lax.psum(overflow, batch_axes), lax.pmax(peak, batch_axes))
             rows, b, *dd = routing.routed_lookup_local(ctx, table_shard, ids_local, exact, with_dedupe)
             if exact:  # room for every id: nothing overflows
                 return rows, *dd, (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))

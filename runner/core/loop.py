@@ -192,6 +192,11 @@ ROUTE_KEYS = ("emb/route_overflow/", "emb/route_peak/", "emb/route_refused/")
 
 
 def _route_slots(ctx: Any) -> str:
+    if ctx.layout == "column":
+        basis = (f"{ctx.route_capacity:g} x {ctx.route_peak}, the most distinct ids one device held in the sampled "
+                 f"batches" if ctx.route_peak is not None else f"every distinct id of its {ctx.local_tokens} tokens")
+        return (f"mesh.route_capacity={ctx.route_capacity:g} lets each device exchange {ctx.route_slots} distinct "
+                f"ids with the other column shards ({basis})")
     basis = (f"{ctx.route_capacity:g} x {ctx.route_peak}, the most distinct ids one device sent one shard in the "
              f"sampled batches" if ctx.route_peak is not None else
              f"{ctx.route_capacity:g} x the even share of {ctx.slot_base(ctx.local_tokens):.0f} ids")
@@ -200,10 +205,20 @@ def _route_slots(ctx: Any) -> str:
 
 def route_overflow_message(program: TrainProgram, name: str, overflow: int, refused: int, peak: int,
                            where: str) -> str:
-    """Why a run stopped on ids the row layout's all-to-all routing had no room for, and what to raise."""
+    """Why a run stopped on ids the row layout's all-to-all routing (or the column layout's exchange) had no room
+    for, and what to raise."""
     ctx = program.contexts[name]
-    fits = (f" One device had {peak} distinct ids for one shard: mesh.route_capacity="
+    column = ctx.layout == "column"
+    held = "distinct ids" if column else "distinct ids for one shard"
+    fits = (f" One device had {peak} {held}: mesh.route_capacity="
             f"{peak / ctx.slot_base(ctx.local_tokens):.2f} or more fits that batch." if peak > ctx.route_slots else "")
+    if column:  # only "stop" refuses: a rerouted column step exchanges every device's whole buffer
+        return (f"training stopped at {where}: table '{name}': {max(overflow, refused)} distinct ids of the batch "
+                f"(summed over devices) were past what their device exchanges with the other column shards: "
+                f"{_route_slots(ctx)}. None was dropped silently: they read zeros, and an embedding update holding "
+                f"them is refused whole.{fits} Raise mesh.route_capacity (see emb/route_peak/{name}, the most "
+                f"distinct ids one device held), or set mesh.route_overflow=reroute (such a step exchanges every "
+                f"device's whole buffer of ids).")
     if ctx.reroutes:
         return (f"training stopped at {where}: table '{name}': {refused} rows had no room at their owning table "
                 f"shard even after the step was routed again with room for every id: an owner keeps at most "
@@ -221,6 +236,12 @@ def route_overflow_message(program: TrainProgram, name: str, overflow: int, refu
 def route_reroute_note(program: TrainProgram, name: str, overflow: int, peak: int, where: str) -> str:
     """The one line a run prints the first time a table's ids overflowed their slots and were rerouted."""
     ctx = program.contexts[name]
+    if ctx.layout == "column":
+        return (f"note: table '{name}' at {where}: {overflow} distinct ids (summed over devices) were past what their "
+                f"device exchanges with the other column shards ({peak} distinct ids on one device, "
+                f"{_route_slots(ctx)}); the step exchanged every device's whole buffer of ids instead, so nothing "
+                f"was lost, but such steps move more. emb/route_overflow/{name} counts them; raise "
+                f"mesh.route_capacity if it is often above 0.")
     return (f"note: table '{name}' at {where}: {overflow} distinct ids (summed over devices) had no slot at their "
             f"owning table shard ({peak} for one shard, {_route_slots(ctx)}); the step was routed again with room "
             f"for every id, so nothing was lost, but such steps are slower. emb/route_overflow/{name} counts them; "

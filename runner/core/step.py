@@ -195,8 +195,8 @@ class TrainProgram:
         if self.async_emb:
             stale = sum(metrics[f"emb/stale_rows/{n}"] for n in state.pending)
             metrics["emb/stale_rows"] = jnp.where(detail, stale, -1)
-        for n, (_, (overflow, peak), *_) in looked.items():  # routed ids with no slot at their owner
-            if ctxs[n].routed:
+        for n, (_, (overflow, peak), *_) in looked.items():  # ids with no slot at their owner / past the exchange
+            if ctxs[n].counts_routes:
                 metrics[f"emb/route_overflow/{n}"] = overflow
                 metrics[f"emb/route_peak/{n}"] = peak
                 metrics[f"emb/route_refused/{n}"] = ctxs[n].results.get("route_refused", jnp.int32(0))

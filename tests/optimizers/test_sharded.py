@@ -83,6 +83,18 @@ def test_routed_update_accepts_a_record_of_the_whole_batch(case):
     _check_sharded(case, "2x4", context.ROW, whole_batch_records=True)
 
 
+@pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES[:3:2]])
+def test_a_capped_column_exchange_equals_unsharded(case):
+    """The column layout exchanging only C = 2 of a device's distinct ids (``route_peak`` 2 x capacity 1): steps
+    where every device has at most 2 take the small exchange, steps where one has 3 exchange every device's
+    whole buffer (rerouted); both equal one device, the rule's full-width row sums (row-wise Adagrad) included."""
+    kw = dict(route_peak=2, route_capacity=1.0, route_min_slots=1)
+    ctx = _check_sharded(case, "2x4", context.COLUMN, whole_batch_records=False, **kw)
+    assert ctx.column_capped and ctx.route_slots == 2
+    distinct = [max(np.sum(u < VOCAB) for u in np.split(np.asarray(r.unique_tokens), 8)) for r in updates_for(ctx)]
+    assert {d > 2 for d in distinct} == {True, False}  # both branches were taken
+
+
 def steps_match(step, table, state, records, want, label):
     """Apply ``records`` one by one; after each, valid, norm, table and state equal the unsharded run's
     (``want``). Yields each step's (table, state) for further checks."""
@@ -97,10 +109,10 @@ def steps_match(step, table, state, records, want, label):
         yield table, state
 
 
-def _check_sharded(case, mesh_name, layout, whole_batch_records):
+def _check_sharded(case, mesh_name, layout, whole_batch_records, **kw):
     name, hp = case
     mesh = MESHES[mesh_name]()
-    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout)
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout, **kw)
     records = updates() if whole_batch_records else updates_for(ctx)
     if ctx.routed:
         assert all(ctx.local_record(u) != whole_batch_records for u in records)
@@ -120,6 +132,7 @@ def _check_sharded(case, mesh_name, layout, whole_batch_records):
             assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), (i, leaf.sharding, sharding)
     assert [bool(v) for *_, v in want] == [True, True, True, False, False, True, True]
     np.testing.assert_array_equal(np.asarray(table)[DRAWN:], initial_table()[DRAWN:])
+    return ctx
 
 
 def poisoned_updates():

@@ -1,8 +1,11 @@
 """The row layout's id routing as the runner uses it: its settings are checked before anything compiles, and
 a batch with more ids for one shard than ``mesh.route_capacity`` allows is routed again with room for every id
 (the default, noted once) or, with ``mesh.route_overflow=stop``, stops the run with a message naming the table
-and the setting; ids are never silently dropped."""
+and the setting; ids are never silently dropped. The column layout's exchange (each device's distinct ids, up
+to ``mesh.route_capacity`` x the most one device held in the first batches) follows the same policy."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -108,3 +111,68 @@ def test_a_refused_update_after_rerouting_names_the_table_the_owner_buffer_and_t
     assert f"mesh.route_capacity={ctx.route_capacity:g} gives {ctx.route_slots} slots per device and shard" in text
     assert "The update was refused whole: nothing of it was written." in text
     assert "Raise mesh.route_capacity" in text and "mesh.routing=gather" in text
+
+
+COLUMN = ["mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=column", "trainer.batch_size=512",
+          "trainer.steps=3", "trainer.log_interval=1"]
+
+
+def test_a_column_table_with_a_tiny_capacity_reroutes_notes_it_once_and_learns_the_same_numbers():
+    """Column layout: each device exchanges at most C of its distinct ids (C = route_capacity x the most one
+    device held in the first batches, never below 64). 512 examples x 5 item tokens over 8 devices hold ~107
+    distinct items each, past the 64 a capacity of 0.1 gives: every step exchanges every whole buffer instead."""
+    cfg = compose_config([*COLUMN, "mesh.route_capacity=0.1"])
+    program, task, _ = build(cfg)
+    ctx = program.contexts["items"]
+    assert ctx.layout == "column" and ctx.route_peak > 64 and ctx.route_slots == 64 and ctx.column_capped
+    tracker, lines = Recorder(), []
+    got = loop.train(program, task, cfg.trainer, tracker, log=lines.append)
+    assert all(r["emb/route_overflow/items"] > 0 and r["emb/route_refused/items"] == 0 for r in tracker.rows[:3])
+    assert all(r["emb/route_peak/items"] > 64 for r in tracker.rows[:3])
+    notes = [line for line in lines if line.startswith("note: table 'items'")]
+    assert len(notes) == 1  # once a run, not once a step
+    assert "were past what their device exchanges with the other column shards" in notes[0]
+    assert "mesh.route_capacity=0.1 lets each device exchange 64 distinct ids" in notes[0]
+    assert "exchanged every device's whole buffer of ids instead, so nothing was lost" in notes[0]
+    # The same run at the default capacity (1.2 x the sampled peak): no step overflows.
+    cfg = compose_config(COLUMN)
+    program2, task2, _ = build(cfg)
+    assert program2.contexts["items"].route_slots > 64
+    tracker2 = Recorder()
+    want = loop.train(program2, task2, cfg.trainer, tracker2, log=lambda *a: None)
+    assert all(r["emb/route_overflow/items"] == 0 for r in tracker2.rows[:3])
+    for n in program.tables:
+        np.testing.assert_allclose(np.asarray(got["state"].tables[n]), np.asarray(want["state"].tables[n]),
+                                   rtol=0, atol=1e-6)
+
+
+def test_a_column_table_past_its_exchange_stops_the_run_when_the_policy_is_stop():
+    cfg = compose_config([*COLUMN, "mesh.route_capacity=0.1", "mesh.route_overflow=stop"])
+    program, task, _ = build(cfg)
+    tracker = Recorder()
+    with pytest.raises(TrainingError) as info:
+        loop.train(program, task, cfg.trainer, tracker, log=lambda *a: None)
+    text = str(info.value)
+    assert text.startswith("training stopped at step 1: table 'items': ")
+    assert ("distinct ids of the batch (summed over devices) were past what their device exchanges with the other "
+            "column shards: mesh.route_capacity=0.1 lets each device exchange 64 distinct ids") in text
+    assert "None was dropped silently" in text and "Raise mesh.route_capacity" in text
+    assert "mesh.route_overflow=reroute" in text and "mesh.routing=gather" not in text
+    assert tracker.rows[0]["emb/route_overflow/items"] > 0 and tracker.rows[0]["emb/route_peak/items"] > 64
+
+
+def test_route_peaks_of_a_column_table_is_the_most_distinct_ids_one_device_held_in_the_first_batches():
+    from runner.config import ROUTE_SAMPLE_BATCHES
+
+    cfg = compose_config(COLUMN)
+    program, task, _ = build(cfg)
+    B = cfg.trainer.batch_size
+    for name, ctx in program.contexts.items():
+        want = 0
+        for step in range(ROUTE_SAMPLE_BATCHES):
+            ids = np.asarray(program.model.table_ids({k: np.asarray(v) for k, v in task.batch(step, B).items()})[name])
+            for block in np.split(ids.reshape(B, -1), 8):  # the batch split over the 8 devices
+                want = max(want, len(set(block.ravel().tolist()) & set(range(ctx.vocab))))
+        assert ctx.route_peak == want, name
+        # 1.2 x it, at least 64, at most a device's tokens or the table's rows (authors: 51)
+        assert ctx.route_slots == min(max(math.ceil(1.2 * want), 64), ctx.local_tokens, ctx.vocab), name
