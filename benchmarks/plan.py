@@ -110,9 +110,9 @@ def report(results: list[dict], out: Path) -> Path:
     body = ("The real ranking train step (fused Adam, async, routed row layout, `mesh=table`) compiled for abstract "
             "inputs on virtual CPU devices; memory from `compiled.memory_analysis()`, collective bytes from the "
             "compiled HLO (`benchmarks.hlo.step_collective_bytes`): a usual step takes the cheaper branch of each "
-            "conditional (no logged-step diagnostics, no rerouted overflow); the next column takes the dearer one "
-            "(the diagnostics' dedupe of the whole batch for `emb/unique_rows` and `emb/stale_rows`, and every "
-            "table's ids routed again with room for all). Peak = arguments + outputs - donated aliases + "
+            "conditional and runs no rerouting round past the first (no logged-step diagnostics, no overflow); the "
+            "next column takes the dearer branch (the diagnostics' dedupe of the whole batch for `emb/unique_rows` "
+            "and `emb/stale_rows`) and one more routing round for every table. Peak = arguments + outputs - donated aliases + "
             "temporaries.\n\n"
             + common.md_table(head, rows) + "\n")
     return common.write_result(out, "plan", "A 1B-row plan, checked by the compiler", body, {"results": results})

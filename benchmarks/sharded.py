@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import common
 
-FULL = dict(vocab=1_000_000, width=64, batch=16_384, rounds=10, warmup=2,
+FULL = dict(vocab=1_000_000, width=64, batch=16_384, rounds=20, warmup=2,
             optimizers=("async_rowwise_adagrad", "async_adam"))
 QUICK = dict(vocab=8_192, width=16, batch=512, rounds=2, warmup=2, optimizers=("async_rowwise_adagrad",))
 # name: (layout, routing, capacity, permuted ids, slots sized from sampled batches (the runner's way))
@@ -50,15 +50,18 @@ def _can_have_8_devices() -> bool:
     return jax.device_count() == 8
 
 
-def minimum_bytes(layout: str | None, width: int, shards: int, unique_device: float, unique_global: float) -> float:
+def minimum_bytes(layout: str | None, width: int, shards: int, unique_device: float, unique_global: float,
+                  row_stats: bool = False) -> float:
     """Analytic least bytes a device must put into collectives per step for the layout. Row: each device's
     distinct ids (int32) and their fp32 gradient rows go to their owners. Column: every shard needs its width
-    slice of every distinct row's gradient (and the ids)."""
+    slice of every distinct row's gradient (and the ids); ``row_stats`` (an optimizer whose rule needs a
+    statistic of the whole row, row-wise Adagrad's sum of g**2 over the width): also one fp32 partial sum per
+    distinct row from each shard, the least a reduction across the width shards can move."""
     if layout is None:
         return 0.0
     if layout == "row":
         return unique_device * (4 * width + 4)
-    return unique_global * (4 * width / shards + 4)
+    return unique_global * (4 * width / shards + 4 + (4 if row_stats else 0))
 
 
 def child(p: dict) -> dict:
@@ -149,13 +152,13 @@ def child(p: dict) -> dict:
             outs = holder["out"]
             valid = all(bool(o[1]) for o in outs)
             refused = max(int(o[3]) for o in outs)
-            # Steps whose ids overflowed some device's slots for one shard (routed again with room for all).
+            # Steps whose ids overflowed some device's slots for one shard (routed in further rounds of the same slots).
             peaks = column_peaks if layout == "column" else batch_peaks[permuted]
             rerouted = sum(k > ctx.route_slots for k in peaks[p["warmup"]:]) if ctx.counts_routes else 0
             rows = [np.asarray(o[2]) for o in outs if o[2] is not None and np.ndim(o[2]) and np.size(o[2]) > 1]
             st = common.stats(times[var])
             base = "single-perm" if permuted else "single"
-            minimum = minimum_bytes(layout, D, S, unique_dev, unique)
+            minimum = minimum_bytes(layout, D, S, unique_dev, unique, row_stats="rowwise" in name)
             results.append({
                 "optimizer": name, "variant": var, "layout": layout or "single", "routing": routing,
                 "route_capacity": cap, "permuted": permuted, "sampled": sampled,
@@ -226,8 +229,11 @@ def run(quick: bool, out: Path) -> dict:
             f"device's is what scaling looks like here. `-perm` variants (and their baseline `single-perm`) "
             f"relabel ids with `optimizers.routing.permute_ids` first. Collective bytes are per device per step, "
             f"read from the compiled HLO, for a step that is not rerouted (`benchmarks.hlo.step_collective_bytes`: "
-            f"the cheaper branch of each conditional; the JSON also has `rerouted_step_bytes`); the analytic minimum is a device's distinct ids x (4 D + 4) bytes "
-            f"(row) or the batch's distinct ids x (4 D / 8 + 4) (column). {common.machine_line()}.\n\n"
+            f"the cheaper branch of each conditional, no rerouting round past the first; the JSON also has "
+            f"`rerouted_step_bytes`, one more round); the analytic minimum is a device's distinct ids x (4 D + 4) bytes "
+            f"(row) or the batch's distinct ids x (4 D / 8 + 4) (column), plus 4 bytes a distinct id for row-wise "
+            f"Adagrad on the column layout (each width shard's partial sum of g**2 over its slice of the row, which "
+            f"its rule needs over the whole width). {common.machine_line()}.\n\n"
             f"Rows a row shard updates per step (block split, max / mean over the 8 shards): raw Zipf ids "
             f"{ld['block']['max']:,.0f} / {ld['block']['mean']:,.0f}; permuted {ld['permuted']['max']:,.0f} / "
             f"{ld['permuted']['mean']:,.0f}. The most distinct ids one device sends one shard: "
@@ -238,7 +244,7 @@ def run(quick: bool, out: Path) -> dict:
             f"`route_capacity` x the most distinct ids one device sent one shard in the first {SAMPLED} batches "
             f"(how the runner sizes them; variants without `-even`), or x the even share of a device's tokens "
             f"(`-even2`, the sizing before). A step where some device has more ids for one shard than its slots "
-            f"is routed again with room for every id (`rerouted steps` counts the timed ones); `refused` counts "
+            f"routes the rest in further rounds of the same slots (`rerouted steps` counts the timed ones); `refused` counts "
             f"ids an update could not deliver (it was then refused whole). `column`: each device exchanges its "
             f"first 1.2 x the most distinct ids one device held in the first {SAMPLED} batches (the runner's "
             f"sizing); a step where some device holds more exchanges every device's whole buffer.\n\n"

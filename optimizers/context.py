@@ -35,7 +35,7 @@ ROW = "row"
 COLUMN = "column"
 ALLTOALL = "alltoall"
 GATHER = "gather"
-REROUTE = "reroute"  # a step whose ids overflow their slots routes them again with room for every id
+REROUTE = "reroute"  # a step whose ids overflow their slots routes the rest in further rounds (column: all at once)
 STOP = "stop"  # ids without a slot read zeros and the update is refused: the runner stops the run
 ROUTE_MIN_SLOTS = 64  # per-destination slots never fall below this (small batches route exactly)
 
@@ -153,7 +153,7 @@ class AsyncEmbContext:
 
     @property
     def reroutes(self) -> bool:
-        """A routed step whose ids overflow their slots routes them again with room for every id (``REROUTE``);
+        """A routed step whose ids overflow their slots routes the rest in further rounds of the same slots (row layout) or exchanges every device's whole buffer (column layout) (``REROUTE``);
         a column step whose ids overflow its exchange exchanges every device's whole unique buffer."""
         return self.route_overflow == REROUTE
 

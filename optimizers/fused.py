@@ -4,7 +4,8 @@ Every fused optimizer writes only its per-row rule (``FusedEmbOptimizer.update_r
 the rest, once, for all of them, on one device or inside ``jax.shard_map`` over a table-sharded mesh
 (row layout: ids routed to their owners, ``_apply_routed``; column layout: every shard gets each device's
 first ``ctx.slots_for(n)`` distinct ids and their gradients' width slices, ``_apply_columns``; a step that
-overflows either is exchanged again with room for every id, or refused under ``route_overflow="stop"``).
+overflows either routes the rest in further rounds (row) or exchanges every device's whole buffer (column),
+or is refused under ``route_overflow="stop"``).
 The cost of an update grows with the rows a batch touches, never with the vocabulary: nothing here
 builds a table-sized temporary, and the scatter writes into the (donated) table buffer.
 
@@ -262,7 +263,7 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
     With routed ids (row layout) it also records ``ctx.results["route_refused"]``: what the routing could not
     deliver, so the update was refused whole (``valid`` false). With ``route_overflow="stop"`` those are the
     ids without a slot at their owner (summed over the sending devices); with ``"reroute"`` a step with such
-    ids routes them again with room for all, and only rows past an owner's buffer (``ctx.owner_slots_for``)
+    ids routes them in further rounds, and only rows past an owner's buffer (``ctx.owner_slots_for``)
     count (summed over the table shards). The sharded column layout records it too: with ``"stop"`` the
     distinct ids past a device's exchange (``ctx.slots_for``, summed over devices); with ``"reroute"`` such a
     step exchanges every device's whole buffer and nothing is refused (0)."""

@@ -221,7 +221,7 @@ def route_overflow_message(program: TrainProgram, name: str, overflow: int, refu
                 f"device's whole buffer of ids).")
     if ctx.reroutes:
         return (f"training stopped at {where}: table '{name}': {refused} rows had no room at their owning table "
-                f"shard even after the step was routed again with room for every id: an owner keeps at most "
+                f"shard even after the step routed every id in further rounds of its slots: an owner keeps at most "
                 f"{ctx.owner_unique - 1} distinct rows, every device's slots for it, and {_route_slots(ctx)}. The "
                 f"update was refused whole: nothing of it was written.{fits} Raise mesh.route_capacity (see "
                 f"emb/route_peak/{name}), or set mesh.routing=gather.")
@@ -229,7 +229,7 @@ def route_overflow_message(program: TrainProgram, name: str, overflow: int, refu
             f"(summed over devices) had no slot at their owning table shard: {_route_slots(ctx)}. None was "
             f"dropped silently: they read zeros, and an embedding update holding them is refused whole.{fits} "
             f"Raise mesh.route_capacity (hot ids crowd one shard; see emb/route_peak/{name}), set "
-            f"mesh.route_overflow=reroute (such a step is routed again with room for every id), or set "
+            f"mesh.route_overflow=reroute (such a step routes the rest in further rounds of its slots), or set "
             f"mesh.routing=gather.")
 
 
@@ -243,8 +243,8 @@ def route_reroute_note(program: TrainProgram, name: str, overflow: int, peak: in
                 f"was lost, but such steps move more. emb/route_overflow/{name} counts them; raise "
                 f"mesh.route_capacity if it is often above 0.")
     return (f"note: table '{name}' at {where}: {overflow} distinct ids (summed over devices) had no slot at their "
-            f"owning table shard ({peak} for one shard, {_route_slots(ctx)}); the step was routed again with room "
-            f"for every id, so nothing was lost, but such steps are slower. emb/route_overflow/{name} counts them; "
+            f"owning table shard ({peak} for one shard, {_route_slots(ctx)}); the step routed them in further rounds "
+            f"of its slots, so nothing was lost, but such steps are slower. emb/route_overflow/{name} counts them; "
             f"raise mesh.route_capacity if it is often above 0.")
 
 

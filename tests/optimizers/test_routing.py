@@ -96,9 +96,9 @@ def routed_step(ctx, opt, table0, update):
     return jax.jit(step)(table, opt.init(*table0.shape), update)
 
 
-def test_overflowing_ids_are_rerouted_with_room_for_all_by_default():
-    """The default policy: a step where any device has more ids for one shard than its slots routes them again
-    with room for every id, so the lookup reads every row and the update is the dense one."""
+def test_overflowing_ids_are_rerouted_in_rounds_by_default():
+    """The default policy: a step where any device has more ids for one shard than its slots routes the rest in
+    further rounds of the same slots, so the lookup reads every row and the update is the dense one."""
     mesh = table_mesh()
     tokens = 24
     ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", route_capacity=1.0,
@@ -119,7 +119,7 @@ def test_overflowing_ids_are_rerouted_with_room_for_all_by_default():
 
 
 def test_rows_past_an_owners_buffer_after_rerouting_refuse_the_update():
-    """Rerouting gives every device room for all its ids, but an owner keeps at most every device's slots of
+    """Rerouting delivers every device's ids in rounds, but an owner keeps at most every device's slots of
     distinct rows (``owner_slots_for``); past that the update is refused whole and counted, never half-written."""
     mesh = table_mesh()
     vocab, tokens = 256, 16  # 32 rows a shard; 2 ids a device, 16 distinct ids all owned by shard 0

@@ -1,5 +1,5 @@
 """The row layout's id routing as the runner uses it: its settings are checked before anything compiles, and
-a batch with more ids for one shard than ``mesh.route_capacity`` allows is routed again with room for every id
+a batch with more ids for one shard than ``mesh.route_capacity`` allows routes the rest in further rounds of its slots
 (the default, noted once) or, with ``mesh.route_overflow=stop``, stops the run with a message naming the table
 and the setting; ids are never silently dropped. The column layout's exchange (each device's distinct ids, up
 to ``mesh.route_capacity`` x the most one device held in the first batches) follows the same policy."""
@@ -85,7 +85,7 @@ def test_overflowing_steps_are_rerouted_by_default_noted_once_and_learn_the_same
     notes = [line for line in lines if line.startswith("note: table")]
     assert all(r["emb/route_overflow/items"] > 0 and r["emb/route_refused/items"] == 0 for r in tracker.rows[:3])
     assert len([n for n in notes if "'items'" in n]) == 1  # once a run, not once a step
-    assert "the step was routed again with room for every id, so nothing was lost" in notes[0]
+    assert "the step routed them in further rounds of its slots, so nothing was lost" in notes[0]
     assert "raise mesh.route_capacity" in notes[0]
     # The same run with room to spare (the default capacity, sized from the first 8 batches: no step overflows).
     cfg = compose_config([*ROW, "trainer.batch_size=4096", "trainer.steps=3", "trainer.log_interval=1"])
@@ -106,7 +106,7 @@ def test_a_refused_update_after_rerouting_names_the_table_the_owner_buffer_and_t
     ctx = program.contexts["items"]
     text = loop.route_overflow_message(program, "items", overflow=40, refused=7, peak=10**6, where="step 3")
     assert text.startswith("training stopped at step 3: table 'items': 7 rows had no room at their owning table "
-                           "shard even after the step was routed again with room for every id")
+                           "shard even after the step routed every id in further rounds of its slots")
     assert f"an owner keeps at most {ctx.owner_unique - 1} distinct rows" in text
     assert f"mesh.route_capacity={ctx.route_capacity:g} gives {ctx.route_slots} slots per device and shard" in text
     assert "The update was refused whole: nothing of it was written." in text
