@@ -34,3 +34,24 @@ jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE
 jax.config.update("jax_persistent_cache_min_compile_time_secs",
                   float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+# The files whose tests take longest (tens of seconds each: subprocesses, several processes, whole runs on a
+# mesh), longest first. They run first: pytest-xdist's work stealing then ends the session on short tests
+# instead of leaving one core idle while the other finishes a long one. Order only; every test still runs.
+LONGEST_FIRST = (
+    "tests/benchmarks/test_suite.py",
+    "tests/runner/test_distributed.py",
+    "tests/runner/checkpoint/test_kill.py",
+    "tests/runner/checkpoint/test_resume.py",
+    "tests/runner/test_sweeps.py",
+    "tests/runner/core/test_sharded.py",
+    "tests/runner/core/test_routing.py",
+    "tests/runner/tasks/sequential/test_cli.py",
+    "tests/runner/test_cli.py",
+    "tests/test_packaging.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: file order kept

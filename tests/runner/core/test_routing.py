@@ -1,6 +1,6 @@
 """The row layout's id routing as the runner uses it: its settings are checked before anything compiles, and
-a batch with more ids for one shard than ``mesh.route_capacity`` allows routes the rest in further rounds of its slots
-(the default, noted once) or, with ``mesh.route_overflow=stop``, stops the run with a message naming the table
+a batch with more ids for one shard than ``mesh.route_capacity`` allows routes the rest in further rounds of
+its slots (the default, noted once) or, with ``mesh.route_overflow=stop``, stops the run with a message naming the table
 and the setting; ids are never silently dropped. The column layout's exchange (each device's distinct ids, up
 to ``mesh.route_capacity`` x the most one device held in the first batches) follows the same policy."""
 from __future__ import annotations
@@ -117,6 +117,7 @@ COLUMN = ["mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=co
           "trainer.steps=3", "trainer.log_interval=1"]
 
 
+@pytest.mark.slow
 def test_a_column_table_with_a_tiny_capacity_reroutes_notes_it_once_and_learns_the_same_numbers():
     """Column layout: each device exchanges at most C of its distinct ids (C = route_capacity x the most one
     device held in the first batches, never below 64). 512 examples x 5 item tokens over 8 devices hold ~107
@@ -146,6 +147,7 @@ def test_a_column_table_with_a_tiny_capacity_reroutes_notes_it_once_and_learns_t
                                    rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_column_table_past_its_exchange_stops_the_run_when_the_policy_is_stop():
     cfg = compose_config([*COLUMN, "mesh.route_capacity=0.1", "mesh.route_overflow=stop"])
     program, task, _ = build(cfg)
@@ -161,6 +163,7 @@ def test_a_column_table_past_its_exchange_stops_the_run_when_the_policy_is_stop(
     assert tracker.rows[0]["emb/route_overflow/items"] > 0 and tracker.rows[0]["emb/route_peak/items"] > 64
 
 
+@pytest.mark.slow
 def test_route_peaks_of_a_column_table_is_the_most_distinct_ids_one_device_held_in_the_first_batches():
     from runner.config import ROUTE_SAMPLE_BATCHES
 
