@@ -1,8 +1,8 @@
 """The row layout's id routing as the runner uses it: its settings are checked before anything compiles, and
 a batch with more ids for one shard than ``mesh.route_capacity`` allows routes the rest in further rounds of
-its slots (the default, noted once) or, with ``mesh.route_overflow=stop``, stops the run with a message naming the table
-and the setting; ids are never silently dropped. The column layout's exchange (each device's distinct ids, up
-to ``mesh.route_capacity`` x the most one device held in the first batches) follows the same policy."""
+its slots (the default, noted once) or, with ``mesh.route_overflow=stop``, stops the run with a message naming
+the table and the setting; ids are never silently dropped. The column layout's exchange (each device's distinct
+ids, up to ``mesh.route_capacity`` x the most one device held in the first batches) follows the same policy."""
 from __future__ import annotations
 
 import math
