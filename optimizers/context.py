@@ -153,8 +153,8 @@ class AsyncEmbContext:
 
     @property
     def reroutes(self) -> bool:
-        """A routed step whose ids overflow their slots routes the rest in further rounds of the same slots (row layout) or exchanges every device's whole buffer (column layout) (``REROUTE``);
-        a column step whose ids overflow its exchange exchanges every device's whole unique buffer."""
+        """A routed step whose ids overflow their slots routes the rest in further rounds of the same slots
+        (``REROUTE``); a column step whose ids overflow its exchange exchanges every device's whole unique buffer."""
         return self.route_overflow == REROUTE
 
     @property

@@ -51,7 +51,7 @@ class Routing(Choice):
 
 
 class RouteOverflow(Choice):
-    reroute = "reroute"  # a step with more ids for one shard than its slots routes the rest in further rounds of its slots
+    reroute = "reroute"  # a step with more ids for one shard than its slots routes the rest in further rounds
     stop = "stop"  # such ids read zeros, the step's embedding update is refused and the run stops
 
 
