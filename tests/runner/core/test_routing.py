@@ -56,14 +56,18 @@ def overflowing(*extra):
                            "trainer.log_interval=1", *extra])
 
 
-@pytest.mark.slow
-def test_capacity_overflow_stops_the_run_naming_the_table_and_the_setting():
-    cfg = overflowing("mesh.route_overflow=stop")
+def stopped_run(cfg) -> tuple[str, Recorder]:
+    """Train ``cfg``, which must stop with a TrainingError: (its message, the metrics logged before it)."""
     program, task, _ = build(cfg)
     tracker = Recorder()
     with pytest.raises(TrainingError) as info:
         loop.train(program, task, cfg.trainer, tracker, log=lambda *a: None)
-    text = str(info.value)
+    return str(info.value), tracker
+
+
+@pytest.mark.slow
+def test_capacity_overflow_stops_the_run_naming_the_table_and_the_setting():
+    text, tracker = stopped_run(overflowing("mesh.route_overflow=stop"))
     assert text.startswith("training stopped at step 1: table '")
     assert "had no slot at their owning table shard: mesh.route_capacity=0.1 gives 64 slots per device and shard" \
         in text
@@ -72,6 +76,20 @@ def test_capacity_overflow_stops_the_run_naming_the_table_and_the_setting():
     row = tracker.rows[0]
     name = text.split("'")[1]
     assert row[f"emb/route_overflow/{name}"] > 0 and row[f"emb/route_peak/{name}"] > 64
+
+
+def assert_same_tables_without_overflow(got: dict, overrides: list[str]) -> None:
+    """A rerouted run (``got``) learned the same tables as the run of ``overrides`` at the default capacity, in
+    which no step overflows (summed in another order across slots and rounds: equal within 1e-6)."""
+    cfg = compose_config(overrides)
+    program, task, _ = build(cfg)
+    assert program.contexts["items"].route_slots > 64
+    tracker = Recorder()
+    want = loop.train(program, task, cfg.trainer, tracker, log=lambda *a: None)
+    assert all(r["emb/route_overflow/items"] == 0 for r in tracker.rows[:3])
+    for n in program.tables:
+        np.testing.assert_allclose(np.asarray(got["state"].tables[n]), np.asarray(want["state"].tables[n]),
+                                   rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -88,15 +106,8 @@ def test_overflowing_steps_are_rerouted_by_default_noted_once_and_learn_the_same
     assert "the step routed them in further rounds of its slots, so nothing was lost" in notes[0]
     assert "raise mesh.route_capacity" in notes[0]
     # The same run with room to spare (the default capacity, sized from the first 8 batches: no step overflows).
-    cfg = compose_config([*ROW, "trainer.batch_size=4096", "trainer.steps=3", "trainer.log_interval=1"])
-    program2, task2, _ = build(cfg)
-    assert program2.contexts["items"].route_slots > 64
-    tracker2 = Recorder()
-    want = loop.train(program2, task2, cfg.trainer, tracker2, log=lambda *a: None)
-    assert all(r["emb/route_overflow/items"] == 0 for r in tracker2.rows[:3])
-    for n in program.tables:
-        np.testing.assert_allclose(np.asarray(got["state"].tables[n]), np.asarray(want["state"].tables[n]),
-                                   rtol=0, atol=1e-6)
+    assert_same_tables_without_overflow(got, [*ROW, "trainer.batch_size=4096", "trainer.steps=3",
+                                              "trainer.log_interval=1"])
 
 
 def test_a_refused_update_after_rerouting_names_the_table_the_owner_buffer_and_the_setting():
@@ -136,25 +147,12 @@ def test_a_column_table_with_a_tiny_capacity_reroutes_notes_it_once_and_learns_t
     assert "mesh.route_capacity=0.1 lets each device exchange 64 distinct ids" in notes[0]
     assert "exchanged every device's whole buffer of ids instead, so nothing was lost" in notes[0]
     # The same run at the default capacity (1.2 x the sampled peak): no step overflows.
-    cfg = compose_config(COLUMN)
-    program2, task2, _ = build(cfg)
-    assert program2.contexts["items"].route_slots > 64
-    tracker2 = Recorder()
-    want = loop.train(program2, task2, cfg.trainer, tracker2, log=lambda *a: None)
-    assert all(r["emb/route_overflow/items"] == 0 for r in tracker2.rows[:3])
-    for n in program.tables:
-        np.testing.assert_allclose(np.asarray(got["state"].tables[n]), np.asarray(want["state"].tables[n]),
-                                   rtol=0, atol=1e-6)
+    assert_same_tables_without_overflow(got, COLUMN)
 
 
 @pytest.mark.slow
 def test_a_column_table_past_its_exchange_stops_the_run_when_the_policy_is_stop():
-    cfg = compose_config([*COLUMN, "mesh.route_capacity=0.1", "mesh.route_overflow=stop"])
-    program, task, _ = build(cfg)
-    tracker = Recorder()
-    with pytest.raises(TrainingError) as info:
-        loop.train(program, task, cfg.trainer, tracker, log=lambda *a: None)
-    text = str(info.value)
+    text, tracker = stopped_run(compose_config([*COLUMN, "mesh.route_capacity=0.1", "mesh.route_overflow=stop"]))
     assert text.startswith("training stopped at step 1: table 'items': ")
     assert ("distinct ids of the batch (summed over devices) were past what their device exchanges with the other "
             "column shards: mesh.route_capacity=0.1 lets each device exchange 64 distinct ids") in text
