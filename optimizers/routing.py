@@ -1,4 +1,4 @@
-"""Id routing for the row layout (each table shard sees only the ids it owns) and the column layout's sized exchange.
+"""Id routing for the row layout (each table shard sees only the ids it owns); the column layout's exchange.
 
 Inside ``jax.shard_map`` (batch split over every mesh axis), a device
 
