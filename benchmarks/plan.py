@@ -112,8 +112,8 @@ def report(results: list[dict], out: Path) -> Path:
             "compiled HLO (`benchmarks.hlo.step_collective_bytes`): a usual step takes the cheaper branch of each "
             "conditional and runs no rerouting round past the first (no logged-step diagnostics, no overflow); the "
             "next column takes the dearer branch (the diagnostics' dedupe of the whole batch for `emb/unique_rows` "
-            "and `emb/stale_rows`) and one more routing round for every table. Peak = arguments + outputs - donated aliases + "
-            "temporaries.\n\n"
+            "and `emb/stale_rows`) and one more routing round for every table. Peak = arguments + outputs - donated "
+            "aliases + temporaries.\n\n"
             + common.md_table(head, rows) + "\n")
     return common.write_result(out, "plan", "A 1B-row plan, checked by the compiler", body, {"results": results})
 
