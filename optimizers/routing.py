@@ -37,8 +37,6 @@ from .context import AsyncEmbContext
 
 class Buckets(NamedTuple):
     send: jax.Array  # int32 [shards, C]: local row numbers at each owner; shard_rows (out of range) = empty
-    index: jax.Array  # int32 [shards, C]: position in the unique-id buffer each slot holds
-    filled: jax.Array  # bool [shards, C]
     slot: jax.Array  # int32 [U]: each unique id's flat slot (shards * C when it has none)
     overflow: jax.Array  # int32: valid unique ids that did not fit their owner's slots
     peak: jax.Array  # int32: the most ids bound for one shard (the capacity this batch needed)
@@ -61,7 +59,7 @@ def bucket(ctx: AsyncEmbContext, unique: jax.Array, slots: int | None = None, of
     owner = jnp.minimum(unique // rows, shards)
     pos = jnp.arange(unique.shape[0], dtype=jnp.int32) - starts[jnp.minimum(owner, shards - 1)] - offset
     slot = jnp.where((owner < shards) & (pos >= 0) & (pos < slots), owner * slots + pos, shards * slots)
-    return Buckets(send, index, filled, slot, overflow, jnp.max(counts).astype(jnp.int32))
+    return Buckets(send, slot, overflow, jnp.max(counts).astype(jnp.int32))
 
 
 def rounds_needed(ctx: AsyncEmbContext, b: Buckets, slots: int) -> tuple[jax.Array, jax.Array, jax.Array]:
