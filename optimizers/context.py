@@ -138,12 +138,15 @@ class AsyncEmbContext:
             return self.route_peak * tokens / max(1, self.local_tokens)
         return min(tokens, self.vocab) / (1 if self.layout == COLUMN else self.table_shards)
 
+    def column_capped_for(self, tokens: int) -> bool:
+        """A sharded column table whose exchange for a device holding ``tokens`` ids (``slots_for``) is smaller
+        than its distinct ids can be: a step with more may overflow it (``route_overflow`` says what then happens)."""
+        return self.sharded and self.layout == COLUMN and self.slots_for(tokens) < self.slots_for(tokens, exact=True)
+
     @property
     def column_capped(self) -> bool:
-        """A sharded column table whose exchange (``slots_for``) is smaller than a train batch's distinct ids can
-        be on one device: a step with more may overflow it (``route_overflow`` says what then happens)."""
-        return (self.sharded and self.layout == COLUMN
-                and self.slots_for(self.local_tokens) < self.slots_for(self.local_tokens, exact=True))
+        """``column_capped_for`` a train batch."""
+        return self.column_capped_for(self.local_tokens)
 
     @property
     def per_device_record(self) -> bool:

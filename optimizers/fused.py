@@ -441,10 +441,10 @@ def _apply_columns(opt, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, ta
         return ids, g_own
 
     pending, live, refused = update.pending, None, jnp.zeros((), jnp.int32)
-    if slots >= ctx.slots_for(n, exact=True):  # room for every distinct id: the whole buffer, as it is
+    if not ctx.column_capped_for(n):  # room for every distinct id: the whole buffer, as it is
         ids, g_own = receive(size)
     else:
-        overflow = jnp.maximum(jnp.sum(unique < ctx.vocab).astype(jnp.int32) - slots, 0)
+        _, overflow = routing.past_exchange(ctx, unique, slots)
         if ctx.reroutes:  # every device takes the same branch: the test is on the overflow summed over the mesh
             rerouted = lax.psum(overflow, ctx.batch_axes) > 0
             full = owner_size(size)

@@ -152,6 +152,13 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     return out, b
 
 
+def past_exchange(ctx: AsyncEmbContext, unique: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
+    """Column layout: ``(distinct, overflow)``, a device's distinct ids in its sorted unique buffer (padded with
+    ``ctx.vocab``) and how many of them are past the first ``slots`` it exchanges."""
+    distinct = jnp.sum(unique < ctx.vocab).astype(jnp.int32)
+    return distinct, jnp.maximum(distinct - slots, 0)
+
+
 def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.Array, exact: bool = False,
                         with_dedupe: bool = False):
     """Per-device body of the column layout's lookup: ids [...] -> rows [..., width] float32. The device dedupes
@@ -173,8 +180,7 @@ def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     unique, seg = dedupe(flat, ctx.vocab, num_unique_for(n, ctx.vocab), pad_id=None)  # bad ids: -1
     size = unique.shape[0]
     slots = ctx.slots_for(n, exact)
-    distinct = jnp.sum(unique < ctx.vocab).astype(jnp.int32)
-    overflow = jnp.maximum(distinct - slots, 0)
+    distinct, overflow = past_exchange(ctx, unique, slots)
 
     def fetch(c: int) -> jax.Array:  # [U, width]: the first c unique ids' rows; the rest zeros
         wanted = lax.all_gather(unique[:c], ctx.table_axis, axis=0)  # [shards, c]: every table-group device's ids
@@ -183,7 +189,7 @@ def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
         urows = jnp.moveaxis(got, 0, 1).reshape(c, -1)  # [c, width]: slices in column order
         return jnp.pad(urows, ((0, size - c), (0, 0)))
 
-    if slots >= ctx.slots_for(n, exact=True):  # room for every distinct id: the whole buffer, as it is
+    if exact or not ctx.column_capped_for(n):  # room for every distinct id: the whole buffer, as it is
         urows = fetch(size)
     elif ctx.reroutes:  # every device takes the same branch: the test is on the overflow summed over the mesh
         rerouted = lax.psum(overflow, ctx.batch_axes) > 0
