@@ -1,5 +1,6 @@
 """Sharded training on 8 CPU devices equals the single-device run: tables, optimizer state and losses,
-for data parallel and data x table meshes (2x4, 4x2), row and column layouts, sync and async."""
+for data parallel and data x table meshes (2x4, 4x2), row and column layouts, sync and async, every fused
+optimizer."""
 import functools
 
 import jax
@@ -49,23 +50,32 @@ def assert_same_run(optimizer, mode, mesh):
     return metrics
 
 
+# Every mesh and mode runs once, each with one of the fused optimizers, so that every optimizer trains sharded on
+# the row layout (routed by default) and on the column layout, and every mesh and every optimizer runs sync and
+# async (the kernels are the same in both modes). Every optimizer on every layout is the optimizers' own contract
+# (tests/optimizers/test_sharded.py, in make test-fast too).
+OPTIMIZER = {("data8", "on"): "async_adam", ("data8", "off"): "async_sgd",
+             ("2x4-row", "on"): "async_adam", ("2x4-row", "off"): "async_adagrad",
+             ("4x2-row", "on"): "async_sgd", ("4x2-row", "off"): "async_rowwise_adagrad",
+             ("2x4-column", "on"): "async_rowwise_adagrad", ("2x4-column", "off"): "async_adam",
+             ("4x2-column", "on"): "async_adagrad", ("4x2-column", "off"): "async_sgd"}
+
+
+def test_every_fused_optimizer_trains_on_the_row_and_the_column_layout():
+    for optimizer in FUSED:
+        runs = [(m, a) for (m, a), o in OPTIMIZER.items() if o == optimizer]
+        assert {m.split("-")[1] for m, _ in runs if "-" in m} == {"row", "column"}, optimizer
+        assert {a for _, a in runs} == {"on", "off"}, optimizer
+    assert set(OPTIMIZER) == {(m, a) for m in MESHES for a in ("on", "off")}
+
+
 # make test-fast runs none of these whole-run comparisons: its sharded == one device checks are the optimizers'
 # contract on every layout (tests/optimizers/test_sharded.py); its sharded runs are the exact and the resharded
 # resume (tests/runner/checkpoint/test_resume.py). These run in make test.
-FAST: set = set()
-
-
-@pytest.mark.parametrize("mesh, mode", [(m, a) if (m, a) in FAST else pytest.param(m, a, marks=pytest.mark.slow)
-                                        for m in MESHES for a in ("on", "off")])
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh, mode", list(OPTIMIZER))
 def test_mesh_matches_single_device(mesh, mode):
-    metrics = assert_same_run("async_rowwise_adagrad", mode, mesh)
+    metrics = assert_same_run(OPTIMIZER[mesh, mode], mode, mesh)
     if mesh != "data8":  # load balance is visible per shard
         m = metrics[-1]
         assert m["emb/shard_rows_max/items"] >= m["emb/shard_rows_mean/items"] > 0
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("optimizer", [o for o in FUSED if o != "async_rowwise_adagrad"])
-def test_every_fused_optimizer_sharded(optimizer):
-    assert_same_run(optimizer, "on", "2x4-column")
-    assert_same_run(optimizer, "off", "4x2-row")
