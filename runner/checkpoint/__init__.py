@@ -4,7 +4,45 @@
 - ``meta.py``: the metadata a checkpoint carries and the compatibility checks on restore;
 - ``digest.py``: order-sensitive digests of the arrays, computed on the devices (any single-bit change shows);
 - ``lock.py``: ``<checkpoint.dir>/run.lock``, so one run at a time writes a checkpoint directory.
+
+Orbax takes about 0.6 s to import, so ``manager`` (and Orbax) are imported only by a run that checkpoints or
+resumes; checkpoints are off by default.
 """
-from .manager import CheckpointError, Checkpoints, open_checkpoints
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
+
+from . import meta as _meta
+
+if TYPE_CHECKING:
+    from .manager import Checkpoints
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the run stops rather than train on without one."""
+
+
+def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike) -> Checkpoints | None:
+    """Check the checkpoint settings; None when checkpoints are off (``checkpoint.interval=0`` and nothing to
+    resume from), else ``manager.open_checkpoints``: lock ``checkpoint.dir``, restore per ``checkpoint.resume``
+    and carry the metrics history over."""
+    _meta.check_settings(cfg)
+    if not _meta.wanted(cfg):
+        return None
+    from .manager import open_checkpoints as open_with_orbax  # noqa: PLC0415 - Orbax only when it is used
+
+    return open_with_orbax(cfg, program, plan, output_dir)
+
+
+def __getattr__(name: str):
+    if name == "Checkpoints":
+        from .manager import Checkpoints  # noqa: PLC0415
+
+        return Checkpoints
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["CheckpointError", "Checkpoints", "open_checkpoints"]

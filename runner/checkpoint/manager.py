@@ -37,6 +37,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
 from omegaconf import DictConfig
 
+from . import CheckpointError
 from . import lock as lock_lib
 from . import meta as meta_lib
 from ..core import mesh as mesh_lib
@@ -46,10 +47,6 @@ from ..preflight import PreflightError
 log = logging.getLogger("runner")
 KILL_ENV = "RUNNER_TEST_KILL_BEFORE_COMMIT"  # test hook: SIGKILL the process just before this step commits
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written; the run stops rather than train on without one."""
 
 
 @dataclasses.dataclass
@@ -435,15 +432,13 @@ def _sync(name: str) -> None:
 
 
 # ----- setup: checks, the run's directory, the resume ---------------------------------------------------
-def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike) -> Checkpoints | None:
-    """Check the checkpoint settings, lock ``checkpoint.dir``, restore per ``checkpoint.resume`` and carry the
-    metrics history over. None when checkpoints are off (``checkpoint.interval=0`` and nothing to resume from).
-    On any error the lock is released and Orbax's threads are stopped before it propagates."""
+def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike) -> Checkpoints:
+    """Lock ``checkpoint.dir``, restore per ``checkpoint.resume`` and carry the metrics history over; call it
+    through ``runner.checkpoint.open_checkpoints``, which checks the settings first and returns None when
+    checkpoints are off (``meta.wanted``). On any error the lock is released and Orbax's threads are stopped
+    before it propagates."""
     c, out = cfg.checkpoint, Path(output_dir)
-    meta_lib.check_settings(cfg)
     resume = str(c.resume)
-    if c.interval == 0 and resume in ("auto", "never"):
-        return None
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every step of every save at INFO
     _install_quiet_hooks()
     directory = Path(c.dir or Path("outputs/checkpoints") / meta_lib.run_id(cfg)).absolute()

@@ -231,6 +231,11 @@ def carry_metrics(target: Path, previous_output_dir: str | None, rows: int) -> d
     return train_rows[-1] if train_rows else {}
 
 
+def wanted(cfg: DictConfig) -> bool:
+    """Whether the run saves checkpoints (``checkpoint.interval`` > 0) or resumes from a given path."""
+    return cfg.checkpoint.interval > 0 or str(cfg.checkpoint.resume) not in ("auto", "never")
+
+
 def check_settings(cfg: DictConfig) -> None:
     """checkpoint.* and the trainer keys that go with it; all problems together, one line each."""
     c, t, errors = cfg.checkpoint, cfg.trainer, []
