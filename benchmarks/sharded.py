@@ -172,7 +172,8 @@ def child(p: dict) -> dict:
 def run(quick: bool, out: Path) -> dict:
     cfg = QUICK if quick else FULL
     payload = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
-    # In this process if JAX has not started here yet (python -m benchmarks.sharded), else in a fresh one.
+    # In this process if JAX has not started here yet (python -m benchmarks.sharded) or has 8 devices (--quick's
+    # one process), else in a fresh one.
     res = child(payload) if common.has_cpu_devices(8) else common.run_child("sharded", payload)
     for r in res["results"]:
         print(f"{r['optimizer']:<22} {r['variant']:<16} {common.spread(r['step'])} ms  {r['rows_per_s']:,.0f} rows/s  "
