@@ -4,16 +4,20 @@ Each benchmark runs in its own process (with glibc's transparent-huge-page tunab
 ``<name>.md`` / ``<name>.json`` / ``<name>.png`` under the output folder, and this entry point adds
 ``summary.md``: every target the issues set, measured against its threshold, and how long each part took.
 The full suite runs one benchmark at a time and takes about 5-8 minutes on 2 CPU cores; ``--quick`` runs tiny
-sizes, two benchmarks at a time (its timings mean nothing; it checks that everything runs), in about 30 s.
+sizes (its timings mean nothing; it checks that everything runs), every benchmark in turn in one process with
+8 virtual CPU devices (JAX, the runner and matplotlib are imported and started once, not once a benchmark),
+in about 30 s.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from . import common
@@ -27,34 +31,72 @@ def available() -> list[str]:
     return list(BENCHMARKS) + [n for n in OPTIONAL if (here / f"{n}.py").exists()]
 
 
-def start(name: str, quick: bool, out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", f"benchmarks.{name}", "--out", str(out)] + (["--quick"] if quick else [])
-    # Quick runs overlap, so their output is collected and shown whole; full runs stream theirs.
-    pipe = subprocess.PIPE if quick else None
-    return subprocess.Popen(cmd, cwd=common.ROOT, env=common.child_env(), stdout=pipe, stderr=subprocess.STDOUT if quick else None,
-                            text=True)
+def start(name: str, out: Path) -> subprocess.Popen:
+    """A full run of one benchmark in its own process, its output streamed."""
+    cmd = [sys.executable, "-m", f"benchmarks.{name}", "--out", str(out)]
+    return subprocess.Popen(cmd, cwd=common.ROOT, env=common.child_env(), text=True)
+
+
+TOOK = "== took "  # the in-process runner's line for one finished benchmark: TOOK + [name, seconds, exit code]
+
+
+def run_here(names: list[str], quick: bool, out: Path) -> int:
+    """Run the benchmarks one after another in this process (``--quick``'s one process), on 8 virtual CPU
+    devices (sharded and trainer need 8; the others run on the first). A benchmark that raises is reported
+    failed (exit code 1) and the next one runs."""
+    common.set_cpu_devices(8)
+    worst = 0
+    for name in names:
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            importlib.import_module(f"benchmarks.{name}").main((["--quick"] if quick else []) + ["--out", str(out)])
+            rc = 0
+        except Exception:
+            traceback.print_exc()
+            rc = 1
+        sys.stderr.flush()
+        print(TOOK + json.dumps([name, time.perf_counter() - t0, rc]), flush=True)
+        worst = max(worst, rc)
+    return worst
+
+
+def run_quick(names: list[str], out: Path, took: dict) -> None:
+    """Quick: every benchmark in one child process (``run_here``), its output shown as it comes."""
+    only = [a for name in names for a in ("--only", name)]
+    cmd = [sys.executable, "-m", "benchmarks", "--quick", "--in-process", "--out", str(out), *only]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=common.ROOT, env=common.child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    done = set()
+    for line in proc.stdout:
+        if not line.startswith(TOOK):
+            print(line, end="", flush=True)
+            continue
+        name, secs, rc = json.loads(line[len(TOOK):])
+        took[name] = [secs, rc]
+        done.add(name)
+        failed = "" if rc == 0 else f", FAILED ({rc})"
+        print(f"== {name}: {secs:.0f} s{failed}", flush=True)
+    proc.wait()
+    for name in names:
+        if name not in done:  # the process ended before this one finished
+            took[name] = [time.perf_counter() - t0, proc.returncode or 1]
+            print(f"== {name}: FAILED ({took[name][1]}, the process ended)", flush=True)
 
 
 def run_all(names: list[str], quick: bool, out: Path, took: dict) -> None:
-    """One at a time (full: clean timings), or two at a time (quick: a smoke run on 2 cores)."""
-    longest_first = ("trainer", "checkpoint", "precision")  # quick: start the long ones first, finish sooner
-    pending = sorted(names, key=lambda n: longest_first.index(n) if n in longest_first else 9) if quick else list(names)
-    running = {}
-    while pending or running:
-        while pending and len(running) < (2 if quick else 1):
-            name = pending.pop(0)
-            print(f"== {name}", flush=True)
-            running[name] = (start(name, quick, out), time.perf_counter())
-        time.sleep(0.05)
-        for name, (proc, t0) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            del running[name]
-            if quick:
-                print(proc.stdout.read(), end="", flush=True)
-            took[name] = [time.perf_counter() - t0, proc.returncode]
-            failed = "" if proc.returncode == 0 else f", FAILED ({proc.returncode})"
-            print(f"== {name}: {took[name][0]:.0f} s{failed}", flush=True)
+    """One at a time, each in its own process (full: clean timings), or all in one process (quick)."""
+    if quick:
+        run_quick(names, out, took)
+        return
+    for name in names:
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        rc = start(name, out).wait()
+        took[name] = [time.perf_counter() - t0, rc]
+        failed = "" if rc == 0 else f", FAILED ({rc})"
+        print(f"== {name}: {took[name][0]:.0f} s{failed}", flush=True)
 
 
 def summary(out: Path, took: dict[str, list], quick: bool, wall: float) -> str:
@@ -70,8 +112,9 @@ def summary(out: Path, took: dict[str, list], quick: bool, wall: float) -> str:
         secs, rc = took[name]
         parts.append([f"[{name}]({name}.md)", f"{secs:.0f}", "ok" if rc == 0 else f"failed (exit {rc})"])
     note = " Quick mode: tiny sizes, a smoke test; its ratios say nothing about the targets." if quick else ""
-    return (f"`python -m benchmarks{' --quick' if quick else ''}`: {wall:.0f} s for this run, each benchmark in "
-            f"its own process with {common.HUGE_PAGES_ENV}. {os.cpu_count()} CPU cores, load average "
+    how = "every benchmark in one process (8 virtual CPU devices)" if quick else "each benchmark in its own process"
+    return (f"`python -m benchmarks{' --quick' if quick else ''}`: {wall:.0f} s for this run, {how} "
+            f"with {common.HUGE_PAGES_ENV}. {os.cpu_count()} CPU cores, load average "
             f"{os.getloadavg()[0]:.1f} at the end.{note}\n\n## Targets\n\n"
             + common.md_table(["target", "measured", "wanted", "", "from"], rows)
             + "\n\n## Benchmarks\n\n" + common.md_table(["benchmark", "seconds", ""], parts) + "\n")
@@ -84,8 +127,11 @@ def main(argv=None) -> int:
     p.add_argument("--only", action="append", choices=names, metavar="NAME",
                    help=f"run only this benchmark (repeatable): {', '.join(names)}")
     p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
+    p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # (internal) --quick's one process
     a = p.parse_args(argv)
     chosen = a.only or names
+    if a.in_process:
+        return run_here(chosen, a.quick, a.out)
     previous = a.out / "summary.json"  # --only: the other benchmarks' last results stay in the summary
     took = json.loads(previous.read_text()).get("seconds", {}) if a.only and previous.exists() else {}
     took = {k: v for k, v in took.items() if k in names}

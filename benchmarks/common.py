@@ -123,6 +123,18 @@ def set_cpu_devices(n: int) -> None:
     jax.config.update("jax_platforms", "cpu")
 
 
+def has_cpu_devices(n: int) -> bool:
+    """Whether this process has ``n`` devices, asking for ``n`` virtual CPU devices first if JAX has not
+    started here yet (once it has, its device count stays what it is)."""
+    try:
+        set_cpu_devices(n)
+    except RuntimeError:  # the backend is already up with its own device count
+        pass
+    import jax
+
+    return jax.device_count() == n
+
+
 # ----- command line --------------------------------------------------------------------------------------
 def main(doc: str, run: Callable[[bool, Path], Any], child: Callable[[dict], Any] | None = None,
          argv: Sequence[str] | None = None) -> None:

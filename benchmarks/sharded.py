@@ -40,16 +40,6 @@ VARIANTS = {
 SAMPLED = 8  # batches whose ids size the slots, as runner.build.route_peaks does (the first ones)
 
 
-def _can_have_8_devices() -> bool:
-    try:
-        common.set_cpu_devices(8)
-    except RuntimeError:  # the backend is already up with its own device count
-        pass
-    import jax
-
-    return jax.device_count() == 8
-
-
 def minimum_bytes(layout: str | None, width: int, shards: int, unique_device: float, unique_global: float,
                   row_stats: bool = False) -> float:
     """Analytic least bytes a device must put into collectives per step for the layout. Row: each device's
@@ -82,7 +72,8 @@ def child(p: dict) -> dict:
     rng = np.random.default_rng(0)
     n = p["rounds"] + p["warmup"]
     raw = [common.zipf_ids(rng, V, B) for _ in range(n)]
-    perm = [np.asarray(jax.jit(lambda x: permute_ids(x, V))(x)) for x in raw]
+    permute = jax.jit(lambda x: permute_ids(x, V))  # one program for every batch
+    perm = [np.asarray(permute(x)) for x in raw]
     grads = [rng.normal(size=(B, D)).astype(np.float32) * 0.01 for _ in range(n)]
     unique = float(np.mean([np.unique(x).size for x in raw]))
     unique_dev = float(np.mean([np.unique(d).size for x in raw for d in x.reshape(S, -1)]))
@@ -111,7 +102,10 @@ def child(p: dict) -> dict:
             if sampled:
                 kw["route_peak"] = max((column_peaks if layout == "column" else batch_peaks[permuted])[:SAMPLED])
             ctx = optimizers.AsyncEmbContext(V, D, B, **kw)
-            sh = (lambda spec: None) if layout is None else (lambda spec: NamedSharding(mesh, spec))  # noqa: E731
+            # One device: the table committed to it like the state and the batches, so the step's first output
+            # (committed) is called with the same argument shardings as the table it was compiled for.
+            one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            sh = (lambda spec: one) if layout is None else (lambda spec: NamedSharding(mesh, spec))  # noqa: E731
             put = ((lambda x, spec: jax.device_put(x, jax.devices()[0])) if layout is None else
                    (lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))))
             table = jax.jit(lambda: jnp.zeros((V, D), jnp.float32), out_shardings=sh(ctx.table_spec()))()
@@ -178,8 +172,9 @@ def child(p: dict) -> dict:
 def run(quick: bool, out: Path) -> dict:
     cfg = QUICK if quick else FULL
     payload = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
-    # In this process if JAX has not started here yet (python -m benchmarks.sharded), else in a fresh one.
-    res = child(payload) if _can_have_8_devices() else common.run_child("sharded", payload)
+    # In this process if JAX has not started here yet (python -m benchmarks.sharded) or has 8 devices (--quick's
+    # one process), else in a fresh one.
+    res = child(payload) if common.has_cpu_devices(8) else common.run_child("sharded", payload)
     for r in res["results"]:
         print(f"{r['optimizer']:<22} {r['variant']:<16} {common.spread(r['step'])} ms  {r['rows_per_s']:,.0f} rows/s  "
               f"x{r['vs_single']['median']:.2f} of 1 device  {r['collective_bytes']['total'] / 1e6:.3g} MB "

@@ -1,7 +1,8 @@
 """End-to-end trainer throughput (examples/s): sync vs async, every fused optimizer, 1 device vs an
 8-device CPU mesh (tables row-sharded over all 8, the batch split over them).
 
-Each device count runs in its own process (``jax_num_cpu_devices`` must be set before JAX starts). In it,
+Each device count runs in its own process (``jax_num_cpu_devices`` must be set before JAX starts; ``--quick``
+runs both in one process with 8 virtual devices, the 1-device runs on a one-device mesh). In it,
 every (optimizer, mode) is built with ``runner.build``, initialised and compiled with
 ``TrainProgram.compile`` exactly as the trainer does, then the configurations take turns: one round is
 ``steps`` jitted steps of each, on pre-generated device batches, timed until the last step's loss is
@@ -58,7 +59,7 @@ def child(p: dict) -> dict:
             name = f"{opt}/{'async' if mode == 'on' else 'sync'}"
             runs[name] = run
             meta[name] = {"optimizer": opt, "mode": "async" if mode == "on" else "sync", "batch": B,
-                          "mesh": plan.describe(), "devices": jax.device_count()}
+                          "mesh": plan.describe(), "devices": plan.num_devices}
     times = common.interleaved(runs, p["rounds"], p["warmup"])
     out = []
     for name, m in meta.items():
@@ -83,12 +84,15 @@ def run(quick: bool, out: Path) -> dict:
     results = []
     payloads = {d: {"devices": d, "optimizers": list(cfg["optimizers"]), "overrides": cfg["overrides"],
                     "rounds": cfg["rounds"], "steps": cfg["steps"], "warmup": cfg["warmup"]} for d in (1, 8)}
-    # Quick: the 8-device child runs beside the 1-device part (a smoke run; its timings mean nothing).
-    early = common.start_child("trainer", payloads[8]) if quick else None
+    # Quick (a smoke run; its timings mean nothing): both device counts in this process when it has, or can
+    # still get, 8 virtual devices (the 1-device runs on a one-device mesh, mesh=single); else the 8-device
+    # child runs beside the 1-device part.
+    both_here = quick and common.has_cpu_devices(8)
+    early = common.start_child("trainer", payloads[8]) if quick and not both_here else None
     for devices in (1, 8):
         # One device: this process when JAX here has one device (as under python -m benchmarks), else a child.
-        if devices == 1 and _single_device_here():
-            res = child(payloads[1])["results"]
+        if both_here or (devices == 1 and _single_device_here()):
+            res = child(payloads[devices])["results"]
         else:
             proc = early if devices == 8 and early else common.start_child("trainer", payloads[devices])
             res = common.child_answer(proc)["results"]

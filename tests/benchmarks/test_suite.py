@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -54,6 +55,8 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
         assert r["peak"] >= r["peak_init"] >= r["base"] > 0
     trainer = json.loads((out / "trainer.json").read_text())["results"]
     assert {(r["devices"], r["mode"]) for r in trainer} == {(1, "sync"), (1, "async"), (8, "sync"), (8, "async")}
+    for r in trainer:  # quick runs both device counts in one 8-device process: each row's devices are its mesh's
+        assert r["mesh"] == ("data=1" if r["devices"] == 1 else "data=1xtable=8"), r
     sharded = json.loads((out / "sharded.json").read_text())["results"]
     assert {r["layout"] for r in sharded} == {"single", "row", "column"}
     prec = json.loads((out / "precision.json").read_text())
@@ -70,6 +73,48 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
         lower = t["measured"] <= t["threshold"]
         assert t["met"] == (lower if t["better"] == "lower" else t["measured"] >= t["threshold"])
     assert summary.count("| ok |") == len(BENCHMARKS)
+
+
+class _Bench:
+    """A stand-in benchmark module: ``main`` records its arguments, and raises for the one named bad."""
+
+    def __init__(self, name, ran):
+        self.name, self.ran = name, ran
+
+    def main(self, argv):
+        self.ran.append((self.name, argv))
+        if self.name == "bad":
+            raise ValueError("boom")
+
+
+def test_quick_one_process_reports_a_benchmark_that_raises_and_runs_the_next(monkeypatch, capsys, tmp_path):
+    from benchmarks import __main__ as suite
+
+    ran = []
+    monkeypatch.setattr(suite, "importlib", SimpleNamespace(import_module=lambda m: _Bench(m.split(".")[-1], ran)))
+    assert suite.run_here(["bad", "good"], True, tmp_path) == 1
+    assert ran == [(n, ["--quick", "--out", str(tmp_path)]) for n in ("bad", "good")]
+    captured = capsys.readouterr()
+    took = [json.loads(line[len(suite.TOOK):]) for line in captured.out.splitlines() if line.startswith(suite.TOOK)]
+    assert [(name, rc) for name, _, rc in took] == [("bad", 1), ("good", 0)]
+    assert "ValueError: boom" in captured.err
+
+
+def test_quick_marks_what_its_process_did_not_finish_failed(monkeypatch, capsys, tmp_path):
+    from benchmarks import __main__ as suite
+
+    class Proc:  # the one process: finishes "a", prints a line, then dies (killed) before "b" reports
+        stdout = iter(["== a\n", suite.TOOK + json.dumps(["a", 1.5, 0]) + "\n", "== b\n"])
+        returncode = -9
+
+        def wait(self):
+            return self.returncode
+
+    monkeypatch.setattr(suite.subprocess, "Popen", lambda *a, **k: Proc())
+    took = {"old": [3.0, 0]}
+    suite.run_all(["a", "b"], True, tmp_path, took)
+    assert took["a"] == [1.5, 0] and took["b"][1] == -9 and took["old"] == [3.0, 0]
+    assert "== a: 2 s\n" in capsys.readouterr().out
 
 
 def test_interleaved_takes_turns_and_times_each_call():
