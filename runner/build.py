@@ -5,6 +5,8 @@ Everything here is checked by ``runner.preflight`` before any JAX computation is
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import Any
 
 import hydra
@@ -115,6 +117,27 @@ def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: di
     return peaks
 
 
+# Settings that no part of the train program reads (``build`` hands none of them to ``TrainProgram``; they
+# steer the loop, the checkpoints and the logging). Runs in one process that differ only in them share one
+# set of jitted functions (``TrainProgram.reuse_key``): a resume or a relaunch traces and compiles nothing.
+OUTSIDE_THE_PROGRAM = ("checkpoint", "logger", "trainer.stop_after", "trainer.run_id", "trainer.progress",
+                       "distributed.dump_state")
+
+
+def program_key(cfg: DictConfig, specs: dict[str, TableSpec], peaks: dict[str, int]) -> str:
+    """A digest of everything the train program is built from: the resolved config without
+    ``OUTSIDE_THE_PROGRAM``, the tables (sized from the data) and the sampled route peaks."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for path in OUTSIDE_THE_PROGRAM:
+        *parents, last = path.split(".")
+        d = c
+        for part in parents:
+            d = d.get(part) or {}
+        d.pop(last, None)
+    material = json.dumps(c, sort_keys=True, default=str) + repr(sorted(specs.items())) + repr(sorted(peaks.items()))
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
 def dense_optimizer(cfg: DictConfig) -> DenseOptimizer:
     d = cfg.dense_optimizer
     return DenseOptimizer(d.learning_rate, d.warmup_steps, int(cfg.trainer.steps),
@@ -159,5 +182,5 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     contexts = {n: dataclasses.replace(c, route_peak=peaks.get(n)) for n, c in contexts.items()}
     program = TrainProgram(model, specs, contexts, opts, dense_optimizer(cfg), cfg.async_emb.enabled, mesh,
                            tuple(task.model_keys), detail_interval=int(cfg.trainer.log_interval),
-                           detail_last=int(cfg.trainer.steps))
+                           detail_last=int(cfg.trainer.steps), reuse_key=program_key(cfg, specs, peaks))
     return program, task, plan

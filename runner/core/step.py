@@ -48,6 +48,10 @@ class TrainProgram:
     # on steps the loop logs: every ``detail_interval``-th step and the last one (``detail_last``); -1 else.
     detail_interval: int = 1
     detail_last: int = 0
+    # Programs built alike in one process (``build.program_key``: the same config up to the settings no traced
+    # function reads) share their jitted functions, so a relaunch in the same process (a resume, a sweep's
+    # trial that differs only in the step's arguments) traces and compiles nothing again. None: never shared.
+    reuse_key: str | None = None
 
     @property
     def dense_tx(self) -> optax.GradientTransformation:
@@ -260,17 +264,31 @@ class TrainProgram:
 
     # ----- compiled entry points ---------------------------------------------------------------------
     def compile(self, state: TrainState, example_batch: Mapping[str, Any]):
-        """Jitted (step, flush, predict) with explicit in/out shardings; step and flush donate the state."""
+        """Jitted (step, flush, predict) with explicit in/out shardings; step and flush donate the state. A
+        program with the ``reuse_key`` of one compiled earlier in this process (and batches of the same
+        shapes) gets that program's jitted functions, with its own run arguments."""
+        key = None if self.reuse_key is None else (self.reuse_key, tuple(
+            (k, tuple(v.shape), str(v.dtype)) for k, v in sorted(example_batch.items())))
+        jitted = _JITTED.pop(key, None) if key is not None else None
+        if jitted is None:
+            jitted = self._jit(state, example_batch)
+        if key is not None:
+            _JITTED[key] = jitted  # the most recent last
+            while len(_JITTED) > _JITTED_KEEP:
+                _JITTED.pop(next(iter(_JITTED)))
+        step, flush, predict = jitted
+        return StepFn(step, self.run_args()), FlushFn(flush), predict
+
+    def _jit(self, state: TrainState, example_batch: Mapping[str, Any]):
         s_sh = self.state_shardings(state)
         b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
         opts = compiler_options([t.dtype for t in self.tables.values()])  # bf16 tables: no f32 table copies
-        args = self.run_args()
-        step = StepFn(jax.jit(lambda rest, pending, batch, a: self.train_step(rest._replace(pending=pending), batch, a),
-                              in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh,
-                                            {k: v.sharding for k, v in args.items()}),
-                              out_shardings=(s_sh, None), donate_argnums=0, compiler_options=opts), args)
-        flush = FlushFn(jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=(s_sh, None), donate_argnums=0,
-                                compiler_options=opts))
+        step = jax.jit(lambda rest, pending, batch, a: self.train_step(rest._replace(pending=pending), batch, a),
+                       in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh,
+                                     {k: v.sharding for k, v in self.run_args().items()}),
+                       out_shardings=(s_sh, None), donate_argnums=0, compiler_options=opts)
+        flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=(s_sh, None), donate_argnums=0,
+                        compiler_options=opts)
         predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh), compiler_options=opts)
         return step, flush, predict
 
@@ -283,6 +301,11 @@ def skip_metrics(skips: Mapping[str, SkipCounts]) -> dict[str, jax.Array]:
         out[f"emb/skipped_updates/{n}"] = s.total
         out[f"emb/consecutive_skips/{n}"] = s.streak
     return out
+
+
+# (reuse_key, batch shapes) -> jitted (step, flush, predict) of the programs compiled last in this process
+_JITTED: dict[tuple, tuple] = {}
+_JITTED_KEEP = 4
 
 
 class FlushFn:
