@@ -118,17 +118,21 @@ def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: di
 
 
 # Settings that no part of the train program reads (``build`` hands none of them to ``TrainProgram``; they
-# steer the loop, the checkpoints and the logging). Runs in one process that differ only in them share one
-# set of jitted functions (``TrainProgram.reuse_key``): a resume or a relaunch traces and compiles nothing.
+# steer the loop, the checkpoints and the logging), and those that reach it only as the step's arguments
+# (``TrainProgram.run_args``: the dense schedule and which steps are logged). Runs in one process that differ
+# only in them share one set of jitted functions (``TrainProgram.reuse_key``), each run with its own arguments:
+# a resume, a relaunch or a sweep's trial over the dense learning rate traces and compiles nothing again.
 OUTSIDE_THE_PROGRAM = ("checkpoint", "logger", "trainer.stop_after", "trainer.run_id", "trainer.progress",
-                       "distributed.dump_state")
+                       "trainer.eval_interval", "distributed.dump_state")
+STEP_ARGUMENTS = ("trainer.steps", "trainer.log_interval", "dense_optimizer.learning_rate",
+                  "dense_optimizer.warmup_steps", "dense_optimizer.end_learning_rate_ratio")
 
 
 def program_key(cfg: DictConfig, specs: dict[str, TableSpec], peaks: dict[str, int]) -> str:
     """A digest of everything the train program is built from: the resolved config without
-    ``OUTSIDE_THE_PROGRAM``, the tables (sized from the data) and the sampled route peaks."""
+    ``OUTSIDE_THE_PROGRAM`` and ``STEP_ARGUMENTS``, the tables (sized from the data) and the route peaks."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    for path in OUTSIDE_THE_PROGRAM:
+    for path in OUTSIDE_THE_PROGRAM + STEP_ARGUMENTS:
         *parents, last = path.split(".")
         d = c
         for part in parents:
