@@ -9,6 +9,7 @@ a package here with a ``task.py`` whose factory is decorated ``@TASKS.register("
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
@@ -50,10 +51,22 @@ class Task(Protocol):
 TASKS: Registry[Callable[[DictConfig], Task]] = Registry("task", "data.name")
 
 
+# The package whose task module registers each data source. A run imports only its own (the sequential
+# task's file readers import pyarrow, ~0.3 s a launch that a ranking run does not need); an unknown name
+# imports them all, so its error lists every registered source. tests/runner/test_tasks.py checks the map.
+PACKAGES = {"synthetic": "ranking", "movielens": "sequential", "synthetic_sequences": "sequential"}
+
+
+def import_tasks(name: str | None = None) -> None:
+    """Register the task of data source ``name`` (every task when it is None or not in ``PACKAGES``)."""
+    wanted = [PACKAGES[name]] if name in PACKAGES else sorted(set(PACKAGES.values()))
+    for package in wanted:
+        importlib.import_module(f"{__name__}.{package}")
+
+
 def make_task(cfg: DictConfig) -> Task:
     """The task registered for ``cfg.data.name``, built from the whole config."""
-    from . import ranking, sequential  # noqa: F401 - their task modules register themselves
-
+    import_tasks(cfg.data.name)
     try:
         factory = TASKS.get(cfg.data.name)
     except UnknownName as e:

@@ -23,7 +23,7 @@ from runner.checkpoint import lock as ckpt_lock
 from runner.checkpoint import meta as ckpt_meta
 from runner.checkpoint.lock import LOCK_FILE
 from runner.preflight import PreflightError
-from tests.runner.support import ROOT, TINY, compose_config
+from tests.runner.support import TINY, compose_config
 from tests.runner.checkpoint.test_resume import BASE, launch, saved_arrays, steps_in
 
 RUN = ["trainer.steps=4", "trainer.run_id=bad-input"]
@@ -471,24 +471,3 @@ def test_a_locked_checkpoint_dir_stops_every_process_of_a_multi_process_run(tmp_
     assert "Traceback" not in text
 
 
-
-NO_ORBAX = r"""
-import sys
-from runner import app  # noqa: F401 - what python -m runner imports to train
-from runner.checkpoint import open_checkpoints
-from tests.runner.support import compose_config
-assert open_checkpoints(compose_config(["checkpoint.interval=0"]), None, None, sys.argv[1]) is None
-print("orbax without checkpoints:", "orbax.checkpoint" in sys.modules)
-from runner.checkpoint import Checkpoints  # noqa: E402,F401 - what a run that checkpoints uses
-print("orbax with the manager:", "orbax.checkpoint" in sys.modules)
-"""
-
-
-@pytest.mark.slow
-def test_orbax_is_imported_only_by_a_run_that_checkpoints(tmp_path):
-    """Orbax costs ~0.6 s of every launch to import, and checkpoints are off by default: a run without them
-    never imports it (python -m runner imports runner.app); the checkpoint manager does."""
-    proc = subprocess.run([sys.executable, "-c", NO_ORBAX, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["orbax without checkpoints: False", "orbax with the manager: True"]
