@@ -87,10 +87,13 @@ class TrainProgram:
         """The initial state, built by one jitted program straight into its shardings (each table shard
         filled in place on its device; see ``init_table``)."""
         key, rng = jax.random.key(seed), jax.random.key_data(jax.random.key(seed + 1))
-        shapes = jax.eval_shape(self._init, key, rng)
-        opts = compiler_options([t.dtype for t in self.tables.values()])
-        init = jax.jit(self._init, out_shardings=self.state_shardings(shapes), compiler_options=opts)
-        return init(key, rng)
+
+        def jit_init():
+            shapes = jax.eval_shape(self._init, key, rng)
+            opts = compiler_options([t.dtype for t in self.tables.values()])
+            return jax.jit(self._init, out_shardings=self.state_shardings(shapes), compiler_options=opts)
+
+        return self._reused(("init",), jit_init)(key, rng)
 
     def _init(self, key: jax.Array, rng: jax.Array) -> TrainState:
         k_params, k_tables = jax.random.split(key)
@@ -267,17 +270,21 @@ class TrainProgram:
         """Jitted (step, flush, predict) with explicit in/out shardings; step and flush donate the state. A
         program with the ``reuse_key`` of one compiled earlier in this process (and batches of the same
         shapes) gets that program's jitted functions, with its own run arguments."""
-        key = None if self.reuse_key is None else (self.reuse_key, tuple(
-            (k, tuple(v.shape), str(v.dtype)) for k, v in sorted(example_batch.items())))
-        jitted = _JITTED.pop(key, None) if key is not None else None
-        if jitted is None:
-            jitted = self._jit(state, example_batch)
-        if key is not None:
-            _JITTED[key] = jitted  # the most recent last
-            while len(_JITTED) > _JITTED_KEEP:
-                _JITTED.pop(next(iter(_JITTED)))
-        step, flush, predict = jitted
+        shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(example_batch.items()))
+        step, flush, predict = self._reused(("step", shapes), lambda: self._jit(state, example_batch))
         return StepFn(step, self.run_args()), FlushFn(flush), predict
+
+    def _reused(self, what: tuple, make):
+        """``make()``'s jitted function(s), or those a program with this ``reuse_key`` made earlier in this
+        process for the same ``what``."""
+        if self.reuse_key is None:
+            return make()
+        key = (self.reuse_key, *what)
+        jitted = _JITTED.pop(key, None)
+        _JITTED[key] = make() if jitted is None else jitted  # the most recently used last
+        while len(_JITTED) > _JITTED_KEEP:
+            _JITTED.pop(next(iter(_JITTED)))
+        return _JITTED[key]
 
     def _jit(self, state: TrainState, example_batch: Mapping[str, Any]):
         s_sh = self.state_shardings(state)
@@ -303,9 +310,9 @@ def skip_metrics(skips: Mapping[str, SkipCounts]) -> dict[str, jax.Array]:
     return out
 
 
-# (reuse_key, batch shapes) -> jitted (step, flush, predict) of the programs compiled last in this process
-_JITTED: dict[tuple, tuple] = {}
-_JITTED_KEEP = 4
+# (reuse_key, what) -> the jitted init or (step, flush, predict) of the programs used last in this process
+_JITTED: dict[tuple, Any] = {}
+_JITTED_KEEP = 8
 
 
 class FlushFn:
