@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
-
+from ._lazy import jax, jnp
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
 

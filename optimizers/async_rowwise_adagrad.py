@@ -15,9 +15,7 @@ import dataclasses
 import math
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
-
+from ._lazy import jax, jnp
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
 

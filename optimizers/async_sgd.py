@@ -8,8 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-import jax.numpy as jnp
-
+from ._lazy import jnp
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
 

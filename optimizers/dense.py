@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
-import optax
-
+from ._lazy import jax, jnp, optax
 from .context import AsyncEmbContext
 from .fused import segment_sum
 from .hparams import hparam

@@ -19,10 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, NamedTuple
 
-import jax
-import jax.numpy as jnp
-from jax import lax
-
+from ._lazy import jax, jnp, lax
 from .context import COLUMN, ROW, AsyncEmbContext, num_unique_for
 from . import routing
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
@@ -102,7 +99,7 @@ def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending:
     return AsyncEmbGradientUpdate(unique, grads, seg, jnp.asarray(pending, bool))
 
 
-def empty_update(ctx: AsyncEmbContext, dtype=jnp.float32) -> AsyncEmbGradientUpdate:
+def empty_update(ctx: AsyncEmbContext, dtype: Any = "float32") -> AsyncEmbGradientUpdate:
     """A non-pending update of the right shapes (the first async step, or after a flush)."""
     return AsyncEmbGradientUpdate(
         jnp.full((ctx.record_unique,), ctx.vocab, jnp.int32),

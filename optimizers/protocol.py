@@ -8,9 +8,10 @@ and whether the update was applied (it is refused whole when its gradient or its
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
-import jax
+if TYPE_CHECKING:
+    import jax
 
 NO_FUSED_UPDATE = (
     "use_async_emb requires an embedding optimizer implementing AsyncEmbOptimizer, "

@@ -28,10 +28,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
-from jax import lax
-
+from ._lazy import jax, jnp, lax
 from .context import AsyncEmbContext
 
 

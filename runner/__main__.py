@@ -10,7 +10,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from .config import register
-from .preflight import PreflightError
 
 register()
 
@@ -33,8 +32,9 @@ CONF_DIR = conf_dir()
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float:
     from . import sweeps
-    from .app import run, run_tracker  # imported here so `--help` and completion stay fast
+    from .app import run, run_tracker  # imported here (with JAX) so `--help`, completion and --cfg stay fast
     from .checkpoint import CheckpointError
+    from .preflight import PreflightError
 
     hc = HydraConfig.get()
     tags = sweeps.trial_tags(hc)

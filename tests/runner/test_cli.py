@@ -34,8 +34,14 @@ def options(group: str) -> list[str]:
 
 @pytest.mark.slow
 def test_help_lists_every_group_and_option_from_any_directory(tmp_path):
-    proc = runner("--help", cwd=tmp_path)  # the conf/ directory is found from the script, not the cwd
+    # the conf/ directory is found from the script, not the cwd; stderr lists every module imported
+    proc = runner("--help", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert proc.returncode == 0, proc.stderr
+    # --help (like completion and --cfg) only composes, every schema registered, the optimizers' included:
+    # it imports no JAX or optax, which would cost more than the compose itself
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "runner.config" in imported and "optimizers.async_adam" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("jax", "jaxlib", "optax")}
     out = proc.stdout
     assert out.startswith("runner: Hydra-configured JAX training")
     groups = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
