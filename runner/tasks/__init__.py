@@ -53,7 +53,7 @@ TASKS: Registry[Callable[[DictConfig], Task]] = Registry("task", "data.name")
 
 # The package whose task module registers each data source. A run imports only its own (the sequential
 # task's file readers import pyarrow, ~0.3 s a launch that a ranking run does not need); an unknown name
-# imports them all, so its error lists every registered source. tests/runner/test_tasks.py checks the map.
+# imports them all, so its error lists every registered source. tests/runner/test_imports.py checks the map.
 PACKAGES = {"synthetic": "ranking", "movielens": "sequential", "synthetic_sequences": "sequential"}
 
 
