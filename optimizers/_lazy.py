@@ -2,10 +2,10 @@
 
 The optimizer dataclasses are also config schemas: ``runner.config`` derives the Hydra schema of every
 optimizer from its fields, so anything that only composes a config (``runner --help``, tab completion,
-``--cfg``) imports this package. Its modules name ``jax``, ``jnp``, ``lax`` and ``optax`` through these
-stand-ins, so importing them costs no JAX import (about a second and a half); the first attribute read
-(``jnp.zeros``, at trace time) imports the real module, and every read returns the real module's attribute.
-Type checkers see the real modules.
+``--cfg``) imports this package. Its modules name ``jax``, ``jnp``, ``lax``, ``optax`` and ``P``
+(``jax.sharding.PartitionSpec``) through these stand-ins, so importing them costs no JAX import (about a
+second and a half); the first attribute read (``jnp.zeros``, at trace time) or call of ``P`` imports the real
+module, and every read returns the real module's attribute. Type checkers see the real modules.
 """
 from __future__ import annotations
 
@@ -37,8 +37,12 @@ if TYPE_CHECKING:
     import jax.numpy as jnp
     import optax
     from jax import lax
+    from jax.sharding import PartitionSpec as P
 else:
     jax = Deferred("jax")
     jnp = Deferred("jax.numpy")
     lax = Deferred("jax.lax")
     optax = Deferred("optax")
+
+    def P(*axes: Any):  # noqa: N802 - jax.sharding.PartitionSpec, built on first call
+        return jax.sharding.PartitionSpec(*axes)

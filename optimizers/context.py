@@ -28,10 +28,10 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from ._lazy import jax
+from ._lazy import P, jax
 
 if TYPE_CHECKING:
-    from jax.sharding import Mesh, PartitionSpec as P
+    from jax.sharding import Mesh
 
 ROW = "row"
 COLUMN = "column"
@@ -197,7 +197,6 @@ class AsyncEmbContext:
 
     # --- partition specs of the table, its state and the update (used by the runner and shard_map) ---
     def table_spec(self) -> P:
-        P = jax.sharding.PartitionSpec
         if not self.sharded:
             return P()
         return P(self.table_axis, None) if self.layout == ROW else P(None, self.table_axis)
@@ -208,7 +207,6 @@ class AsyncEmbContext:
         Per-row scalars (an accumulator, a step count) are replicated over the table axis in the column
         layout, where every shard holds every row.
         """
-        P = jax.sharding.PartitionSpec
         ndim = len(getattr(leaf, "shape", ()))
         if not self.sharded or ndim == 0:
             return P()
@@ -224,7 +222,6 @@ class AsyncEmbContext:
     def grads_spec(self) -> P:
         """The deferred update's per-token gradients: full rows split over the batch (routed row layout and
         column layout: each device's own tokens) or full rows (gather row layout)."""
-        P = jax.sharding.PartitionSpec
         if self.per_device_record:
             return P(self.batch_axes, None)
         return P()
@@ -234,7 +231,6 @@ class AsyncEmbContext:
         ``per_device_record`` context the record ``make_update`` builds is per device (``local``, the default
         there): every field but ``pending`` is split over the batch axes; a record of the whole batch
         (``local=False``) has its ids replicated."""
-        P = jax.sharding.PartitionSpec
         split = self.per_device_record
         local = split if local is None else local
         seg = P(self.batch_axes) if split else P()

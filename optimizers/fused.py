@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, NamedTuple
 
-from ._lazy import jax, jnp, lax
+from ._lazy import P, jax, jnp, lax
 from .context import COLUMN, ROW, AsyncEmbContext, num_unique_for
 from . import routing
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
@@ -90,7 +90,6 @@ def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending:
     grads = grads.reshape(-1, grads.shape[-1])
     if ctx.per_device_record:
         axes = ctx.batch_axes
-        P = jax.sharding.PartitionSpec
         local = jax.shard_map(lambda i: dedupe(i, ctx.vocab, ctx.local_unique, pad_id), mesh=ctx.mesh,
                               in_specs=P(axes), out_specs=(P(axes), P(axes)), check_vma=False)
         unique, seg = local(ids.reshape(-1))
@@ -269,7 +268,6 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
     if not ctx.sharded:
         return _apply_local(opt, ctx, update, table, state, gate, axis=None)
     specs_state = ctx.state_specs(state)
-    P = jax.sharding.PartitionSpec
     local = ctx.local_record(update)  # a per-device record (routed row or column layout), used as it is
     if ctx.routed:  # also returns the ids it could not deliver
         body, extra = functools.partial(_apply_routed, local=local), (P(),)
