@@ -442,7 +442,8 @@ def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str |
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every step of every save at INFO
     _install_quiet_hooks()
     directory = Path(c.dir or Path("outputs/checkpoints") / meta_lib.run_id(cfg)).absolute()
-    source = None if resume in ("auto", "never") else meta_lib.resume_source(Path(resume))  # before any thread
+    path = meta_lib.resume_path(cfg)
+    source = None if path is None else meta_lib.resume_source(Path(path))  # before any thread
     lock = None
     if c.interval > 0:
         meta_lib.check_writable(directory)

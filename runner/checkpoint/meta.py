@@ -231,9 +231,15 @@ def carry_metrics(target: Path, previous_output_dir: str | None, rows: int) -> d
     return train_rows[-1] if train_rows else {}
 
 
+def resume_path(cfg: DictConfig) -> str | None:
+    """``checkpoint.resume`` when it names a checkpoint (not ``auto`` or ``never``), else None."""
+    resume = str(cfg.checkpoint.resume)
+    return None if resume in ("auto", "never") else resume
+
+
 def wanted(cfg: DictConfig) -> bool:
     """Whether the run saves checkpoints (``checkpoint.interval`` > 0) or resumes from a given path."""
-    return cfg.checkpoint.interval > 0 or str(cfg.checkpoint.resume) not in ("auto", "never")
+    return cfg.checkpoint.interval > 0 or resume_path(cfg) is not None
 
 
 def check_settings(cfg: DictConfig) -> None:
