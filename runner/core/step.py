@@ -271,8 +271,9 @@ class TrainProgram:
         program with the ``reuse_key`` of one compiled earlier in this process (and batches of the same
         shapes) gets that program's jitted functions, with its own run arguments."""
         shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(example_batch.items()))
-        step, flush, predict = self._reused(("step", shapes), lambda: self._jit(state, example_batch))
-        return StepFn(step, self.run_args()), FlushFn(flush), predict
+        args = self.run_args()
+        step, flush, predict = self._reused(("step", shapes), lambda: self._jit(state, example_batch, args))
+        return StepFn(step, args), FlushFn(flush), predict
 
     def _reused(self, what: tuple, make):
         """``make()``'s jitted function(s), or those a program with this ``reuse_key`` made earlier in this
@@ -286,13 +287,13 @@ class TrainProgram:
             _JITTED.pop(next(iter(_JITTED)))
         return _JITTED[key]
 
-    def _jit(self, state: TrainState, example_batch: Mapping[str, Any]):
+    def _jit(self, state: TrainState, example_batch: Mapping[str, Any], args: Mapping[str, jax.Array]):
         s_sh = self.state_shardings(state)
         b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
         opts = compiler_options([t.dtype for t in self.tables.values()])  # bf16 tables: no f32 table copies
         step = jax.jit(lambda rest, pending, batch, a: self.train_step(rest._replace(pending=pending), batch, a),
                        in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh,
-                                     {k: v.sharding for k, v in self.run_args().items()}),
+                                     {k: v.sharding for k, v in args.items()}),
                        out_shardings=(s_sh, None), donate_argnums=0, compiler_options=opts)
         flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=(s_sh, None), donate_argnums=0,
                         compiler_options=opts)
