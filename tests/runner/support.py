@@ -80,6 +80,11 @@ def batch_size(program) -> int:
     return program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
 
 
+def jitted(program, data):
+    """(step, flush, predict) of ``program``, jitted for its train batch (as the train loop compiles them)."""
+    return program.compile(program.init_state(0), to_device(program, data.batch(0, batch_size(program))))
+
+
 def run_steps(program, data, steps, flush=True):
     """Init, then ``steps`` jitted steps (and the flush); returns (initial state as numpy, final state,
     per-step losses, per-step metrics)."""

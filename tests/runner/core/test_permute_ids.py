@@ -16,7 +16,7 @@ from runner.core.embeddings import in_id_order, stored_rows
 from runner.core.loop import to_device
 from runner.preflight import PreflightError
 from tests.runner.core.test_sharded import STEPS, single_device
-from tests.runner.support import batch_size, compose_config, numpy_tree, seq_config
+from tests.runner.support import batch_size, compose_config, jitted, numpy_tree, seq_config
 
 RUN = ["optimizer=async_rowwise_adagrad", "async_emb=on"]  # test_sharded's run, so its single-device run is shared
 ROW = ["mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=row"]
@@ -27,7 +27,7 @@ PERMUTED = ["mesh.permute_ids=true"]
 def compiled(*overrides):
     """(program, data, jitted step, jitted flush) of test_sharded's run with ``overrides``, built once."""
     program, data, _ = build(compose_config([*RUN, *overrides]))
-    step, flush, _ = program.compile(program.init_state(0), to_device(program, data.batch(0, batch_size(program))))
+    step, flush, _ = jitted(program, data)
     return program, data, step, flush
 
 

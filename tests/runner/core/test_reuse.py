@@ -10,15 +10,14 @@ import numpy as np
 
 from runner.build import OUTSIDE_THE_PROGRAM, STEP_ARGUMENTS, build
 from runner.core.loop import to_device
-from tests.runner.support import batch_size, compose_config
+from tests.runner.support import batch_size, compose_config, jitted
 
 
 @functools.lru_cache(maxsize=None)
 def compiled(*overrides):
     """(program, task, (step, flush, predict)) of the tiny run with ``overrides``."""
     program, task, _ = build(compose_config(["trainer.steps=4", *overrides]))
-    fns = program.compile(program.init_state(0), to_device(program, task.batch(0, batch_size(program))))
-    return program, task, fns
+    return program, task, jitted(program, task)
 
 
 def test_a_relaunch_outside_the_program_reuses_its_jitted_functions(tmp_path):
