@@ -61,6 +61,13 @@ def run_here(names: list[str], quick: bool, out: Path) -> int:
     return worst
 
 
+def finished(took: dict, name: str, secs: float, rc: int, why: str = "") -> None:
+    """Record a benchmark's seconds and exit code in ``took`` and say how it went."""
+    took[name] = [secs, rc]
+    failed = "" if rc == 0 else f", FAILED ({rc}{why})"
+    print(f"== {name}: {secs:.0f} s{failed}", flush=True)
+
+
 def run_quick(names: list[str], out: Path, took: dict) -> None:
     """Quick: every benchmark in one child process (``run_here``), its output shown as it comes."""
     only = [a for name in names for a in ("--only", name)]
@@ -74,15 +81,12 @@ def run_quick(names: list[str], out: Path, took: dict) -> None:
             print(line, end="", flush=True)
             continue
         name, secs, rc = json.loads(line[len(TOOK):])
-        took[name] = [secs, rc]
+        finished(took, name, secs, rc)
         done.add(name)
-        failed = "" if rc == 0 else f", FAILED ({rc})"
-        print(f"== {name}: {secs:.0f} s{failed}", flush=True)
     proc.wait()
     for name in names:
         if name not in done:  # the process ended before this one finished
-            took[name] = [time.perf_counter() - t0, proc.returncode or 1]
-            print(f"== {name}: FAILED ({took[name][1]}, the process ended)", flush=True)
+            finished(took, name, time.perf_counter() - t0, proc.returncode or 1, ", the process ended")
 
 
 def run_all(names: list[str], quick: bool, out: Path, took: dict) -> None:
@@ -94,9 +98,7 @@ def run_all(names: list[str], quick: bool, out: Path, took: dict) -> None:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
         rc = start(name, out).wait()
-        took[name] = [time.perf_counter() - t0, rc]
-        failed = "" if rc == 0 else f", FAILED ({rc})"
-        print(f"== {name}: {took[name][0]:.0f} s{failed}", flush=True)
+        finished(took, name, time.perf_counter() - t0, rc)
 
 
 def summary(out: Path, took: dict[str, list], quick: bool, wall: float) -> str:
