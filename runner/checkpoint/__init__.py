@@ -1,6 +1,7 @@
 """Checkpoints and exact resume: Orbax + tensorstore (zarr3) arrays, JSON metadata, per-array digests.
 
-- ``manager.py``: when to save, what to restore, corrupt-checkpoint recovery (:func:`open_checkpoints`);
+- ``manager.py``: when to save, what to restore, corrupt-checkpoint recovery (``open_with_orbax``, which
+  ``open_checkpoints`` here calls when checkpoints are on);
 - ``meta.py``: the metadata a checkpoint carries and the compatibility checks on restore;
 - ``digest.py``: order-sensitive digests of the arrays, computed on the devices (any single-bit change shows);
 - ``lock.py``: ``<checkpoint.dir>/run.lock``, so one run at a time writes a checkpoint directory.
@@ -27,12 +28,12 @@ class CheckpointError(RuntimeError):
 
 def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike) -> Checkpoints | None:
     """Check the checkpoint settings; None when checkpoints are off (``checkpoint.interval=0`` and nothing to
-    resume from), else ``manager.open_checkpoints``: lock ``checkpoint.dir``, restore per ``checkpoint.resume``
+    resume from), else ``manager.open_with_orbax``: lock ``checkpoint.dir``, restore per ``checkpoint.resume``
     and carry the metrics history over."""
     _meta.check_settings(cfg)
     if not _meta.wanted(cfg):
         return None
-    from .manager import open_checkpoints as open_with_orbax  # noqa: PLC0415 - Orbax only when it is used
+    from .manager import open_with_orbax  # noqa: PLC0415 - Orbax only when it is used
 
     return open_with_orbax(cfg, program, plan, output_dir)
 

@@ -15,7 +15,7 @@ it, every array's shape and digest).
   one warning, moved to ``<checkpoint.dir>/_corrupt/`` and the one before it is used (the echoes of Orbax's
   abandoned reads are dropped: ``_abandoned_reads_dropped``). Arrays are read straight into this run's
   shardings, so a checkpoint reshards onto another mesh or table layout.
-- One run per directory: ``open_checkpoints`` takes ``<checkpoint.dir>/run.lock`` (``lock.py``) before Orbax
+- One run per directory: ``open_with_orbax`` takes ``<checkpoint.dir>/run.lock`` (``lock.py``) before Orbax
   touches the directory and ``Checkpoints.close`` releases it; every error on the way releases it too.
 """
 from __future__ import annotations
@@ -432,7 +432,7 @@ def _sync(name: str) -> None:
 
 
 # ----- setup: checks, the run's directory, the resume ---------------------------------------------------
-def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike) -> Checkpoints:
+def open_with_orbax(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike) -> Checkpoints:
     """Lock ``checkpoint.dir``, restore per ``checkpoint.resume`` and carry the metrics history over; call it
     through ``runner.checkpoint.open_checkpoints``, which checks the settings first and returns None when
     checkpoints are off (``meta.wanted``). On any error the lock is released and Orbax's threads are stopped
