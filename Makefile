@@ -8,8 +8,8 @@ PYTEST_ARGS ?=
 .PHONY: install run test test-fast bench clean
 
 # uv installs the same packages as pip from the same index (PyPI) in about half the time: it downloads and
-# unpacks in parallel (a fresh install on 2 cores, cold caches: 27-30 s against pip's 43-60 s). It compiles the
-# bytecode as pip does. If uv cannot be installed or fails, pip installs everything instead.
+# unpacks in parallel (measured in README.md, "Test times"). It compiles the bytecode as pip does. If uv cannot
+# be installed or fails, pip installs everything instead.
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv && $(PY) -m uv pip install -q --python $(PY) --compile-bytecode -e '.[test]' \
