@@ -129,10 +129,10 @@ def _field_names(name: str) -> dict[str, str]:
 
 def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
     """Raise a PreflightError listing every field this config cannot continue from the checkpoint."""
+    unreadable = format_problem(meta)
+    if unreadable:  # the rest of its record may not mean what this runner reads it as: say only this
+        raise PreflightError(f"checkpoint {where} cannot be read by this runner: {unreadable}")
     problems = []
-    if meta.get("format") not in DIGEST_SCHEMES:
-        problems.append(f"checkpoint format: the checkpoint has {meta.get('format')!r}, this runner reads "
-                        f"{sorted(DIGEST_SCHEMES)} (a newer runner wrote it: resume it with that version)")
     if bool(meta["async_emb"]) != bool(program.async_emb):
         problems.append(f"async_emb.enabled: the checkpoint has {meta['async_emb']}, this config has "
                         f"{program.async_emb}")
@@ -153,6 +153,27 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
                             f"resume it with mesh.permute_ids={str(permuted).lower()}")
     if problems:
         raise PreflightError(incompatible(where, problems))
+
+
+def format_problem(meta: Mapping[str, Any]) -> str | None:
+    """What is wrong with the checkpoint's meta format, or None when this runner reads it. An older format
+    and a newer one are told apart: each has its own way out."""
+    fmt, known = meta.get("format"), sorted(DIGEST_SCHEMES)
+    if fmt in DIGEST_SCHEMES:
+        return None
+    wrote = meta.get("versions", {}).get("recsys-runner") if isinstance(meta.get("versions"), Mapping) else None
+    by = f" (recsys-runner {wrote})" if wrote else ""
+    head = f"checkpoint format: the checkpoint has {fmt!r}, this runner reads {known}"
+    if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > max(known):
+        return (f"{head}; a newer runner{by} wrote it: resume it with that version of the runner, or start a "
+                f"new run (checkpoint.resume=never with another checkpoint.dir or trainer.run_id)")
+    if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt < min(known):
+        return (f"{head}; an older runner{by} wrote it, and this one no longer reads that format: resume it "
+                f"with the runner version that wrote it, or start a new run (checkpoint.resume=never with "
+                f"another checkpoint.dir or trainer.run_id)")
+    return (f"{head}; {fmt!r} is no format any runner writes, so its meta/ item is damaged or was not written "
+            f"by this runner: start a new run (checkpoint.resume=never with another checkpoint.dir or "
+            f"trainer.run_id)")
 
 
 def incompatible(where: str, problems: list[str]) -> str:

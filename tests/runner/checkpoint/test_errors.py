@@ -425,7 +425,7 @@ def test_a_truncated_newest_checkpoint_is_one_warning_on_the_command_line(tmp_pa
 
 # ----- older and newer checkpoint formats -------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_format_1_checkpoint_is_verified_with_its_own_digest_and_a_newer_format_is_refused(tmp_path, saved):
+def test_a_format_1_checkpoint_is_verified_with_its_own_digest_and_other_formats_are_refused(tmp_path, saved):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)
     program, checkpoints = open_with(ck)
@@ -440,11 +440,20 @@ def test_a_format_1_checkpoint_is_verified_with_its_own_digest_and_a_newer_forma
                                      "arrays": {k: {**a, "digest": old[k]} for k, a in meta["arrays"].items()}}))
     _restores_step_4(ck)  # read, and its digests matched under the old scheme
 
-    meta_file.write_text(json.dumps({**meta, "format": 99}))
-    with pytest.raises(PreflightError, match=r"checkpoint format: the checkpoint has 99, this runner reads \[1, 2\] "
-                                             r"\(a newer runner wrote it: resume it with that version\)"):
-        open_with(ck)
-    assert steps_in(ck) == [2, 4] and not (ck / LOCK_FILE).exists()
+    version = meta["versions"]["recsys-runner"]
+    for fmt, says in ((99, f"; a newer runner (recsys-runner {version}) wrote it: resume it with that version of "
+                           f"the runner, or start a new run"),
+                      (0, f"; an older runner (recsys-runner {version}) wrote it, and this one no longer reads "
+                          f"that format: resume it with the runner version that wrote it, or start a new run"),
+                      ("2", "; '2' is no format any runner writes, so its meta/ item is damaged or was not written "
+                            "by this runner: start a new run")):
+        meta_file.write_text(json.dumps({**meta, "format": fmt}))
+        with pytest.raises(PreflightError) as err:
+            open_with(ck)
+        assert str(err.value).startswith(f"checkpoint {ck / '4'} cannot be read by this runner: checkpoint format: "
+                                         f"the checkpoint has {fmt!r}, this runner reads [1, 2]{says}"), str(err.value)
+        assert "the config that wrote it" not in str(err.value)  # a format is no config problem
+        assert steps_in(ck) == [2, 4] and not (ck / LOCK_FILE).exists()
 
 
 @pytest.mark.slow
