@@ -48,15 +48,36 @@ def _local_setuptools_builds() -> bool:
     return int(setuptools.__version__.split(".")[0]) >= 68
 
 
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def built(tmp_path_factory) -> tuple[Path, list[str]]:
+    """The wheel, and the files ``pip wheel`` left in the source tree it was built from."""
     src = tmp_path_factory.mktemp("src") / "recsys-runner"
     shutil.copytree(ROOT, src, ignore=IGNORE)
+    before = _files(src)
     dist = tmp_path_factory.mktemp("dist")
     isolation = [] if not _local_setuptools_builds() else ["--no-build-isolation"]
     _run([sys.executable, "-m", "pip", "wheel", src, "-w", dist, "--no-deps", "-q", *isolation], cwd=dist)
     (whl,) = dist.glob("recsys_runner-*.whl")
-    return whl
+    return whl, sorted(_files(src) - before)
+
+
+@pytest.fixture(scope="module")
+def wheel(built) -> Path:
+    return built[0]
+
+
+def test_what_a_wheel_build_leaves_in_the_tree_is_ignored_by_git(built):
+    left = built[1]
+    assert any(f.startswith("build/") for f in left), left  # setuptools' build folder, the case this guards
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout (an installed copy of the tests)")
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, input="\n".join(left),
+                             capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert sorted(set(left) - set(ignored)) == []
 
 
 @pytest.fixture(scope="module")
