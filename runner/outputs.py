@@ -11,7 +11,13 @@ A run's output folder (Hydra's ``outputs/<date>/<time>``, or one trial of a ``mu
 """
 from __future__ import annotations
 
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -37,3 +43,35 @@ def read_overrides(run_dir: Path) -> list[str]:
     except Exception:  # noqa: BLE001 - fall through to a line-based parse
         pass
     return [ln.strip()[2:].strip() for ln in text.splitlines() if ln.strip().startswith("- ")]
+
+
+def unusable_dir(path: Path) -> str | None:
+    """Why ``path`` cannot be a run's output folder (created if missing, then written), or None if it can.
+    Creating it is the check: a read-only file system, a file in the way or a missing permission all show."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
+
+
+class OutputDirCheck(Callback):
+    """Before a run (or a sweep) starts, checks that Hydra's output folder can be created and written, so a bad
+    ``hydra.run.dir`` / ``hydra.sweep.dir`` ends in one message instead of Hydra's traceback (exit 2)."""
+
+    @staticmethod
+    def _check(config: DictConfig, key: str) -> None:
+        value = str(config.hydra[key.split(".")[1]].dir)
+        why = unusable_dir(Path(value))
+        if why:
+            print(f"error: {key}={value} cannot be used as the output folder ({why}): set {key} to a folder "
+                  f"this user can create and write (e.g. {key}=outputs/my_run)", file=sys.stderr, flush=True)
+            raise SystemExit(2)  # not an Exception: Hydra would print its traceback
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, "hydra.sweep.dir")
