@@ -14,7 +14,9 @@ from .build import build
 from .checkpoint import open_checkpoints
 from .core.loop import train
 from .sweeps import write_run_info
+from .preflight import PreflightError
 from .tracking import make_tracker
+from .tracking.wandb import TrackerStartError
 
 log = logging.getLogger("runner")
 
@@ -25,11 +27,14 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
     With ``run_id`` (a checkpointed run) the W&B run has that id and a re-launch resumes it."""
     lg = cfg.logger
     names = ["jsonl"] + ([] if lg.kind == "none" else [lg.kind])  # metrics.jsonl always: sweeps and report read it
-    tracker = make_tracker(
-        names, process_index=process_index, output_dir=out,
-        config=OmegaConf.to_container(cfg, resolve=True), project=lg.project, mode=lg.mode, name=lg.name,
-        group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity, run_id=run_id,
-        resume="allow" if run_id else None)
+    try:
+        tracker = make_tracker(
+            names, process_index=process_index, output_dir=out,
+            config=OmegaConf.to_container(cfg, resolve=True), project=lg.project, mode=lg.mode, name=lg.name,
+            group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity, run_id=run_id,
+            resume="allow" if run_id else None, init_timeout=lg.get("init_timeout"))
+    except TrackerStartError as e:  # an online W&B run that cannot start: one message (exit 2), not wandb's trace
+        raise PreflightError(str(e)) from None
     write_run_info(tracker, out)
     return tracker
 

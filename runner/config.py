@@ -238,6 +238,8 @@ class LoggerConfig:
     project: str = "recsys-runner"
     entity: Optional[str] = None
     mode: LoggerMode = LoggerMode.offline
+    init_timeout: float = hparam(30.0, "seconds an online W&B run may take to start before the run stops",
+                                 low=0.0, low_open=True, high=600.0)
     group: Optional[str] = None
     tags: List[str] = field(default_factory=list)
     name: Optional[str] = None

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import math
+import netrc
 import os
+import urllib.parse
+from pathlib import Path
 from typing import Any, Mapping
 
 from omegaconf import DictConfig
@@ -98,8 +101,36 @@ def _positive_list(errors: list, key: str, values: Any, example: str, allow_empt
 WANDB_BAD_CHARS = set("/\\#?%:")
 
 
+def wandb_key_source() -> str | None:
+    """Where W&B would find an API key without asking (``WANDB_API_KEY``, or the netrc entry ``wandb login``
+    writes for its host), or None. Read without importing wandb or reaching the network."""
+    if os.environ.get("WANDB_API_KEY", "").strip():
+        return "WANDB_API_KEY"
+    base = os.environ.get("WANDB_BASE_URL")
+    if not base:
+        import wandb  # its default server (only asked in online mode: the import costs ~0.5 s)
+
+        base = wandb.Settings().base_url
+    host = urllib.parse.urlparse(base).hostname or ""
+    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        entry = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return str(path) if entry and entry[2] else None
+
+
+def _wandb_online_problems(lg: Any) -> list[str]:
+    kinds = [k.strip() for k in str(lg.kind).replace("+", ",").split(",")]
+    if "wandb" not in kinds or str(lg.mode) != "online" or wandb_key_source() is not None:
+        return []
+    return ["logger.mode=online needs a W&B API key and none is configured (WANDB_API_KEY is unset and no netrc "
+            "entry has one): set WANDB_API_KEY (or run `wandb login`), or use logger.mode=offline (the default; "
+            "`wandb sync` uploads the run later) or logger=none"]
+
+
 def _logger_problems(lg: Any) -> list[str]:
-    errors = []
+    errors = _wandb_online_problems(lg)
     if not isinstance(lg.project, str) or not lg.project.strip() or len(lg.project) > 128 \
             or WANDB_BAD_CHARS & set(lg.project):
         errors.append(f"logger.project={lg.project!r} must be a non-empty name of at most 128 characters "
@@ -138,6 +169,7 @@ def check_config(cfg: DictConfig) -> None:
         if not actions or len(set(actions)) != len(actions) or not all(a.strip() for a in actions):
             errors.append(f"data.actions={actions} must list one or more distinct non-empty action names, "
                           f"e.g. data.actions=[click,like,share]")
+    errors += section_problems(cfg.logger, schemas.LoggerConfig, "logger.")
     errors += _logger_problems(cfg.logger)
     _raise(errors)
 

@@ -56,7 +56,7 @@ def _wandb(o: Mapping[str, Any]) -> Tracker:
     return WandbTracker(o["config"], project=o["project"], mode=o["mode"],
                         dir=o["wandb_dir"] if o["wandb_dir"] is not None else o["output_dir"], name=o["name"],
                         group=o["group"], tags=o["tags"], run_id=o["run_id"], resume=o["resume"],
-                        job_type=o["job_type"], entity=o["entity"])
+                        job_type=o["job_type"], entity=o["entity"], init_timeout=o["init_timeout"])
 
 
 @TRACKERS.register("none")
@@ -88,6 +88,7 @@ def make_tracker(
     resume: str | None = None,
     job_type: str | None = None,
     entity: str | None = None,
+    init_timeout: float | None = None,
 ) -> Tracker:
     """Build the trackers named by ``kind`` (names registered in :data:`TRACKERS`: ``"jsonl"``, ``"wandb"``,
     ``"none"``), one name or several: ``["jsonl", "wandb"]`` or ``"jsonl,wandb"``.
@@ -97,7 +98,7 @@ def make_tracker(
     """
     options = dict(output_dir=output_dir, config=config, metrics_file=metrics_file, project=project, mode=mode,
                    wandb_dir=wandb_dir, name=name, group=group, tags=tags, run_id=run_id, resume=resume,
-                   job_type=job_type, entity=entity)
+                   job_type=job_type, entity=entity, init_timeout=init_timeout)
     try:
         factories = [TRACKERS.get(n) for n in _names(kind)]
     except UnknownName as e:

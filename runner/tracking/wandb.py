@@ -14,6 +14,11 @@ from .convert import to_python
 logger = logging.getLogger("runner.tracking")
 
 
+class TrackerStartError(RuntimeError):
+    """An online W&B run could not start (no key, no network, a refused key): the message names
+    ``logger.mode`` and the ways out."""
+
+
 class WandbTracker:
     """Weights & Biases run; ``mode="offline"`` (default) writes
     ``<dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb`` for a later ``wandb sync``.
@@ -37,26 +42,38 @@ class WandbTracker:
         job_type: str | None = None,
         entity: str | None = None,
         settings: Any = None,
+        init_timeout: float | None = None,
     ):
         import wandb
 
         self._wandb = wandb
         Path(dir).mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            project=project,
-            entity=entity,
-            mode=mode,
-            dir=str(dir),
-            name=name,
-            group=group,
-            tags=list(tags) if tags else None,
-            config=dict(config) if config is not None else None,
-            id=run_id,
-            resume=resume,
-            job_type=job_type,
-            reinit="finish_previous",
-            settings=settings,
-        )
+        if init_timeout is not None:  # how long an online start may wait for the server (W&B's default: 90 s)
+            settings = wandb.Settings(init_timeout=float(init_timeout)) if settings is None else settings
+        try:
+            self.run = wandb.init(
+                project=project,
+                entity=entity,
+                mode=mode,
+                dir=str(dir),
+                name=name,
+                group=group,
+                tags=list(tags) if tags else None,
+                config=dict(config) if config is not None else None,
+                id=run_id,
+                resume=resume,
+                job_type=job_type,
+                reinit="finish_previous",
+                settings=settings,
+            )
+        except Exception as e:  # noqa: BLE001 - wandb's own errors (no key, no network, a bad key) vary by version
+            if mode != "online":
+                raise
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TrackerStartError(
+                f"logger.mode=online: W&B could not start the run ({type(e).__name__}: {reason[:300]}): check "
+                f"WANDB_API_KEY and the network (logger.init_timeout={init_timeout} s), or use logger.mode=offline "
+                f"(the default; `wandb sync` uploads the run later) or logger=none") from None
         # Define on the run object (not the module-level wandb.define_metric) so the
         # definitions cannot land on some other active run.
         self.run.define_metric(STEP_METRIC)

@@ -1,0 +1,62 @@
+"""``logger.mode=online`` without a W&B API key stops before anything compiles with one message naming the setting
+and the ways out; with a key but no server reachable, the run stops after ``logger.init_timeout`` seconds with one
+message (never wandb's traceback, never a hang). The server here is a closed port on the loopback address."""
+from __future__ import annotations
+
+import pytest
+
+from runner import preflight
+from runner.build import build
+from runner.preflight import PreflightError
+from runner.tracking.wandb import TrackerStartError, WandbTracker
+from tests.runner.support import compose_config
+
+ONLINE = ["logger=wandb", "logger.mode=online"]
+NO_SERVER = "http://127.0.0.1:9"  # nothing listens on the discard port
+
+
+@pytest.fixture
+def no_key(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", NO_SERVER)
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine example.org login user password secret\n")  # an entry, for another host
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    return netrc
+
+
+def test_online_without_a_key_is_refused_with_the_ways_out(no_key):
+    with pytest.raises(PreflightError) as e:
+        build(compose_config(ONLINE))
+    assert ("logger.mode=online needs a W&B API key and none is configured (WANDB_API_KEY is unset and no netrc entry "
+            "has one): set WANDB_API_KEY (or run `wandb login`), or use logger.mode=offline (the default; `wandb sync` "
+            "uploads the run later) or logger=none") in str(e.value)
+
+
+def test_a_key_in_the_environment_or_netrc_is_found(no_key, monkeypatch):
+    assert preflight.wandb_key_source() is None
+    no_key.write_text(f"machine 127.0.0.1 login user password {'k' * 40}\n")
+    assert preflight.wandb_key_source() == str(no_key)  # the entry `wandb login` writes for the server's host
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    assert preflight.wandb_key_source() == "WANDB_API_KEY"
+    build(compose_config(ONLINE))  # accepted: the key is there
+    build(compose_config(["logger=wandb", "logger.mode=offline"]))  # offline needs no key at all
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "601", "nan"])
+def test_a_bad_init_timeout_is_refused(value):
+    with pytest.raises(PreflightError) as e:
+        build(compose_config([f"logger.init_timeout={value}"]))
+    assert f"logger.init_timeout={float(value)!r} is outside (0, 600]" in str(e.value)
+
+
+@pytest.mark.slow
+def test_online_with_a_key_and_no_server_stops_after_the_timeout_with_one_message(no_key, monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    with pytest.raises(TrackerStartError) as e:
+        WandbTracker(project="p", mode="online", dir=tmp_path / "wb", init_timeout=2)
+    text = str(e.value)
+    assert text.startswith("logger.mode=online: W&B could not start the run (")
+    assert text.endswith("check WANDB_API_KEY and the network (logger.init_timeout=2 s), or use logger.mode=offline "
+                         "(the default; `wandb sync` uploads the run later) or logger=none"), text
