@@ -59,6 +59,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         say(f"budget: {run_budget.describe()}, evaluation every {cfg.trainer.eval_interval:,} steps")
         for warning in run_budget.warnings():  # e.g. far more epochs than the data can use
             say(warning)
+        for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
+            say(note)
         with distributed.fail_fast(tracker):  # several processes: a failure ends this one now, clearly
             result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt)
             if cfg.distributed.dump_state:
