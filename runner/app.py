@@ -43,7 +43,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     distributed.check_plan(plan)
     say = log.info if jax.process_index() == 0 else (lambda *a, **k: None)  # process 0 speaks for the run
     lg = cfg.logger
-    ckpt = open_checkpoints(cfg, program, plan, out)  # checks, then restores per checkpoint.resume; None = off
+    # checks, then restores per checkpoint.resume (refused on another data file than it recorded); None = off
+    ckpt = open_checkpoints(cfg, program, plan, out, data_file=getattr(task, "data_file", None))
     try:
         tracker = run_tracker(cfg, out, tags, process_index=jax.process_index(), run_id=ckpt and ckpt.run_id)
     except BaseException:

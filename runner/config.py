@@ -303,6 +303,7 @@ class CheckpointConfig:
     resume: str = "auto"  # auto: newest complete checkpoint of this run | never | a checkpoint path
     async_save: bool = True  # write in the background while training goes on
     compress: bool = False  # zstd per chunk: ~10% smaller for float tables, saves 2x and restores 4x slower
+    allow_data_change: bool = False  # resume although the data file differs from the checkpoint's (a warning)
 
 
 @dataclass
