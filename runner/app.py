@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import budget, distributed, progress
 from .build import build
 from .checkpoint import open_checkpoints
+from .core import failures
 from .core.loop import train
 from .sweeps import write_run_info
 from .tracking import make_tracker
@@ -62,7 +63,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
             say(warning)
         for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
             say(note)
-        with distributed.fail_fast(tracker):  # several processes: a failure ends this one now, clearly
+        # Several processes: a failure ends this one now, clearly; an embedding optimizer's failure is one message.
+        with distributed.fail_fast(tracker), failures.named(program):
             result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt)
             if cfg.distributed.dump_state:
                 distributed.dump_state(result["state"], out / "final_state.npz")
