@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import budget, distributed, progress
 from .build import build
 from .checkpoint import open_checkpoints
+from .core import failures
 from .core.loop import train
 from .sweeps import write_run_info
 from .preflight import PreflightError
@@ -48,7 +49,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     distributed.check_plan(plan)
     say = log.info if jax.process_index() == 0 else (lambda *a, **k: None)  # process 0 speaks for the run
     lg = cfg.logger
-    ckpt = open_checkpoints(cfg, program, plan, out)  # checks, then restores per checkpoint.resume; None = off
+    # checks, then restores per checkpoint.resume (refused on another data file than it recorded); None = off
+    ckpt = open_checkpoints(cfg, program, plan, out, data_file=getattr(task, "data_file", None))
     try:
         tracker = run_tracker(cfg, out, tags, process_index=jax.process_index(), run_id=ckpt and ckpt.run_id)
     except BaseException:
@@ -64,7 +66,10 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         say(f"budget: {run_budget.describe()}, evaluation every {cfg.trainer.eval_interval:,} steps")
         for warning in run_budget.warnings():  # e.g. far more epochs than the data can use
             say(warning)
-        with distributed.fail_fast(tracker):  # several processes: a failure ends this one now, clearly
+        for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
+            say(note)
+        # Several processes: a failure ends this one now, clearly; an embedding optimizer's failure is one message.
+        with distributed.fail_fast(tracker), failures.named(program):
             result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt)
             if cfg.distributed.dump_state:
                 distributed.dump_state(result["state"], out / "final_state.npz")

@@ -186,5 +186,7 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     contexts = {n: dataclasses.replace(c, route_peak=peaks.get(n)) for n, c in contexts.items()}
     program = TrainProgram(model, specs, contexts, opts, dense_optimizer(cfg), cfg.async_emb.enabled, mesh,
                            tuple(task.model_keys), detail_interval=int(cfg.trainer.log_interval),
-                           detail_last=int(cfg.trainer.steps), reuse_key=program_key(cfg, specs, peaks))
+                           detail_last=int(cfg.trainer.steps), reuse_key=program_key(cfg, specs, peaks),
+                           optimizer_keys={n: f"table_optimizers.{n}" if n in cfg.table_optimizers else "optimizer"
+                                           for n in specs})
     return program, task, plan

@@ -90,6 +90,11 @@ class TrainWindows(Choice):
     all = "all"  # every training target: each prefix cut into consecutive windows of max_len targets
 
 
+class Duplicates(Choice):
+    drop = "drop"  # rows equal in user, item and timestamp to an earlier row are dropped and counted
+    refuse = "refuse"  # such rows stop the run, naming the file, the count and the first one
+
+
 class Loss(Choice):
     sampled_softmax = "sampled_softmax"
     full_softmax = "full_softmax"
@@ -191,6 +196,7 @@ class MovieLensDataConfig:
     train_windows: TrainWindows = TrainWindows.last  # last: one window per user; all: every training target
     exclude_seen: bool = False  # rank only items not already in the user's history (the protocol: false)
     ks: List[int] = field(default_factory=lambda: [10])  # HR@k and NDCG@k cutoffs (MRR has none)
+    duplicates: Duplicates = Duplicates.drop  # exact duplicate rows of data.path (user, item, timestamp): drop | refuse
 
 
 @dataclass
@@ -299,6 +305,7 @@ class CheckpointConfig:
     resume: str = "auto"  # auto: newest complete checkpoint of this run | never | a checkpoint path
     async_save: bool = True  # write in the background while training goes on
     compress: bool = False  # zstd per chunk: ~10% smaller for float tables, saves 2x and restores 4x slower
+    allow_data_change: bool = False  # resume although the data file differs from the checkpoint's (a warning)
 
 
 @dataclass

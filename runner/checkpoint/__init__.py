@@ -26,16 +26,18 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the run stops rather than train on without one."""
 
 
-def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike) -> Checkpoints | None:
+def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike,
+                     data_file: str | os.PathLike | None = None) -> Checkpoints | None:
     """Check the checkpoint settings; None when checkpoints are off (``checkpoint.interval=0`` and nothing to
     resume from), else ``manager.open_with_orbax``: lock ``checkpoint.dir``, restore per ``checkpoint.resume``
-    and carry the metrics history over."""
+    and carry the metrics history over. ``data_file``: the file the task read (``task.data_file``), whose
+    fingerprint each checkpoint records and a resume checks (``data.py``)."""
     _meta.check_settings(cfg)
     if not _meta.wanted(cfg):
         return None
     from .manager import open_with_orbax  # noqa: PLC0415 - Orbax only when it is used
 
-    return open_with_orbax(cfg, program, plan, output_dir)
+    return open_with_orbax(cfg, program, plan, output_dir, data_file=data_file)
 
 
 def __getattr__(name: str):

@@ -38,6 +38,7 @@ from jax.sharding import NamedSharding
 from omegaconf import DictConfig
 
 from . import CheckpointError
+from . import data as data_lib
 from . import lock as lock_lib
 from . import meta as meta_lib
 from ..core import mesh as mesh_lib
@@ -72,9 +73,10 @@ class Checkpoints:
     """This run's checkpoints: restore once at the start, save every ``interval`` steps, wait at the end."""
 
     def __init__(self, cfg: DictConfig, program: Any, plan: Any, output_dir: Path, directory: Path | None,
-                 lock: lock_lib.Lock | None = None):
+                 lock: lock_lib.Lock | None = None, data: Mapping[str, Any] | None = None):
         c = cfg.checkpoint
         self.lock = lock  # process 0's hold on checkpoint.dir (None elsewhere, and when nothing is written)
+        self.data = data  # the fingerprint of the task's data file (data.py), or None: recorded in each meta
         self.cfg, self.program, self.plan, self.output_dir = cfg, program, plan, output_dir
         self.run_id, self.directory = meta_lib.run_id(cfg), directory
         self.interval, self.steps = int(c.interval), int(cfg.trainer.steps)
@@ -107,7 +109,7 @@ class Checkpoints:
             return
         meta = meta_lib.describe(self.cfg, self.program, state, step=step, metrics_rows=self.rows,
                                  run=self.run_id, output_dir=str(self.output_dir.absolute()),
-                                 mesh=self.plan.describe())
+                                 mesh=self.plan.describe(), data=self.data)
         items = dict(state=ocp.args.PyTreeSave(state))
         if selection is not None and selection.step is not None:
             meta["selection"] = selection.record()
@@ -181,6 +183,7 @@ class Checkpoints:
                 bad.append(failure)
                 continue
             meta_lib.check_compatible(meta, self.program, str(where))  # a wrong config is an error, not a skip
+            data_lib.check(meta, self.data, str(where), allow=bool(self.cfg.checkpoint.get("allow_data_change")))
             target = meta_lib.restore_target(meta, abstract, shardings, mesh_lib.replicated(self.program.mesh),
                                              str(where))
             try:
@@ -432,11 +435,12 @@ def _sync(name: str) -> None:
 
 
 # ----- setup: checks, the run's directory, the resume ---------------------------------------------------
-def open_with_orbax(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike) -> Checkpoints:
+def open_with_orbax(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike,
+                    data_file: str | os.PathLike | None = None) -> Checkpoints:
     """Lock ``checkpoint.dir``, restore per ``checkpoint.resume`` and carry the metrics history over; call it
     through ``runner.checkpoint.open_checkpoints``, which checks the settings first and returns None when
     checkpoints are off (``meta.wanted``). On any error the lock is released and Orbax's threads are stopped
-    before it propagates."""
+    before it propagates. ``data_file`` is fingerprinted once, here (``data.py``)."""
     c, out = cfg.checkpoint, Path(output_dir)
     resume = str(c.resume)
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every step of every save at INFO
@@ -444,6 +448,7 @@ def open_with_orbax(cfg: DictConfig, program: Any, plan: Any, output_dir: str | 
     directory = Path(c.dir or Path("outputs/checkpoints") / meta_lib.run_id(cfg)).absolute()
     path = meta_lib.resume_path(cfg)
     source = None if path is None else meta_lib.resume_source(Path(path))  # before any thread
+    data = None if data_file is None else data_lib.fingerprint(data_file)
     lock = None
     if c.interval > 0:
         meta_lib.check_writable(directory)
@@ -455,7 +460,7 @@ def open_with_orbax(cfg: DictConfig, program: Any, plan: Any, output_dir: str | 
             if partial:
                 log.warning("%s holds interrupted saves %s (never committed): ignored and removed", directory,
                             partial)
-        ck = Checkpoints(cfg, program, plan, out, directory if c.interval > 0 else None, lock)
+        ck = Checkpoints(cfg, program, plan, out, directory if c.interval > 0 else None, lock, data=data)
         _resume(ck, resume, source, directory, out)
         return ck
     except BaseException:

@@ -3,8 +3,9 @@
 - ``run_id(cfg)``: ``trainer.run_id``, else a short hash of the resolved config minus the keys that do not
   change what is trained (``VOLATILE``), so a re-launch of the same command finds the same checkpoints.
 - ``describe(...)``: the meta record of one checkpoint: step, data position, metrics rows, run id, the
-  config and the library versions that wrote it, each table's layout, and every array's shape, dtype and
-  digest (``runner.checkpoint.digest``, checked after each restore).
+  config and the library versions that wrote it, each table's layout, every array's shape, dtype and
+  digest (``runner.checkpoint.digest``, checked after each restore), and the data file's fingerprint
+  (``runner.checkpoint.data``, checked on resume).
 - ``check_compatible`` / ``restore_target``: refuse a checkpoint this config cannot continue (a
   ``PreflightError`` naming the field and both values) and build the abstract target the arrays are read
   into: this run's shapes and shardings, so a checkpoint reshards onto any mesh and table layout.
@@ -109,14 +110,16 @@ def describe_arrays(program: Any, tree: Any) -> dict[str, dict[str, Any]]:
 
 
 def describe(cfg: DictConfig, program: Any, state: Any, *, step: int, metrics_rows: int, run: str,
-             output_dir: str, mesh: str) -> dict[str, Any]:
+             output_dir: str, mesh: str, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``data``: the fingerprint of the data file trained on (``runner.checkpoint.data``), recorded when given."""
     tables = tables_of(program)
     info = leaves(state, tables)
     sums = checkpoint_digest.digests(info, scheme=DIGEST_SCHEMES[FORMAT])
     arrays = {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r in info}
     return {"format": FORMAT, "step": step, "data_step": step, "metrics_rows": metrics_rows, "run_id": run,
             "output_dir": output_dir, "mesh": mesh, "async_emb": bool(program.async_emb), "tables": tables,
-            "arrays": arrays, "versions": versions(), "config": OmegaConf.to_container(cfg, resolve=True)}
+            "arrays": arrays, "versions": versions(), "config": OmegaConf.to_container(cfg, resolve=True),
+            **({"data": dict(data)} if data is not None else {})}
 
 
 # ----- compatibility ------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, su
 from optimizers.fused import compiler_options, dedupe
 
 from . import mesh as mesh_lib
+from .failures import traced
 from .dense_optimizer import DenseOptimizer
 from .embeddings import TableSpec, in_id_order, lookup, lookup_counted, stored_rows, table_values
 from .state import SkipCounts, TrainState
@@ -52,6 +53,9 @@ class TrainProgram:
     # function reads) share their jitted functions, so a relaunch in the same process (a resume, a sweep's
     # trial that differs only in the step's arguments) traces and compiles nothing again. None: never shared.
     reuse_key: str | None = None
+    # table -> the config key of its optimizer ("optimizer" or "table_optimizers.<table>"), for the message of
+    # an optimizer that fails (``failures.py``)
+    optimizer_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def dense_tx(self) -> optax.GradientTransformation:
@@ -104,7 +108,8 @@ class TrainProgram:
             ctx = self.contexts[name]
             tables[name] = table_values(spec, jax.random.fold_in(k_tables, i),
                                       NamedSharding(self.mesh, ctx.table_spec()))
-            emb_states[name] = self.emb_optimizers[name].init(spec.rows, spec.width)
+            with traced(self, name, "its state was built (init)"):
+                emb_states[name] = self.emb_optimizers[name].init(spec.rows, spec.width)
             if self.async_emb:
                 pending[name] = empty_update(ctx)
         zero = jnp.zeros((), jnp.int32)
@@ -115,12 +120,13 @@ class TrainProgram:
     def _apply(self, name: str, ctx: AsyncEmbContext, update, table, emb_state, gate):
         """One table's update through its optimizer; returns (table, state, norm, valid, rows_per_shard)."""
         opt = self.emb_optimizers[name]
-        if supports_async_emb(opt):
-            _, table, emb_state = opt.gradient_update_start(ctx, update, table, emb_state, gate)
-            norm, valid, _ = opt.gradient_update_done(ctx, gate)
-            return table, emb_state, norm, valid, ctx.results.get("rows_per_shard")
-        table, emb_state, norm, valid = opt.apply_dense(ctx, update, table, emb_state)  # sync mode only
-        return table, emb_state, norm, valid, None
+        with traced(self, name, "the train step"):  # a user's rule that raises: one message naming it
+            if supports_async_emb(opt):
+                _, table, emb_state = opt.gradient_update_start(ctx, update, table, emb_state, gate)
+                norm, valid, _ = opt.gradient_update_done(ctx, gate)
+                return table, emb_state, norm, valid, ctx.results.get("rows_per_shard")
+            table, emb_state, norm, valid = opt.apply_dense(ctx, update, table, emb_state)  # sync mode only
+            return table, emb_state, norm, valid, None
 
     def table_ids(self, batch: Mapping[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
         """The rows the model's ids use, per table: the id itself, or its relabelling under

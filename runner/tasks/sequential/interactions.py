@@ -34,6 +34,7 @@ line, so errors name the file, the 1-based line number and the line itself.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-__all__ = ["DataError", "Interactions", "SUPPORTED_FORMATS", "load_interactions"]
+__all__ = ["DataError", "Interactions", "SUPPORTED_FORMATS", "drop_duplicates", "duplicate_rows",
+           "load_interactions"]
 
 SUPPORTED_FORMATS = (
     "MovieLens u.data (ml-100k), ratings.dat (ml-1m/ml-10m), ratings.csv (ml-20m/25m/32m/latest), "
@@ -69,6 +71,7 @@ class Interactions:
     fmt: str  # one of: ml-100k, ml-dat, ml-csv, recbole, csv, parquet
     user_vocab: np.ndarray | None = None  # object array of the original string ids, if not integer
     item_vocab: np.ndarray | None = None
+    has_timestamp: bool = True  # False: the file has no timestamp column (every timestamp is 0)
 
     def __len__(self) -> int:
         return int(self.user.shape[0])
@@ -465,7 +468,7 @@ def _table_to_interactions(table: pa.Table, roles: dict, path: Path, fmt: str) -
         ts = np.zeros(len(user), np.int64)
     rating = _rating(table.column(roles["rating"])) if "rating" in roles else None
     return Interactions(user=user, item=item, timestamp=ts, rating=rating, source=str(path), fmt=fmt,
-                        user_vocab=user_vocab, item_vocab=item_vocab)
+                        user_vocab=user_vocab, item_vocab=item_vocab, has_timestamp="timestamp" in roles)
 
 
 def _load_parquet(path: Path) -> Interactions:
@@ -484,6 +487,59 @@ def _load_parquet(path: Path) -> Interactions:
         return _table_to_interactions(table, roles, path, "parquet")
     except _RowError as e:
         raise DataError(f"{path}: row {e.row + 1}: {e.reason}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# exact duplicates
+
+_LINE_SEARCH_ROWS = 1 << 20
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9))
+
+
+def duplicate_rows(inter: Interactions) -> np.ndarray:
+    """Increasing indices of the rows equal in user, item and timestamp to an earlier row (int64).
+
+    A file without a timestamp column has none by this rule: its rows are ordered by their position, so a
+    repeated (user, item) there is a repeat, not a copy. One sort of a 64-bit hash of every row finds the
+    candidates (rows whose hash occurs twice); only those are compared exactly, so a file without
+    duplicates costs one hash and one sort."""
+    n = len(inter)
+    if not inter.has_timestamp or n < 2:
+        return np.zeros(0, np.int64)
+    with np.errstate(over="ignore"):
+        h = (inter.user.astype(np.uint64) * _MIX[0]) ^ (inter.item.astype(np.uint64) * _MIX[1]) \
+            ^ (inter.timestamp.astype(np.uint64) * _MIX[2])
+    s = np.sort(h)
+    repeated = s[1:][s[1:] == s[:-1]]
+    if repeated.size == 0:
+        return np.zeros(0, np.int64)
+    rows = np.flatnonzero(np.isin(h, repeated))
+    u, i, t = inter.user[rows], inter.item[rows], inter.timestamp[rows]
+    order = np.lexsort((rows, t, i, u))  # equal rows together, each group in file order
+    same = (u[order][1:] == u[order][:-1]) & (i[order][1:] == i[order][:-1]) & (t[order][1:] == t[order][:-1])
+    return np.sort(rows[order][1:][same])
+
+
+def drop_duplicates(inter: Interactions) -> tuple[Interactions, np.ndarray]:
+    """(``inter`` without the rows ``duplicate_rows`` finds, those rows' indices); the first of each kept."""
+    dup = duplicate_rows(inter)
+    if dup.size == 0:
+        return inter, dup
+    keep = np.ones(len(inter), bool)
+    keep[dup] = False
+    return dataclasses.replace(inter, user=inter.user[keep], item=inter.item[keep],
+                               timestamp=inter.timestamp[keep],
+                               rating=None if inter.rating is None else inter.rating[keep]), dup
+
+
+def data_line(inter: Interactions, row: int) -> str:
+    """Where 0-based data row ``row`` of ``inter`` is in its file: ``line N`` (text) or ``row N`` (Parquet)."""
+    if inter.fmt == "parquet":
+        return f"row {row + 1}"
+    if row >= _LINE_SEARCH_ROWS:  # finding the line reads the file line by line
+        return f"data row {row + 1}"
+    lineno, _ = _data_line(Path(inter.source), row, inter.fmt not in ("ml-100k", "ml-dat"))
+    return f"line {lineno}" if lineno > 0 else f"data row {row + 1}"
 
 
 def load_interactions(path: str | Path) -> Interactions:

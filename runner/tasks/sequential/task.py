@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from ...preflight import PreflightError
 from .. import TASKS
 from .dataset import SequenceDataset, cold_targets, popularity_scores
-from .interactions import DataError, load_interactions
+from .interactions import DataError, Interactions, data_line, drop_duplicates, load_interactions
 from .metrics import rank_of_target, ranking_report
 from .model import SequentialModel
 from .synthetic import SequenceSpec, SequenceWorld
@@ -76,23 +76,40 @@ def _spec(d: DictConfig) -> SequenceSpec:
     return SequenceSpec(**{f.name: d[f.name] for f in dataclasses.fields(SequenceSpec)})
 
 
-def load_dataset(d: DictConfig) -> tuple[SequenceDataset, SequenceWorld | None]:
-    """The data source's sequences (and the synthetic world, whose oracle the evaluation reports)."""
+def load_dataset(d: DictConfig) -> tuple[SequenceDataset, SequenceWorld | None, int]:
+    """The data source's sequences, the synthetic world (whose oracle the evaluation reports) and the exact
+    duplicate rows dropped from ``data.path`` (``data.duplicates``; a generated world has none)."""
     if d.name == "synthetic_sequences":
         world = SequenceWorld(_spec(d))
         try:
-            return SequenceDataset.from_interactions(world.interactions(), d.max_len, d.min_interactions), world
+            return SequenceDataset.from_interactions(world.interactions(), d.max_len, d.min_interactions), world, 0
         except DataError as e:
             raise PreflightError(f"data=synthetic_sequences cannot be used: {e}. Fix data.max_length (and "
                                  f"data.min_length, data.min_interactions).") from None
     try:
-        return SequenceDataset.from_interactions(load_interactions(d.path), d.max_len, d.min_interactions), None
+        raw = load_interactions(d.path)
+        inter, dropped = drop_duplicates(raw)
+        if dropped.size and str(d.get("duplicates", "drop")) == "refuse":
+            raise PreflightError(f"data.path={d.path!r} cannot be used: {duplicates_refused(raw, dropped)}. Remove "
+                                 f"them from the file, or set data.duplicates=drop to drop them (and count them in "
+                                 f"data/duplicate_rows).")
+        return SequenceDataset.from_interactions(inter, d.max_len, d.min_interactions), None, int(dropped.size)
     except DataError as e:
         why = str(e).rstrip(".")
         fix = ("Fix data.path." if "supported:" in why else
                "Fix data.path (a MovieLens u.data, ratings.dat or ratings.csv, a RecBole .inter, a csv/parquet file "
                "with user and item columns, or a folder holding one of them).")
         raise PreflightError(f"data.path={d.path!r} cannot be used: {why}. {fix}") from None
+
+
+def duplicates_refused(raw: Interactions, dropped: np.ndarray) -> str:
+    """data.duplicates=refuse: the file, how many rows repeat an earlier one, the first of them, the way out."""
+    r = int(dropped[0])
+    return (f"{raw.source}: {dropped.size:,} of its {len(raw):,} rows repeat an earlier row exactly (the same "
+            f"user, item and timestamp; the first at {data_line(raw, r)}: user {raw.user[r]}, item {raw.item[r]}, "
+            f"timestamp {raw.timestamp[r]}), e.g. the file appended to itself. A duplicate sits next to its original "
+            f"in the user's sequence, so an item would follow itself and inflate the test metrics; "
+            f"data.duplicates=refuse stops on them")
 
 
 @dataclasses.dataclass
@@ -112,12 +129,14 @@ class SequentialTask:
     selects_on_validation = True  # trainer.select_best=null: keep the best state by valid/..., report its test/...
     _baselines: dict | None = None
     _sampling: tuple | None = None
+    data_file: str | None = None  # the interaction file read (data.path resolved); None for generated data
+    duplicate_rows: int = 0  # exact duplicates dropped from it (data.duplicates=drop)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "SequentialTask":
         check(cfg)
         d, m = cfg.data, cfg.model
-        data, world = load_dataset(d)
+        data, world, dropped = load_dataset(d)
         full = m.loss == "full_softmax"
         negatives = "full" if full else str(m.get("negatives", "uniform"))
         extra = {"full": (), "uniform": ("negatives",), "popularity": ("negatives", "negatives_logq"),
@@ -126,7 +145,8 @@ class SequentialTask:
         return cls(data, world, cfg.trainer.seed, 0 if negatives in ("full", "in_batch") else m.num_negatives,
                    -(-data.num_items // cfg.trainer.batch_size) if full else 0, d.random_crop, d.exclude_seen,
                    tuple(d.ks), keys, objective=f"valid/ndcg@{d.ks[0]}", negatives=negatives,
-                   windows=str(d.get("train_windows", "last")))
+                   windows=str(d.get("train_windows", "last")),
+                   data_file=None if world is not None else data.source, duplicate_rows=dropped)
 
     # ----- what the trainer needs --------------------------------------------------------------------
     @property
@@ -234,8 +254,19 @@ class SequentialTask:
     def data_metrics(self) -> dict[str, int]:
         """Cold items: validation / test targets whose item never occurs in any training prefix (no training
         signal at all for that row). ``data/cold_*_targets`` count targets (users), ``data/cold_items`` the
-        distinct items."""
-        return cold_targets(self.data)
+        distinct items. With a data file, ``data/duplicate_rows``: its exact duplicate rows dropped."""
+        out = cold_targets(self.data)
+        if self.data_file is not None:  # rows of data.path dropped as exact duplicates (data.duplicates=drop)
+            out["data/duplicate_rows"] = self.duplicate_rows
+        return out
+
+    def warnings(self) -> list[str]:
+        """What a run says about its data before it trains (runner.app prints it)."""
+        if not self.duplicate_rows:
+            return []
+        return [f"note: {self.data_file}: dropped {self.duplicate_rows:,} rows that repeat an earlier row exactly "
+                f"(the same user, item and timestamp; data.duplicates=drop, counted in data/duplicate_rows); "
+                f"data.duplicates=refuse stops on them instead"]
 
     def summary_lines(self, s: Mapping[str, Any]) -> list[str]:
         k = self.ks[0]
@@ -256,6 +287,9 @@ class SequentialTask:
         if "data/cold_valid_targets" in s:
             lines.append(f"cold targets (item never in a training prefix): valid {s['data/cold_valid_targets']:,}, "
                          f"test {s['data/cold_test_targets']:,} of {self.data.num_users:,}")
+        if s.get("data/duplicate_rows"):
+            lines.append(f"dropped {s['data/duplicate_rows']:,} exact duplicate rows of {self.data_file} "
+                         f"(data.duplicates=drop)")
         return lines
 
 

@@ -192,3 +192,45 @@ def test_empty_file(tmp_path, name, text):
         p.write_text(text)
     with pytest.raises(DataError, match=rf"{name}: file is empty"):
         load_interactions(p)
+
+
+# ---- exact duplicates (data.duplicates) ------------------------------------------------------------------
+
+def _inter(u, i, t, has_timestamp=True):
+    u, i, t = (np.asarray(x, np.int64) for x in (u, i, t))
+    return Interactions(user=u, item=i, timestamp=t, rating=np.arange(u.size, dtype=np.float32), source="x",
+                        fmt="csv", has_timestamp=has_timestamp)
+
+
+def test_exact_duplicates_are_the_rows_that_repeat_an_earlier_row():
+    """Against a plain loop over the rows with a set of the (user, item, timestamp) seen so far."""
+    rng = np.random.default_rng(0)
+    n = 5000
+    inter = _inter(rng.integers(0, 20, n), rng.integers(0, 30, n), rng.integers(0, 5, n))
+    seen, expected = set(), []
+    for r, key in enumerate(zip(inter.user.tolist(), inter.item.tolist(), inter.timestamp.tolist())):
+        if key in seen:
+            expected.append(r)
+        seen.add(key)
+    assert 0 < len(expected) < n
+    np.testing.assert_array_equal(interactions.duplicate_rows(inter), expected)
+    kept, dropped = interactions.drop_duplicates(inter)
+    np.testing.assert_array_equal(dropped, expected)
+    keep = np.setdiff1d(np.arange(n), expected)
+    for field in ("user", "item", "timestamp", "rating"):  # the first of each kept, in file order
+        np.testing.assert_array_equal(getattr(kept, field), getattr(inter, field)[keep])
+
+
+def test_same_user_and_item_at_another_time_is_no_duplicate():
+    inter = _inter([1, 1, 1, 2], [5, 5, 5, 5], [10, 11, 10, 10])
+    np.testing.assert_array_equal(interactions.duplicate_rows(inter), [2])
+    none = _inter([1, 1, 2], [5, 6, 5], [0, 0, 0])
+    assert interactions.duplicate_rows(none).size == 0 and interactions.drop_duplicates(none)[0] is none
+
+
+def test_a_file_without_timestamps_keeps_its_repeats(tmp_path):
+    """Without a timestamp column the file's order is the sequence: a repeated (user, item) is a repeat."""
+    path = _write(tmp_path / "events.csv", "user,item\n1,5\n1,6\n1,5\n")
+    inter = load_interactions(path)
+    assert not inter.has_timestamp and interactions.duplicate_rows(inter).size == 0
+    assert load_interactions(write_u_data(tmp_path / "ml")).has_timestamp

@@ -187,3 +187,42 @@ def test_a_non_boolean_seen_bias_is_refused_when_composed():
         seq_config("model.seen_bias=sometimes")
     text = f"{e.value} {e.value.__cause__}"
     assert "model.seen_bias=sometimes" in text and "'sometimes' is not a valid bool" in text, text
+
+
+def test_a_file_appended_to_itself_trains_on_it_once_and_counts_the_rows(tmp_path):
+    """The same ratings.dat twice: each duplicate would sit next to its original, so every item would follow
+    itself (each test input ending with its own target). data.duplicates=drop trains on the file once and
+    counts the rows (summary, data/duplicate_rows); refuse names the file, the count and the first one."""
+    inter = SequenceWorld(SequenceSpec(num_users=64, num_items=50, num_clusters=5)).interactions()
+    once = write_ratings_dat(inter, tmp_path / "once" / "ratings.dat")
+    twice = tmp_path / "twice" / "ratings.dat"
+    twice.parent.mkdir()
+    twice.write_text(once.read_text() * 2)
+    over = ["data.max_len=10", "trainer.batch_size=16"]
+    _, single, _ = build(seq_config(*over, f"data.path={once}", data=["data=movielens"]))
+    _, doubled, _ = build(seq_config(*over, f"data.path={twice}", data=["data=movielens"]))
+    for field in ("offsets", "items", "user_ids", "item_ids"):
+        np.testing.assert_array_equal(getattr(doubled.data, field), getattr(single.data, field))
+    assert single.data_metrics()["data/duplicate_rows"] == 0 and single.warnings() == []
+    assert doubled.data_metrics()["data/duplicate_rows"] == len(inter)
+    assert f"{twice}: dropped {len(inter):,} rows that repeat an earlier row exactly" in doubled.warnings()[0]
+    lines = doubled.summary_lines({**{f"{p}/{m}": 0.0 for p in ("test", "valid", "popularity/test")
+                                      for m in ("hr@10", "ndcg@10", "mrr")}, **doubled.data_metrics()})
+    assert f"dropped {len(inter):,} exact duplicate rows of {twice} (data.duplicates=drop)" in lines
+    with pytest.raises(PreflightError) as e:
+        build(seq_config(*over, f"data.path={twice}", "data.duplicates=refuse", data=["data=movielens"]))
+    u, i, t = inter.user[0], inter.item[0], inter.timestamp[0]
+    assert str(e.value) == (
+        f"data.path='{twice}' cannot be used: {twice}: {len(inter):,} of its {2 * len(inter):,} rows repeat an "
+        f"earlier row exactly (the same user, item and timestamp; the first at line {len(inter) + 1}: user {u}, "
+        f"item {i}, timestamp {t}), e.g. the file appended to itself. A duplicate sits next to its original in the "
+        f"user's sequence, so an item would follow itself and inflate the test metrics; data.duplicates=refuse "
+        f"stops on them. Remove them from the file, or set data.duplicates=drop to drop them (and count them in "
+        f"data/duplicate_rows).")
+
+
+def test_a_duplicates_setting_other_than_drop_or_refuse_is_refused_when_composed():
+    with pytest.raises(Exception) as e:
+        seq_config("data.duplicates=keep", data=["data=movielens"])
+    text = f"{e.value} {e.value.__cause__}"
+    assert "data.duplicates=keep" in text and "expected one of [drop, refuse]" in text, text

@@ -1,0 +1,82 @@
+"""The data file a checkpoint was trained on: its fingerprint, recorded in the checkpoint's meta (``data``),
+and the check a resume runs on it.
+
+A task that reads a file (the sequential task's ``data.path``) names it (``task.data_file``); generated data
+has none (its seeds are in the config). The fingerprint is the file's absolute path, its size and a SHA-256:
+of the whole file up to ``WHOLE_BYTES``, of a larger one ``BLOCKS`` blocks of ``BLOCK_BYTES`` evenly spaced
+from its first byte to its last (the first and last MiB among them), so it costs at most 64 MiB of reading.
+What it covers is recorded with it (``covers``). A change of size is always seen; an edit of a larger file
+that keeps its size and falls between the blocks is not.
+
+A resume on a file whose size or hash differs from the checkpoint's is refused, naming the file, unless
+``checkpoint.allow_data_change=true`` (then one warning). The same content at another path resumes (a moved
+data folder). A checkpoint written before fingerprints were recorded has none: it resumes with a warning
+that its data could not be checked.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..preflight import PreflightError
+
+log = logging.getLogger("runner")
+WHOLE_BYTES = 64 << 20
+BLOCK_BYTES = 1 << 20
+BLOCKS = 64
+SETTING = "checkpoint.allow_data_change"
+
+
+def fingerprint(path: str | Path) -> dict[str, Any]:
+    """{path, size, sha256, covers} of one data file (see the module docstring)."""
+    p = Path(path).absolute()
+    try:
+        size = p.stat().st_size
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            if size <= WHOLE_BYTES:
+                for chunk in iter(lambda: f.read(BLOCK_BYTES), b""):
+                    h.update(chunk)
+                covers = "the whole file"
+            else:
+                for k in range(BLOCKS):
+                    f.seek(k * (size - BLOCK_BYTES) // (BLOCKS - 1))
+                    h.update(f.read(BLOCK_BYTES))
+                covers = f"{BLOCKS} blocks of {BLOCK_BYTES} bytes evenly spaced from the first byte to the last"
+    except OSError as e:
+        raise PreflightError(f"data file {p} cannot be read for the checkpoint's fingerprint of it: "
+                             f"{e.strerror or e}") from None
+    return {"path": str(p), "size": size, "sha256": h.hexdigest(), "covers": covers}
+
+
+def _shown(fp: Mapping[str, Any]) -> str:
+    return f"{fp['path']} ({fp['size']:,} bytes, sha256 {fp['sha256'][:16]}... of {fp['covers']})"
+
+
+def check(meta: Mapping[str, Any], ours: Mapping[str, Any] | None, where: str, allow: bool) -> None:
+    """Refuse (a PreflightError naming the file and ``SETTING``) a resume whose data file differs from the one
+    checkpoint ``where`` recorded; with ``allow``, warn instead. ``ours``: this run's fingerprint, or None."""
+    theirs = meta.get("data")
+    if theirs is None:
+        if ours is not None:
+            log.warning("checkpoint %s records no fingerprint of its data (written before checkpoints recorded "
+                        "one): cannot check that %s is the data it was trained on", where, ours["path"])
+        return
+    same = ours is not None and all(ours[k] == theirs.get(k) for k in ("size", "sha256", "covers"))
+    if same:
+        if ours["path"] != theirs.get("path"):
+            log.info("data file %s has the content checkpoint %s was trained on, at %s", ours["path"], where,
+                     theirs.get("path"))
+        return
+    now = f"this run reads {_shown(ours)}" if ours is not None else "this run reads no data file"
+    what = f"checkpoint {where} was trained on {_shown(theirs)}, but {now}"
+    if allow:
+        log.warning("%s; resuming on it anyway (%s=true)", what, SETTING)
+        return
+    raise PreflightError(
+        f"{what}: the data changed since the checkpoint was written, and a resume would go on training on other "
+        f"data than the run started on. Put back the file the run started on, start a new run "
+        f"(checkpoint.resume=never with another checkpoint.dir or trainer.run_id), or set {SETTING}=true to "
+        f"resume on this data on purpose.")
