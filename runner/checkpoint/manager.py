@@ -28,6 +28,8 @@ import os
 import shutil
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -47,6 +49,7 @@ from ..preflight import PreflightError
 
 log = logging.getLogger("runner")
 KILL_ENV = "RUNNER_TEST_KILL_BEFORE_COMMIT"  # test hook: SIGKILL the process just before this step commits
+KILL_RESTORE_ENV = "RUNNER_TEST_KILL_IN_RESTORE"  # test hook: SIGKILL this many seconds into the restore
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
@@ -67,6 +70,30 @@ class _KillBeforeCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
         if self.get_final().name == os.environ.get(KILL_ENV):
             os.kill(os.getpid(), signal.SIGKILL)
         return await super().finalize(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _killed_in_restore():
+    """Only with ``RUNNER_TEST_KILL_IN_RESTORE=<seconds>``: the process SIGKILLs itself that long into the
+    restore, or as it ends if it ends sooner (the kill drill of ``benchmarks/kills.py``)."""
+    delay = os.environ.get(KILL_RESTORE_ENV)
+    if not delay:
+        yield
+        return
+    t0 = time.monotonic()
+
+    def kill(when: str) -> None:
+        print(f"{KILL_RESTORE_ENV}: SIGKILL {when}, {time.monotonic() - t0:.4f} s into the restore",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    timer = threading.Timer(float(delay), kill, args=("from the timer",))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        kill("at its end")
 
 
 class Checkpoints:
@@ -169,6 +196,10 @@ class Checkpoints:
 
     # ----- restoring ---------------------------------------------------------------------------------
     def restore_newest(self, manager: Any, steps: list[int], own: bool) -> Restored | None:
+        with _killed_in_restore():
+            return self._restore_newest(manager, steps, own)
+
+    def _restore_newest(self, manager: Any, steps: list[int], own: bool) -> Restored | None:
         abstract = jax.eval_shape(lambda: self.program.init_state(int(self.cfg.trainer.seed)))
         shardings = self.program.state_shardings(abstract)
         bad = []
@@ -519,3 +550,19 @@ def _resume(ck: Checkpoints, resume: str, source: tuple[Path, list[int]] | None,
             log.info("resuming from %s: step %d of %d (written by %s)", ck.restored.path, ck.restored.step,
                      ck.steps, ", ".join(f"{k} {v}" for k, v in ck.restored.meta["versions"].items()))
             ck.last_row = meta_lib.carry_metrics(out / METRICS_FILE, ck.restored.meta.get("output_dir"), ck.rows)
+    elif ck.manager is not None and jax.process_index() == 0:
+        _set_aside_metrics(out / METRICS_FILE)
+
+
+def _set_aside_metrics(path: Path) -> None:
+    """A checkpointed run that starts from step 0: rows already in its metrics.jsonl were logged by a launch
+    that died before its first checkpoint committed; appended to, its steps would repeat. They are moved aside."""
+    if not (path.exists() and path.stat().st_size):
+        return
+    dest, n = path.with_name(path.name + ".before-restart"), 0
+    while dest.exists():
+        n += 1
+        dest = path.with_name(f"{path.name}.before-restart.{n}")
+    os.replace(path, dest)
+    log.warning("%s holds %d rows of an earlier launch that committed no checkpoint; moved to %s, this run starts "
+                "from step 0", path, len(dest.read_text().splitlines()), dest)

@@ -50,3 +50,25 @@ def test_killed_mid_save_resumes_from_the_previous_checkpoint(tmp_path):
     assert steps_in(tmp_path / "ck") == [2, 4, 6]
     assert_same_arrays(saved_arrays(tmp_path / "ck_straight", 6), saved_arrays(tmp_path / "ck", 6))
     assert metric_rows(tmp_path / "run") == metric_rows(tmp_path / "straight")  # rows 3-4 re-logged once
+
+
+def test_a_fresh_start_sets_aside_the_rows_of_a_launch_killed_before_its_first_checkpoint(tmp_path, caplog):
+    """Killed before any checkpoint committed, the relaunch starts from step 0 in the same output dir: the rows
+    the dead launch logged must not stay in metrics.jsonl, or steps 1.. would be there twice."""
+    from runner.build import build
+    from runner.checkpoint import open_checkpoints
+
+    out = tmp_path / "run"
+    out.mkdir()
+    dead = '{"step": 1, "train/loss": 0.7}\n{"step": 2, "train/loss": 0.6}\n'
+    (out / "metrics.jsonl").write_text(dead)
+    cfg = compose_config(BASE + [f"checkpoint.dir={tmp_path / 'ck'}"])
+    program, _, plan = build(cfg)
+    with caplog.at_level("WARNING", logger="runner"):
+        ck = open_checkpoints(cfg, program, plan, out)
+    ck.close()
+    assert ck.resume_point()[1] == 0
+    assert not (out / "metrics.jsonl").exists()
+    assert (out / "metrics.jsonl.before-restart").read_text() == dead
+    assert f"{out / 'metrics.jsonl'} holds 2 rows of an earlier launch that committed no checkpoint; moved to " \
+        f"{out / 'metrics.jsonl.before-restart'}" in caplog.text
