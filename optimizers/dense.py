@@ -11,7 +11,7 @@ import dataclasses
 
 from ._lazy import jax, jnp, optax
 from .context import AsyncEmbContext
-from .fused import segment_sum
+from .fused import update_token_ids
 from .hparams import hparam
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 
@@ -27,13 +27,12 @@ class OptaxEmbOptimizer(AsyncEmbOptimizer):
         """Returns (table, state, norm, valid); a non-pending update, a non-finite gradient, or an update
         whose new table or state would not be finite (e.g. eps=0 on a zero gradient, b1=1, a learning rate
         that overflows) changes nothing, and ``valid`` is false."""
-        g = segment_sum(update.grads, update.segment_ids, ctx.num_unique)
-        norm = jnp.sqrt(jnp.sum(g * g))
+        dense_g = dense_gradient(ctx, update, table.shape)
+        norm = jnp.sqrt(jnp.sum(dense_g * dense_g))
         valid = jnp.isfinite(norm) & update.pending
 
         def apply(args):
             table, state = args
-            dense_g = jnp.zeros(table.shape, jnp.float32).at[update.unique_tokens].add(g, mode="drop")
             updates, new_state = self.transform().update(dense_g, state, table.astype(jnp.float32))
             new_table = (table.astype(jnp.float32) + updates).astype(table.dtype)
             finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((new_table, new_state))
@@ -43,6 +42,17 @@ class OptaxEmbOptimizer(AsyncEmbOptimizer):
 
         table, state, ok = jax.lax.cond(valid, apply, lambda a: (*a, jnp.zeros((), bool)), (table, state))
         return table, state, norm, valid & ok
+
+
+def dense_gradient(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, shape: tuple[int, int]) -> jax.Array:
+    """The whole batch's fp32 gradient of the table ``[rows, width]``: every token's gradient added into its row,
+    from a record of either kind (per device on the routed row and the column layout, ``update_token_ids``).
+    On a sharded table it is split as the table is, so no device holds all of it."""
+    ids = update_token_ids(ctx, update)
+    g = jnp.zeros(shape, jnp.float32).at[ids].add(update.grads.astype(jnp.float32), mode="drop")
+    if ctx.sharded:
+        g = jax.lax.with_sharding_constraint(g, jax.sharding.NamedSharding(ctx.mesh, ctx.table_spec()))
+    return g
 
 
 @dataclasses.dataclass(frozen=True)

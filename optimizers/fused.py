@@ -108,6 +108,18 @@ def empty_update(ctx: AsyncEmbContext, dtype: Any = "float32") -> AsyncEmbGradie
     )
 
 
+def update_token_ids(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate) -> jax.Array:
+    """Each token's id ``[tokens]`` in an update record of either kind (``ctx.local_record``), ``ctx.vocab`` for
+    the tokens it drops: of a per-device record each device reads its own block (split over the batch, as
+    ``make_update`` built it), of a record of the whole batch the replicated ids. Traced; ``record_token_ids``
+    is the host-side twin."""
+    if not ctx.local_record(update):
+        return routing.token_ids(ctx, update.unique_tokens, update.segment_ids)
+    split = P(ctx.batch_axes)
+    return jax.shard_map(functools.partial(routing.token_ids, ctx), mesh=ctx.mesh, in_specs=(split, split),
+                         out_specs=split, check_vma=False)(update.unique_tokens, update.segment_ids)
+
+
 def record_token_ids(unique: Any, segment_ids: Any, rows: int) -> "np.ndarray":
     """Host-side (numpy): each token's id in an update record of either kind, -1 for tokens it dropped.
 

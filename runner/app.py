@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from omegaconf import DictConfig, OmegaConf
 
-from . import budget, distributed, progress
+from . import budget, distributed, preflight, progress
 from .build import build
 from .checkpoint import open_checkpoints
 from .core import failures
@@ -64,7 +64,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
             jax.process_count(), jax.local_device_count(), cfg.async_emb.enabled, {n: type(o).__name__ for n, o in program.emb_optimizers.items()})
         run_budget = budget.of(cfg, task)
         say(f"budget: {run_budget.describe()}, evaluation every {cfg.trainer.eval_interval:,} steps")
-        for warning in run_budget.warnings():  # e.g. far more epochs than the data can use
+        # e.g. far more epochs than the data can use; a bfloat16 table under a plain optax optimizer
+        for warning in run_budget.warnings() + preflight.rounding_warnings(program.emb_optimizers, program.tables):
             say(warning)
         for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
             say(note)

@@ -57,7 +57,7 @@ class RouteOverflow(Choice):
 
 class TableDType(Choice):
     float32 = "float32"
-    bfloat16 = "bfloat16"  # fp32 optimizer state, stochastic rounding
+    bfloat16 = "bfloat16"  # fp32 optimizer state; fused optimizers round stochastically, optax ones to nearest (warned)
 
 
 class DistributedKind(Choice):

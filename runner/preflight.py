@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from optimizers import supports_async_emb
+from optimizers import OptaxEmbOptimizer, supports_async_emb
 from optimizers.context import COLUMN, ROW
 from optimizers.hparams import Range, problems, ranges
 from optimizers.protocol import no_fused_update_message
@@ -49,6 +49,23 @@ def check_async(emb_optimizers: Mapping[str, Any], async_emb: bool) -> None:
             raise PreflightError(
                 f"{no_fused_update_message(opt)} (configured for embedding table '{table}').\n"
                 + ASYNC_WAYS_OUT.format(cls=cls))
+
+
+def rounding_warnings(emb_optimizers: Mapping[str, Any], tables: Mapping[str, Any]) -> list[str]:
+    """Lines (each starting with ``warning:``) for each bfloat16 table a plain optax optimizer updates: it writes
+    the rows back rounded to nearest, so every update below half a bfloat16 step is lost. ``tables``: each
+    table's spec (its ``dtype``)."""
+    out = []
+    for name, opt in emb_optimizers.items():
+        if isinstance(opt, OptaxEmbOptimizer) and str(tables[name].dtype) == "bfloat16":
+            out.append(
+                f"warning: table '{name}' is stored in bfloat16 (model.tables.{name}.dtype) and its optimizer "
+                f"{type(opt).__name__} (plain optax over the whole table) writes every row back rounded to nearest: "
+                f"an update smaller than half a bfloat16 step (2**-8 of the value's power of two, 0.2-0.4% of the "
+                f"value) is lost and the row does not move. The fused optimizers (e.g. optimizer=async_adam) write "
+                f"bfloat16 rows with stochastic rounding, so such updates still move them on average; or keep this "
+                f"table in float32 (model.tables.{name}.dtype=float32)")
+    return out
 
 
 def _raise(errors: list[str]) -> None:

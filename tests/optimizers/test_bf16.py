@@ -117,6 +117,29 @@ def test_many_tiny_updates_track_float32_where_round_to_nearest_stalls():
     np.testing.assert_array_equal(bf16, tiny_updates(jnp.bfloat16, steps, lr, g))  # reproducible
 
 
+@pytest.mark.parametrize("lr, moves", [(3e-3, False), (5e-3, True)])
+def test_dense_optax_baseline_on_bfloat16_rounds_to_nearest(lr, moves):
+    """What the runner's warning for a bfloat16 table under a plain optax optimizer says
+    (``runner.preflight.rounding_warnings``): it writes rows back rounded to nearest, so on a table of ones
+    moving up (half a bfloat16 step is 2**-8 = 0.0039 there) Adam's steps of about ``lr`` are lost below it
+    and kept above it."""
+    rows, width = 16, 8
+    opt = optimizers.Adam(learning_rate=lr)
+    ctx = optimizers.AsyncEmbContext(rows, width, rows - 1)
+    ids = jnp.arange(1, rows, dtype=jnp.int32)
+    update = jax.jit(lambda: optimizers.make_update(ctx, ids, jnp.full((rows - 1, width), -0.5, jnp.float32)))()
+    apply = jax.jit(lambda t, s: opt.apply_dense(ctx, update, t, s))
+    table, state = jnp.ones((rows, width), jnp.bfloat16), opt.init(rows, width)
+    for _ in range(3):
+        table, state, _, valid = apply(table, state)
+        assert bool(valid)
+    got = np.asarray(table).astype(np.float64)[1:]
+    if moves:
+        np.testing.assert_array_equal(got, 1.0 + 3 * 2.0**-7)  # each step of ~lr rounds up to one bfloat16 step
+    else:
+        np.testing.assert_array_equal(got, 1.0)  # every step lost: the row never moved
+
+
 def test_rounding_depends_on_row_column_and_update_count():
     x = jnp.full((256, 64), 1.0 + 2.0**-8, jnp.float32)  # halfway between 1 and the next bf16 (1 + 2**-7)
     a = np.asarray(stochastic_round_bf16(x, rounding_bits(jnp.arange(256), jnp.arange(64), 1)), np.float64)

@@ -96,6 +96,50 @@ def test_a_capped_column_exchange_equals_unsharded(case):
     assert {d > 2 for d in distinct} == {True, False}  # both branches were taken
 
 
+DENSE = {"adam": optimizers.Adam(learning_rate=0.05, b1=0.8, b2=0.95, eps=1e-6, weight_decay=0.1),
+         "adagrad": optimizers.Adagrad(learning_rate=0.1, initial_accumulator_value=0.2, eps=1e-6)}
+
+
+def dense_step(opt, ctx):
+    return jax.jit(lambda table, state, update: opt.apply_dense(ctx, update, table, state), donate_argnums=(0, 1))
+
+
+@functools.lru_cache(maxsize=None)
+def unsharded_dense_run(name):
+    opt = DENSE[name]
+    table, state, step, out = jnp.asarray(initial_table()), opt.init(VOCAB, WIDTH), dense_step(opt, CTX), []
+    for update in updates():
+        table, state, norm, valid = step(table, state, update)
+        out.append(jax.tree.map(np.array, (table, state, norm, valid)))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(DENSE))
+@pytest.mark.parametrize("layout, routing", [(context.ROW, context.ALLTOALL), (context.ROW, context.GATHER),
+                                             (context.COLUMN, context.ALLTOALL)], ids=["row", "row-gather", "column"])
+def test_dense_baseline_sharded_equals_unsharded(name, layout, routing):
+    """The plain optax baselines on 2x4 shards, fed the records the train step makes for the layout (per device
+    on the routed row and the column layout, the whole batch's on the gather row layout): table, state, norm and
+    valid equal one device's run step for step (the NaN and the empty step refused), the table and state
+    split as the layout splits them."""
+    opt, mesh = DENSE[name], MESHES["2x4"]()
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout,
+                                     routing=routing)
+    records = updates_for(ctx)
+    assert all(ctx.local_record(u) == ctx.per_device_record for u in records)
+    table_sharding = NamedSharding(mesh, ctx.table_spec())
+    state = opt.init(VOCAB, WIDTH)
+    state_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), ctx.state_specs(state))
+    table = jax.device_put(jnp.asarray(initial_table()), table_sharding)
+    state = jax.device_put(state, state_shardings)
+    want = unsharded_dense_run(name)
+    for table, state in steps_match(dense_step(opt, ctx), table, state, records, want, f"{name} {layout} "):
+        assert table.sharding.is_equivalent_to(table_sharding, table.ndim), table.sharding
+        for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(state_shardings)):
+            assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), (leaf.sharding, sharding)
+    assert [bool(v) for *_, v in want] == [True, True, True, False, False, True, True]
+
+
 def steps_match(step, table, state, records, want, label):
     """Apply ``records`` one by one; after each, valid, norm, table and state equal the unsharded run's
     (``want``). Yields each step's (table, state) for further checks."""

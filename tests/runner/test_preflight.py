@@ -1,3 +1,4 @@
+import logging
 import os
 import subprocess
 import sys
@@ -6,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from optimizers import FUSED
+from runner.app import run
 from runner.build import build
-from runner.preflight import PreflightError
+from runner.preflight import PreflightError, rounding_warnings
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGE = ("use_async_emb requires an embedding optimizer implementing AsyncEmbOptimizer, and {} has no fused "
@@ -46,6 +48,36 @@ def test_per_table_override_to_another_fused_optimizer(cfg_of):
     program, _, _ = build(cfg)
     names = {n: type(o).__name__ for n, o in program.emb_optimizers.items()}
     assert names == {"users": "AsyncRowwiseAdagrad", "items": "AsyncAdam", "authors": "AsyncAdam"}
+
+
+BF16_WARNING = (
+    "warning: table 'users' is stored in bfloat16 (model.tables.users.dtype) and its optimizer Adam (plain optax "
+    "over the whole table) writes every row back rounded to nearest: an update smaller than half a bfloat16 step "
+    "(2**-8 of the value's power of two, 0.2-0.4% of the value) is lost and the row does not move. The fused "
+    "optimizers (e.g. optimizer=async_adam) write bfloat16 rows with stochastic rounding, so such updates still "
+    "move them on average; or keep this table in float32 (model.tables.users.dtype=float32)")
+
+
+def bf16_tables(cfg_of):
+    """users: bfloat16 under optax Adam (warned); items: bfloat16 under fused Adam (stochastic rounding: no
+    warning); authors: optax Adam on float32 (no warning)."""
+    return cfg_of(["optimizer=adam", "async_emb=off", "model.tables.users.dtype=bfloat16",
+                   "+optimizer@table_optimizers.items=async_adam", "model.tables.items.dtype=bfloat16",
+                   "trainer.steps=1", "trainer.eval_interval=1"])
+
+
+def test_a_bfloat16_table_under_a_plain_optax_optimizer_is_warned_naming_it(cfg_of):
+    program, _, _ = build(bf16_tables(cfg_of))
+    assert rounding_warnings(program.emb_optimizers, program.tables) == [BF16_WARNING]
+
+
+@pytest.mark.slow
+def test_the_run_logs_the_bfloat16_rounding_warning_once(cfg_of, tmp_path, caplog):
+    cfg = bf16_tables(cfg_of)
+    caplog.set_level(logging.INFO, logger="runner")
+    run(cfg, tmp_path)
+    lines = [r.getMessage() for r in caplog.records if r.name == "runner"]
+    assert [ln for ln in lines if ln.startswith("warning:")] == [BF16_WARNING], lines
 
 
 @pytest.mark.parametrize("name", FUSED)

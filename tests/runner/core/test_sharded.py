@@ -79,3 +79,11 @@ def test_mesh_matches_single_device(mesh, mode):
     if mesh != "data8":  # load balance is visible per shard
         m = metrics[-1]
         assert m["emb/shard_rows_max/items"] >= m["emb/shard_rows_mean/items"] > 0
+
+
+# The plain optax baseline (sync only) through the whole train step on the routed row layout, whose step hands the
+# optimizer per-device update records (the column layout's are the same kind; every layout, the gather row layout
+# included, is tests/optimizers/test_sharded.py's dense case). Tolerances as above: rtol 1e-5.
+@pytest.mark.slow
+def test_dense_baseline_on_a_routed_row_table_matches_single_device():
+    assert_same_run("adam", "off", "2x4-row")
