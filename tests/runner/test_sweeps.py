@@ -244,6 +244,7 @@ def test_searches_are_optuna_over_existing_keys_and_async_optimizers(name):
     sw = cfg.hydra.sweeper
     assert "optuna" in sw._target_ and sw.direction == "maximize" and cfg.hydra.mode == RunMode.MULTIRUN
     assert sw.max_failure_rate == 1.0  # a failed trial does not end the search
+    assert (cfg.trainer.objective or "valid/").startswith("valid/")  # scored on validation (null: the task's own)
     choices = str(sw.params.get("optimizer", "choice(async_adam)"))  # a search may keep the recipe's optimizer
     assert choices.startswith("choice(")
     for opt in choices[len("choice("):-1].split(","):
