@@ -1,4 +1,4 @@
-"""bfloat16 tables vs float32: eval AUC of a short training run, table memory and step time.
+"""bfloat16 tables vs float32: test AUC of a short training run, table memory and step time.
 
 Three runs of the default ranking setup (async_adam, async on): float32 tables with seeds 0 and 1 (the
 seed-to-seed spread is the noise floor) and bfloat16 tables (stochastic rounding on write-back, float32
@@ -55,19 +55,19 @@ def run(quick: bool, out: Path) -> dict:
     for r in cfg["runs"]:  # quick: in this process; full: a fresh process per run
         payload = {**r, "overrides": cfg["overrides"]}
         res = child(payload) if quick else common.run_child("precision", payload)
-        print(f"{res['dtype']:<8} seed {res['seed']}  eval AUC {res['eval']['eval/auc_mean']:.4f}  "
+        print(f"{res['dtype']:<8} seed {res['seed']}  test AUC {res['eval']['test/auc_mean']:.4f}  "
               f"tables {res['table_bytes'] / 2**20:.1f} MB  {res['step_s'] * 1e3:.1f} ms/step", flush=True)
         results.append(res)
     f32 = [r for r in results if r["dtype"] == "float32"]
     bf16 = next(r for r in results if r["dtype"] == "bfloat16")
-    auc = lambda r: r["eval"]["eval/auc_mean"]  # noqa: E731
+    auc = lambda r: r["eval"]["test/auc_mean"]  # noqa: E731
     data = {"config": cfg, "results": results,
             "auc_diff_bf16_minus_f32": auc(bf16) - auc(f32[0]),
             "auc_seed_spread_f32": abs(auc(f32[1]) - auc(f32[0])) if len(f32) > 1 else None,
             "memory_ratio_bf16_over_f32": bf16["table_bytes"] / f32[0]["table_bytes"]}
-    head = ["tables", "seed", "eval AUC (mean over actions)", "Bayes-optimal AUC", "eval loss", "table MB", "ms/step"]
-    rows = [[r["dtype"], r["seed"], f"{auc(r):.4f}", f"{r['eval']['bayes/auc_mean']:.4f}",
-             f"{r['eval']['eval/loss']:.4f}", f"{r['table_bytes'] / 2**20:.2f}", f"{r['step_s'] * 1e3:.1f}"]
+    head = ["tables", "seed", "test AUC (mean over actions)", "Bayes-optimal AUC", "test loss", "table MB", "ms/step"]
+    rows = [[r["dtype"], r["seed"], f"{auc(r):.4f}", f"{r['eval']['bayes/test/auc_mean']:.4f}",
+             f"{r['eval']['test/loss']:.4f}", f"{r['table_bytes'] / 2**20:.2f}", f"{r['step_s'] * 1e3:.1f}"]
             for r in results]
     spread = data["auc_seed_spread_f32"]
     body = (f"Default ranking config (async_adam, async on) with {' '.join(cfg['overrides'])}; each run in a fresh "

@@ -41,8 +41,10 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
 
 
 def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | None = None) -> float:
-    """Train one config; returns ``cfg.trainer.objective`` (for sweeps): its best value over the run's
-    evaluations when the run selects on it (``trainer.select_best``), else the final evaluation's."""
+    """Train one config; returns ``cfg.trainer.objective`` (for sweeps; null: the task's validation objective):
+    its value at the state selected on validation when the run selects (``trainer.select_best``; selection
+    always goes by a validation metric, ``runner.core.selection.selection_metric``), else the final
+    evaluation's."""
     out = Path(output_dir)
     distributed.initialize(cfg.distributed)  # joins the other processes, before anything starts JAX
     program, task, plan = build(cfg)  # raises PreflightError before anything compiles
@@ -93,15 +95,17 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         f"outputs: {out} (metrics.jsonl, summary.json" + (", wandb/)" if lg.kind == "wandb" else ")"),
     ]
     name = cfg.trainer.objective or task.objective
+    selected = s.get("selected_on", name)  # a validation metric: selection never goes by another
     if "early_stop/step" in s:
-        lines.insert(1, f"stopped early at step {s['early_stop/step']} of {cfg.trainer.steps}: {name} had not "
+        lines.insert(1, f"stopped early at step {s['early_stop/step']} of {cfg.trainer.steps}: {selected} had not "
                         f"improved for {cfg.trainer.early_stop_patience} evaluations (trainer.early_stop_patience)")
     if "best/step" in s:
-        lines.insert(1, f"best {name} {s[f'best/{name}']:.4f} at step {s['best/step']} (its state is what best/* "
-                        f"reports; final/* is the last state's)")
+        returned = f"; its {name} {s[f'best/{name}']:.4f}" if name != selected and f"best/{name}" in s else ""
+        lines.insert(1, f"best {selected} {s[f'best/{selected}']:.4f} at step {s['best/step']} (selected on "
+                        f"{selected}{returned}; its state is what best/* reports; final/* is the last state's)")
     for line in lines:
         say(line)
-    # A sweep gets the best validation value when the run selects on it, else the final evaluation's.
+    # A sweep gets the objective of the state selected on validation when the run selects, else the final one's.
     objective = s.get(f"best/{name}", s.get(name))
     return float(objective) if objective is not None else float("nan")
 

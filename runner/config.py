@@ -280,10 +280,11 @@ class TrainerConfig:
     eval_interval: Optional[int] = hparam(None, "steps between evaluations; null = at most 10 evaluations a "
                                                 "run, on logged steps", low=1)
     eval_batches: int = hparam(4, "batches per ranking evaluation", low=1, high=10**6)
-    objective: Optional[str] = None  # the metric a run returns to a sweep; None = the task's own
-    # Model selection (runner/core/selection.py): keep the best evaluated state by the objective and report its
-    # metrics as best/*; a sweep gets the best value. null = on where the task has a validation split
-    # (sequential), off for the ranking task (its only held-out set is the one it reports).
+    objective: Optional[str] = None  # the metric a run returns to a sweep (any it reports); None = the task's own
+    # Model selection (runner/core/selection.py): keep the best evaluated state by a validation metric (the
+    # objective if it is one, else the task's own) and report its metrics as best/*; a sweep gets the objective
+    # of that state. null = on for the sequential task, off for the ranking task (fresh training examples every
+    # step: it reports its last state).
     select_best: Optional[bool] = None
     early_stop_patience: Optional[int] = hparam(None, "stop after this many evaluations in a row without an "
                                                       "improvement of the objective; null = never", low=1)

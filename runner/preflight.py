@@ -221,15 +221,18 @@ def check_objective(objective: str | None, task: Any) -> None:
 
 
 def check_selection(trainer: Any, task: Any) -> None:
-    """Best-state selection and early stopping need an objective that every evaluation reports."""
-    objective = trainer.get("objective") or task.objective
+    """Best-state selection and early stopping need a validation metric that every evaluation reports."""
+    from .core.selection import selection_metric  # what they go by, whatever trainer.objective names
+
+    objective = selection_metric(trainer.get("objective"), task)
     wanted = [f"trainer.{k}={trainer.get(k)}" for k in ("select_best", "early_stop_patience")
               if trainer.get(k) is not None and trainer.get(k) is not False]
     if wanted and objective not in list(task.metric_names()):
         raise PreflightError(
-            f"{' and '.join(wanted)} select on the objective each evaluation reports, but "
-            f"trainer.objective={objective!r} is not an evaluation metric; use one of "
-            f"{', '.join(task.metric_names())}, or drop {' and '.join(w.split('=')[0] for w in wanted)}")
+            f"{' and '.join(wanted)} select on a validation metric each evaluation reports (trainer.objective "
+            f"when it is one, else the task's own), but {objective!r} is not an evaluation metric; set "
+            f"trainer.objective to one of {', '.join(n for n in task.metric_names() if n.startswith('valid/'))}, "
+            f"or drop {' and '.join(w.split('=')[0] for w in wanted)}")
 
 
 def _accelerator_installed() -> bool:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m runner.report multirun/2026-11-29/12-00-00 [--out DIR] [--metric eval/auc_mean]
+    python -m runner.report multirun/2026-11-29/12-00-00 [--out DIR] [--metric valid/auc_mean]
 
 A *trial* is a directory holding ``metrics.jsonl`` (written by
 :class:`runner.tracking.JsonlTracker`), ``.hydra/overrides.yaml`` or a ``FAILED``
@@ -17,8 +17,10 @@ the report's header (``common: ...``). ``report.csv`` keeps each trial's full ov
 
 Charts (matplotlib, Agg): ``loss.png`` (``train/loss`` vs step per trial),
 ``auc.png`` (one panel per AUC metric key, e.g. ``train/auc_click``,
-``eval/auc_mean``, per trial vs step; the Bayes-optimal AUC ``bayes/<metric>`` is a
-dotted horizontal line on the ``eval/<metric>`` panel, not a panel of its own) and
+``valid/auc_mean``, per trial vs step; the Bayes-optimal AUC ``bayes/<metric>`` is a
+dotted horizontal line on the ``<metric>`` panel (``bayes/test/auc_mean`` on ``test/auc_mean``;
+a run that named its one held-out split ``eval/``: ``bayes/auc_mean`` on ``eval/auc_mean``), not a
+panel of its own) and
 ``final_metric.png`` (final objective per configuration). Malformed lines (such as a
 truncated last line of a trial that was killed), ``null`` values and missing keys are
 tolerated. A folder without any trial is refused and nothing is written.
@@ -39,7 +41,7 @@ from typing import Any
 from .outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE, read_overrides
 
 LOSS_KEY = "train/loss"
-DEFAULT_METRIC = "eval/auc_mean"
+DEFAULT_METRIC = "valid/auc_mean"  # the ranking task's objective
 
 CSV_COLUMNS = [
     "trial",
@@ -56,8 +58,8 @@ CSV_COLUMNS = [
 
 _AUC_RE = re.compile(r"(^|[_\-.])auc($|[_\-.])", re.IGNORECASE)
 _SKIP_DIRS = {"wandb", ".hydra", "__pycache__", "checkpoints", ".git"}
-BAYES_PREFIX = "bayes/"  # bayes/<metric>: the best value any model could reach on the eval labels
-EVAL_PREFIX = "eval/"
+BAYES_PREFIX = "bayes/"  # bayes/<metric>: the best value any model could reach on that metric's labels
+EVAL_PREFIX = "eval/"  # runs that named their one held-out split eval/: bayes/<m> belongs to eval/<m>
 TRIAL_HOLDS = (f"a trial folder holds {METRICS_FILE}, {OVERRIDES_FILE.as_posix()} or a {FAILED_MARKER} file "
                "(Hydra's run folder outputs/<date>/<time>, or one trial of a sweep multirun/<date>/<time>/<n>)")
 
@@ -346,16 +348,17 @@ def _last_finite(t: Trial, key: str) -> float | None:
 
 @dataclass
 class AucPanels:
-    """What ``auc.png`` shows: one panel per key in ``keys`` (no ``bayes/*`` key), and per ``eval/<metric>``
-    panel the Bayes-optimal value of each trial that logged ``bayes/<metric>`` (``references``: panel key ->
-    {trial label: value}). ``unplaced`` holds Bayes values whose eval metric was never logged."""
+    """What ``auc.png`` shows: one panel per key in ``keys`` (no ``bayes/*`` key), and per ``<metric>`` panel
+    the Bayes-optimal value of each trial that logged ``bayes/<metric>`` (``references``: panel key ->
+    {trial label: value}). ``unplaced`` holds Bayes values whose metric was never logged."""
 
     keys: list[str]
     references: dict[str, dict[str, float]] = field(default_factory=dict)
     unplaced: dict[str, dict[str, float]] = field(default_factory=dict)
+    bayes_keys: dict[str, str] = field(default_factory=dict)  # panel key -> the bayes/* key drawn on it
 
     def reference(self, key: str) -> float | None:
-        """The one Bayes-optimal value of a panel when every trial agrees on it (the same eval labels)."""
+        """The one Bayes-optimal value of a panel when every trial agrees on it (the same labels)."""
         values = list(self.references.get(key, {}).values())
         if values and max(values) - min(values) <= 1e-9 * max(1.0, abs(max(values))):
             return values[0]
@@ -371,12 +374,20 @@ def auc_panels(trials: Sequence[Trial]) -> AucPanels:
         values = {t.label: v for t in trials if (v := _last_finite(t, key)) is not None}
         if not values:
             continue
-        target = EVAL_PREFIX + key[len(BAYES_PREFIX):]
-        if target in panels.keys:
+        target = _panel_of(key, panels.keys)
+        if target is not None:
             panels.references[target] = values
+            panels.bayes_keys[target] = key
         else:
             panels.unplaced[key] = values
     return panels
+
+
+def _panel_of(bayes_key: str, keys: Sequence[str]) -> str | None:
+    """The panel ``bayes/<metric>`` is drawn on: ``<metric>``, else (a run that named its held-out split
+    ``eval/``) ``eval/<metric>``; None when neither was logged."""
+    metric = bayes_key[len(BAYES_PREFIX):]
+    return next((k for k in (metric, EVAL_PREFIX + metric) if k in keys), None)
 
 
 def _draw_reference(ax, trials: Sequence[Trial], panels: AucPanels, key: str):
@@ -387,7 +398,7 @@ def _draw_reference(ax, trials: Sequence[Trial], panels: AucPanels, key: str):
     one = panels.reference(key)
     if one is not None:
         ax.set_title(f"{key} (Bayes-optimal {one:.4g})")
-        return ax.axhline(one, color="black", linestyle=":", linewidth=1.5, label="Bayes-optimal (eval labels)")
+        return ax.axhline(one, color="black", linestyle=":", linewidth=1.5, label="Bayes-optimal (same labels)")
     handle = None
     for i, t in enumerate(trials):  # trials disagree (other eval data): one line each, in the trial's colour
         if t.label in values:
@@ -583,10 +594,9 @@ def build_report(
     bayes = {key: panels.reference(key) for key in panels.references}
     if any(v is not None for v in bayes.values()):
         lines.append("- Bayes-optimal (dotted lines in auc.png): "
-                     + ", ".join(f"`{BAYES_PREFIX}{k[len(EVAL_PREFIX):]}` {v:.4g}" for k, v in bayes.items()
-                                 if v is not None))
+                     + ", ".join(f"`{panels.bayes_keys[k]}` {v:.4g}" for k, v in bayes.items() if v is not None))
     for key, values in panels.unplaced.items():
-        lines.append(f"- `{key}` (no `{EVAL_PREFIX}{key[len(BAYES_PREFIX):]}` panel): "
+        lines.append(f"- `{key}` (no `{key[len(BAYES_PREFIX):]}` panel): "
                      + ", ".join(f"`{label}` {v:.4g}" for label, v in values.items()))
     bad = [(t.label, t.bad_lines) for t in trials if t.bad_lines]
     if bad:

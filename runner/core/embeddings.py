@@ -36,7 +36,7 @@ from optimizers.fused import compiler_options, hash2d
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
     name: str
-    vocab: int  # logical rows (ids are hashed into [1, vocab); 0 is the padding row)
+    vocab: int  # logical rows: ids in [1, vocab) (row i holds id i); 0 is the padding row
     width: int
     tokens_per_example: int
     rows: int  # stored rows: vocab padded up so row shards divide evenly
@@ -69,12 +69,6 @@ def in_id_order(spec: TableSpec, table: jax.Array, mesh: Mesh | None = None) -> 
     if not spec.permute_ids:
         return table
     return table[stored_rows(spec, jnp.arange(table.shape[0], dtype=jnp.int32), mesh, split=False)]
-
-
-def hash_ids(raw: jax.Array, vocab: int) -> jax.Array:
-    """Map raw ids (0 = padding) into table rows: 0 stays 0, others land in [1, vocab)."""
-    raw = raw.astype(jnp.int32)
-    return jnp.where(raw == 0, 0, 1 + (raw - 1) % (vocab - 1))
 
 
 def normal_block(seed: jax.Array, rows: jax.Array, cols: jax.Array) -> jax.Array:

@@ -16,7 +16,7 @@ from .. import distributed
 from .. import progress as progress_lib
 from ..budget import train_examples
 from ..preflight import TrainingError
-from .selection import Selection
+from .selection import Selection, selection_metric
 from .step import TrainProgram, is_log_step
 from ..tracking import Tracker
 
@@ -28,9 +28,10 @@ def to_device(program: TrainProgram, batch: Mapping[str, np.ndarray], keys=None)
 
 
 def make_selection(task: Any, trainer: Any) -> Selection:
-    """Selection by ``trainer.objective`` (else the task's): on where the task selects on a validation split
-    (``task.selects_on_validation``) unless ``trainer.select_best`` says otherwise."""
-    objective = getattr(trainer, "objective", None) or task.objective
+    """Selection on a validation metric (``selection_metric``: ``trainer.objective`` when it is one, else the
+    task's own): on where the task selects by default (``task.selects_on_validation``) unless
+    ``trainer.select_best`` says otherwise."""
+    objective = selection_metric(getattr(trainer, "objective", None), task)
     select = getattr(trainer, "select_best", None)
     select = bool(getattr(task, "selects_on_validation", False)) if select is None else bool(select)
     evaluated = objective in set(getattr(task, "metric_names", lambda: [objective])())
@@ -168,6 +169,8 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     summary = {"steps": end, "final/train_loss": last.get("train/loss"),
                "perf/examples_per_s": last.get("perf/examples_per_s"), **skipped, **final,
                **{f"final/{k}": v for k, v in final.items()}, **data, **best}
+    if selection.active:  # what best/* and early stopping went by (a validation metric, whatever the objective)
+        summary["selected_on"] = selection.objective
     tracker.log_summary(summary)
     if checkpoints is not None:
         with progress.timed("waiting for the last checkpoint save"):

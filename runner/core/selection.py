@@ -8,8 +8,10 @@ objective improves. ``trainer.early_stop_patience`` stops the run after that man
 without an improvement. The record and the copy travel with the checkpoints (``runner/checkpoint``), so a
 resumed run reports the same ``best/*`` as one that never stopped.
 
-Summary keys: ``best/step``, ``best/<objective>`` and ``best/<metric>`` for every metric of the best
-evaluation (``best/test/ndcg@10``, ...); ``early_stop/step`` when the run stopped early.
+Selection and early stopping always use a validation metric (:func:`selection_metric`), whatever
+``trainer.objective`` names. Summary keys: ``selected_on`` (that metric), ``best/step``, ``best/<metric>``
+for every metric of the best evaluation (``best/test/ndcg@10``, ...); ``early_stop/step`` when the run
+stopped early.
 """
 from __future__ import annotations
 
@@ -30,6 +32,19 @@ def copy_best(state: Any) -> BestState:
     """Fresh on-device buffers (same shardings) of ``state``'s params and tables: safe from donation."""
     return BestState(jax.tree.map(lambda x: x.copy(), state.params),
                      {n: t.copy() for n, t in state.tables.items()})
+
+
+VALID_PREFIX = "valid/"  # a task's validation metrics: the only ones selection and early stopping use
+
+
+def selection_metric(objective: str | None, task: Any) -> str:
+    """What best-state selection and early stopping use: ``objective`` (``trainer.objective``) when it is one
+    of the task's validation metrics (``valid/...``), else the task's own objective (a validation metric).
+    A test metric (or any other reported metric) may be what a run returns to a sweep; it is never selected
+    on: the run then returns that metric of the state selected on validation."""
+    if objective and objective.startswith(VALID_PREFIX) and objective in set(task.metric_names()):
+        return objective
+    return task.objective
 
 
 def minimizes(objective: str) -> bool:

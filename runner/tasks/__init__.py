@@ -30,9 +30,10 @@ class Task(Protocol):
         """The embedding tables: ``{name: (id_range, tokens_per_example)}``."""
 
     def make_model(self, specs: Mapping[str, Any], model_cfg: DictConfig) -> Any:
-        """A model with ``table_ids(batch)``, ``init(key)``, ``loss(params, embs, batch) -> (loss, outputs)``
-        and ``predict(params, embs, batch, tables)``; ``tables`` hold row i = id i (also under
-        ``mesh.permute_ids``, whose stored rows are relabelled)."""
+        """A model with ``table_ids(batch)`` (each table's raw ids, unmapped: the trainer counts, or under
+        ``trainer.strict_ids`` refuses, every id outside ``[0, vocab)`` before any row is read), ``init(key)``,
+        ``loss(params, embs, batch) -> (loss, outputs)`` and ``predict(params, embs, batch, tables)``;
+        ``tables`` hold row i = id i (also under ``mesh.permute_ids``, whose stored rows are relabelled)."""
 
     def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
         """Rows ``[shard*B/n, (shard+1)*B/n)`` of step's global batch: host arrays, a pure function of

@@ -2,8 +2,8 @@
 
 Every tracker implements :class:`Tracker`::
 
-    tracker.define_summary("eval/auc_mean", goal="maximize")  # optional
-    tracker.log({"train/loss": loss, "eval/auc_mean": auc}, step=step)
+    tracker.define_summary("valid/auc_mean", goal="maximize")  # optional
+    tracker.log({"train/loss": loss, "valid/auc_mean": auc}, step=step)
     tracker.log_summary({"best_step": 120})
     tracker.finish(exit_code=0)
 

@@ -39,9 +39,9 @@ def test_default_run_writes_wandb_and_metrics(tmp_path):
                 "dense/learning_rate", "emb/learning_rate/items", "train/auc_click", "perf/examples_per_s",
                 "perf/step_time_ms"):
         assert key in rows[-1], key
-    assert any("eval/auc_mean" in r for r in metrics(tmp_path))
+    assert any("valid/auc_mean" in r and "test/auc_mean" in r for r in metrics(tmp_path))
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 60 and 0.5 < summary["bayes/auc_mean"] <= 1
+    assert summary["steps"] == 60 and 0.5 < summary["bayes/test/auc_mean"] <= 1
     log = (tmp_path / "runner.log").read_text()  # hydra.job.name is `runner`
     assert "done: 60 steps" in log and "Bayes-optimal" in log and str(tmp_path) in log
 

@@ -97,7 +97,7 @@ def test_two_processes_train_like_one_process(tmp_path, mode, start):
     got, want = rows(multi), rows(single)
     assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4, 4]
     for g, w in zip(got, want):
-        for key in ("train/loss", "train/auc_mean", "emb/grad_norm", "eval/auc_mean", "eval/loss"):
+        for key in ("train/loss", "train/auc_mean", "emb/grad_norm", "valid/auc_mean", "test/loss"):
             if key in w:
                 assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), (g["step"], key)
 

@@ -14,14 +14,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from runner import launch, report
 from runner.build import build
-from runner.preflight import PreflightError
+from runner.preflight import PreflightError, check_selection
 from tests.runner.support import ROOT, compose_config, seq_config
 
 
@@ -172,20 +174,25 @@ def test_optimizer_hyperparameter_is_refused_by_name(overrides, needle):
 def test_unknown_objective_is_refused_with_the_task_metrics():
     text = refused(compose_config(["trainer.objective=nope/metric"]))
     assert text.startswith("trainer.objective='nope/metric' is not a metric this run reports; use one of "
-                           "eval/auc_click, ")
-    assert "(or trainer.objective=null for the task's own, eval/auc_mean)" in text
+                           "valid/auc_click, ")
+    assert "(or trainer.objective=null for the task's own, valid/auc_mean)" in text
     text = refused(seq_config("trainer.objective=valid/ndcg@20"))
     assert "trainer.objective='valid/ndcg@20' is not a metric" in text and "valid/ndcg@10" in text
 
 
-def test_selection_on_an_objective_no_evaluation_reports_is_refused():
-    text = refused(compose_config(["trainer.objective=final/train_loss", "trainer.early_stop_patience=3"]))
-    assert text.startswith("trainer.early_stop_patience=3 select on the objective each evaluation reports, but "
-                           "trainer.objective='final/train_loss' is not an evaluation metric; use one of eval/")
+def test_selection_with_an_objective_no_evaluation_reports_goes_by_the_validation_metric():
+    build(compose_config(["trainer.objective=final/train_loss", "trainer.early_stop_patience=3"]))  # not refused
+    task = SimpleNamespace(objective="eval/x", metric_names=lambda: ["valid/x"])  # a task whose own is not evaluated
+    with pytest.raises(PreflightError) as info:
+        check_selection(OmegaConf.create({"objective": None, "early_stop_patience": 3}), task)
+    assert str(info.value) == ("trainer.early_stop_patience=3 select on a validation metric each evaluation reports "
+                               "(trainer.objective when it is one, else the task's own), but 'eval/x' is not an "
+                               "evaluation metric; set trainer.objective to one of valid/x, or drop "
+                               "trainer.early_stop_patience")
 
 
 @pytest.mark.parametrize("cfg, objective", [
-    (lambda o: compose_config([o]), "eval/auc_like"),
+    (lambda o: compose_config([o]), "test/auc_like"),
     (lambda o: compose_config([o]), "final/train_loss"),
     (lambda o: seq_config(o), "test/ndcg@10"),
     (lambda o: seq_config(o, "data.ks=[5,20]"), "oracle/valid/hr@20"),

@@ -12,7 +12,7 @@ from runner.core.loop import train
 from runner.tracking.base import NoopTracker
 from tests.runner.support import compose_config
 
-STEP_LINE = re.compile(r"^step +(\d+)/6  loss \d+\.\d{4}(  eval/auc_mean \d\.\d{4})?  emb\|g\| \S+  [\d,]+ ex/s$")
+STEP_LINE = re.compile(r"^step +(\d+)/6  loss \d+\.\d{4}(  valid/auc_mean \d\.\d{4})?  emb\|g\| \S+  [\d,]+ ex/s$")
 COMPILE = re.compile(r"^compiling the train step \(async_emb=on, 1 device\) \.\.\. done in \d+\.\d s$")
 
 
@@ -44,7 +44,7 @@ def test_lines_mode_logs_the_plain_lines_and_the_compilation(capsys):
     lines = run_tiny("lines")
     steps = [ln for ln in lines if ln.startswith("step")]
     assert [int(STEP_LINE.match(ln).group(1)) for ln in steps] == [3, 6], lines
-    assert "eval/auc_mean" in steps[0]  # the objective where it was evaluated
+    assert "valid/auc_mean" in steps[0]  # the objective where it was evaluated
     assert lines[0] == "compiling the train step (async_emb=on, 1 device) ..."
     assert COMPILE.match(lines[1]), lines
     assert "%|" not in capsys.readouterr().err  # no bar
@@ -57,7 +57,7 @@ def test_bar_mode_draws_step_loss_rate_eta_and_the_objective(monkeypatch):
     lines = run_tiny("bar")
     out = terminal.getvalue()
     final = out.replace("\r", "\n").strip().splitlines()[-1]
-    assert re.search(r"100%\|.*\| step 6/6, loss \d\.\d{4}, eval/auc_mean \d\.\d{4}, [\d,]+ ex/s, ETA \S+$", final), out
+    assert re.search(r"100%\|.*\| step 6/6, loss \d\.\d{4}, valid/auc_mean \d\.\d{4}, [\d,]+ ex/s, ETA \S+$", final), out
     assert "evaluating at step" in out  # the evaluation's own bar (left=False: erased when done)
     # The plain lines still go to the log (runner.log), written above the bar; the compile line too.
     assert [ln.split("/")[0] for ln in lines if ln.startswith("step")] == ["step      3", "step      6"]

@@ -33,9 +33,9 @@ def multirun(tmp_path) -> Path:
         root / "0",
         ["optimizer=adagrad", "optimizer.lr=0.1"],
         [
-            {"step": 10, "train/loss": 0.70, "train/auc_click": 0.60, "eval/auc_mean": 0.65, "eval/auc_click": 0.66},
-            {"step": 20, "train/loss": 0.60, "train/auc_click": 0.70, "eval/auc_mean": 0.75, "eval/auc_click": 0.76},
-            {"step": 30, "train/loss": 0.55, "train/auc_click": 0.72, "eval/auc_mean": 0.72, "eval/auc_click": 0.73},
+            {"step": 10, "train/loss": 0.70, "train/auc_click": 0.60, "valid/auc_mean": 0.65, "valid/auc_click": 0.66},
+            {"step": 20, "train/loss": 0.60, "train/auc_click": 0.70, "valid/auc_mean": 0.75, "valid/auc_click": 0.76},
+            {"step": 30, "train/loss": 0.55, "train/auc_click": 0.72, "valid/auc_mean": 0.72, "valid/auc_click": 0.73},
         ],
         summary={"status": "ok", "exit_code": 0},
     )
@@ -43,9 +43,9 @@ def multirun(tmp_path) -> Path:
         root / "1",
         ["optimizer=adam", "optimizer.lr=0.01"],
         [
-            {"step": 10, "train/loss": 0.65, "train/auc_click": None, "eval/auc_mean": 0.70},
+            {"step": 10, "train/loss": 0.65, "train/auc_click": None, "valid/auc_mean": 0.70},
             {"step": 20, "train/loss": 0.50},  # no eval this step
-            {"step": 30, "train/loss": 0.45, "eval/auc_mean": 0.80, "grad_norm": "Infinity"},
+            {"step": 30, "train/loss": 0.45, "valid/auc_mean": 0.80, "grad_norm": "Infinity"},
         ],
         tail='{"step": 40, "train/lo',  # truncated by a kill
     )
@@ -53,8 +53,8 @@ def multirun(tmp_path) -> Path:
         root / "2",
         ["optimizer=sgd", "optimizer.lr=1.0"],
         [
-            {"step": 10, "train/loss": 0.90, "eval/auc_mean": 0.52},
-            {"step": 20, "train/loss": "NaN", "eval/auc_mean": None},
+            {"step": 10, "train/loss": 0.90, "valid/auc_mean": 0.52},
+            {"step": 20, "train/loss": "NaN", "valid/auc_mean": None},
         ],
         summary={"status": "failed", "exit_code": 1},
     )
@@ -89,7 +89,7 @@ def test_build_report(multirun, tmp_path):
     assert float(r0["final_loss"]) == pytest.approx(0.55)
     assert float(r1["final_loss"]) == pytest.approx(0.45)
     assert r2["final_loss"].lower() == "nan"
-    assert r0["objective"] == "eval/auc_mean"
+    assert r0["objective"] == "valid/auc_mean"
     assert float(r0["best_objective"]) == pytest.approx(0.75) and r0["best_step"] == "20"
     assert float(r0["final_objective"]) == pytest.approx(0.72)
     assert float(r1["best_objective"]) == pytest.approx(0.80) and r1["best_step"] == "30"
@@ -103,7 +103,7 @@ def test_build_report(multirun, tmp_path):
     text = md.read_text()
     assert "3 (2 ok, 1 failed)" in text
     assert "best trial: `1` 0.8" in text  # failed trial never wins
-    assert "eval/auc_click" in text and "train/auc_click" in text and "eval/auc_mean" in text
+    assert "valid/auc_click" in text and "train/auc_click" in text and "valid/auc_mean" in text
     for name in ("loss.png", "auc.png", "final_metric.png"):
         assert f"({name})" in text
 
@@ -148,8 +148,8 @@ BAYES = {"click": 0.826, "like": 0.852, "mean": 0.839}
 
 
 def _sweep(root: Path, bayes_shift=(0.0, 0.0, 0.0, 0.0)) -> Path:
-    """4 trials (optimizer x async_emb) sharing three overrides; each logs train/eval AUCs and the constant
-    Bayes-optimal AUCs of its eval labels, as runner.tasks.ranking does."""
+    """4 trials (optimizer x async_emb) sharing three overrides; each logs train/valid AUCs and the constant
+    Bayes-optimal AUCs of its valid labels, as runner.tasks.ranking does."""
     root.mkdir(parents=True)
     grid = [("async_adam", "on"), ("async_adam", "off"), ("async_sgd", "on"), ("async_sgd", "off")]
     for i, ((opt, mode), shift) in enumerate(zip(grid, bayes_shift)):
@@ -158,8 +158,8 @@ def _sweep(root: Path, bayes_shift=(0.0, 0.0, 0.0, 0.0)) -> Path:
             r = {"step": step, "train/loss": 0.7 - step / 1000 - i / 100, "train/auc_click": 0.6 + step / 1000,
                  "train/auc_like": 0.61 + step / 1000}
             if step % 40 == 0 or step == 60:
-                r.update({f"eval/auc_{a}": 0.65 + step / 1000 + i / 100 for a in BAYES})
-                r.update({f"bayes/auc_{a}": v + shift for a, v in BAYES.items()})
+                r.update({f"valid/auc_{a}": 0.65 + step / 1000 + i / 100 for a in BAYES})
+                r.update({f"bayes/valid/auc_{a}": v + shift for a, v in BAYES.items()})
             records.append(r)
         # Hydra records the overrides in command-line order: the sweep's own ones between the common ones.
         _write_trial(root / str(i), COMMON[:2] + [f"optimizer={opt}", f"async_emb={mode}"] + COMMON[2:], records,
@@ -212,16 +212,16 @@ def test_a_single_run_keeps_all_its_overrides_in_its_label(tmp_path):
 
 
 @pytest.mark.slow
-def test_bayes_optimal_is_a_reference_line_on_its_eval_panel_not_a_panel(tmp_path):
+def test_bayes_optimal_is_a_reference_line_on_its_metric_panel_not_a_panel(tmp_path):
     from runner.report import auc_figure, auc_panels
 
     trials, _ = _loaded(_sweep(tmp_path / "sweep"))
     panels = auc_panels(trials)
-    assert panels.keys == ["eval/auc_click", "eval/auc_like", "eval/auc_mean", "train/auc_click", "train/auc_like"]
+    assert panels.keys == ["train/auc_click", "train/auc_like", "valid/auc_click", "valid/auc_like", "valid/auc_mean"]
     assert not panels.unplaced
     for a, v in BAYES.items():
-        assert panels.reference(f"eval/auc_{a}") == pytest.approx(v)
-        assert set(panels.references[f"eval/auc_{a}"]) == {"0", "1", "2", "3"}
+        assert panels.reference(f"valid/auc_{a}") == pytest.approx(v)
+        assert set(panels.references[f"valid/auc_{a}"]) == {"0", "1", "2", "3"}
 
     fig = auc_figure(trials, panels)
     axes = {ax.get_title().split(" ")[0]: ax for ax in fig.axes if ax.get_visible()}
@@ -231,19 +231,19 @@ def test_bayes_optimal_is_a_reference_line_on_its_eval_panel_not_a_panel(tmp_pat
         return [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
 
     for a, v in BAYES.items():
-        ax = axes[f"eval/auc_{a}"]
+        ax = axes[f"valid/auc_{a}"]
         (ref,) = flat_lines(ax)
         assert list(ref.get_ydata()) == pytest.approx([v, v])
-        assert ref.get_label() == "Bayes-optimal (eval labels)"
-        assert ax.get_title() == f"eval/auc_{a} (Bayes-optimal {v:.4g})"
+        assert ref.get_label() == "Bayes-optimal (same labels)"
+        assert ax.get_title() == f"valid/auc_{a} (Bayes-optimal {v:.4g})"
         assert ax.get_ylim()[1] >= v  # the line is inside the panel
         assert len(ax.get_lines()) == 4 + 1  # the 4 trials and the reference
     for key in ("train/auc_click", "train/auc_like"):
         assert flat_lines(axes[key]) == [] and len(axes[key].get_lines()) == 4
-    assert "Bayes-optimal (eval labels)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "Bayes-optimal (same labels)" in [t.get_text() for t in fig.legends[0].get_texts()]
 
     md = build_report(tmp_path / "sweep").read_text()
-    assert "Bayes-optimal (dotted lines in auc.png): `bayes/auc_click` 0.826, `bayes/auc_like` 0.852" in md
+    assert "Bayes-optimal (dotted lines in auc.png): `bayes/valid/auc_click` 0.826, `bayes/valid/auc_like` 0.852" in md
     assert "`bayes/" not in md.split("AUC keys:")[1]
 
 
@@ -252,20 +252,33 @@ def test_trials_with_other_eval_data_get_one_reference_line_each(tmp_path):
 
     trials, _ = _loaded(_sweep(tmp_path / "sweep", bayes_shift=(0.0, 0.0, 0.01, 0.01)))
     panels = auc_panels(trials)
-    assert panels.reference("eval/auc_click") is None  # they disagree
-    assert panels.references["eval/auc_click"]["2"] == pytest.approx(0.836)
+    assert panels.reference("valid/auc_click") is None  # they disagree
+    assert panels.references["valid/auc_click"]["2"] == pytest.approx(0.836)
     fig = auc_figure(trials, panels)
-    (ax,) = [ax for ax in fig.axes if ax.get_title() == "eval/auc_click"]
+    (ax,) = [ax for ax in fig.axes if ax.get_title() == "valid/auc_click"]
     refs = sorted(ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_linestyle() == ":")
     assert refs == pytest.approx([0.826, 0.826, 0.836, 0.836])
 
 
-def test_a_bayes_metric_without_its_eval_panel_is_listed_in_the_header(tmp_path):
+def test_a_bayes_metric_without_its_panel_is_listed_in_the_header(tmp_path):
     root = tmp_path / "run"
-    _write_trial(root, [], [{"step": 1, "eval/auc_mean": 0.7, "bayes/auc_mean": 0.8, "bayes/auc_view": 0.9}])
+    _write_trial(root, [], [{"step": 1, "valid/auc_mean": 0.7, "bayes/valid/auc_mean": 0.8,
+                             "bayes/test/auc_mean": 0.9}])
     md = build_report(root).read_text()
-    assert "- `bayes/auc_view` (no `eval/auc_view` panel): `run` 0.9" in md
-    assert "AUC keys: `eval/auc_mean`\n" in md
+    assert "- `bayes/test/auc_mean` (no `test/auc_mean` panel): `run` 0.9" in md
+    assert "`bayes/valid/auc_mean` 0.8" in md and "AUC keys: `valid/auc_mean`\n" in md
+
+
+def test_a_run_with_one_eval_split_gets_its_bayes_line_on_the_eval_panel(tmp_path):
+    from runner.report import auc_panels
+
+    root = tmp_path / "run"  # a ranking run of before the valid/test splits: eval/<metric> beside bayes/<metric>
+    _write_trial(root, [], [{"step": 1, "eval/auc_mean": 0.7, "bayes/auc_mean": 0.8, "bayes/auc_view": 0.9}])
+    trials, _ = _loaded(root.parent)
+    panels = auc_panels(trials)
+    assert panels.reference("eval/auc_mean") == 0.8 and list(panels.unplaced) == ["bayes/auc_view"]
+    md = build_report(root, metric="eval/auc_mean").read_text()
+    assert "`bayes/auc_mean` 0.8" in md and "- `bayes/auc_view` (no `auc_view` panel): `run` 0.9" in md
 
 
 # --------------------------------------------------------------------------- refused arguments

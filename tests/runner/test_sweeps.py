@@ -197,8 +197,8 @@ def test_report_of_a_sweep_with_one_ok_and_one_failed_trial(tmp_path):
     (tmp_path / "0" / "metrics.jsonl").write_text("")
     _fake_trial(tmp_path, 1, ["optimizer=async_sgd"])
     (tmp_path / "1" / "metrics.jsonl").write_text(
-        json.dumps({"step": 3, "train/loss": 0.7, "eval/auc_mean": 0.36}) + "\n"
-        + json.dumps({"step": 6, "train/loss": 0.6, "eval/auc_mean": 0.3611}) + "\n")
+        json.dumps({"step": 3, "train/loss": 0.7, "valid/auc_mean": 0.36}) + "\n"
+        + json.dumps({"step": 6, "train/loss": 0.6, "valid/auc_mean": 0.3611}) + "\n")
     md = build_report(tmp_path).read_text()
     assert "- trials: 2 (1 ok, 1 failed)" in md and "- best trial: `1` 0.3611 at step 6" in md
     assert "| 0 | failed | `optimizer=adam` |" in md
@@ -244,6 +244,7 @@ def test_searches_are_optuna_over_existing_keys_and_async_optimizers(name):
     sw = cfg.hydra.sweeper
     assert "optuna" in sw._target_ and sw.direction == "maximize" and cfg.hydra.mode == RunMode.MULTIRUN
     assert sw.max_failure_rate == 1.0  # a failed trial does not end the search
+    assert (cfg.trainer.objective or "valid/").startswith("valid/")  # scored on validation (null: the task's own)
     choices = str(sw.params.get("optimizer", "choice(async_adam)"))  # a search may keep the recipe's optimizer
     assert choices.startswith("choice(")
     for opt in choices[len("choice("):-1].split(","):
@@ -295,11 +296,11 @@ def test_multirun_one_wandb_run_per_trial_in_one_group_and_a_report(tmp_path):
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows if "train/loss" in r] == [3, 6]
         summary = json.loads((d / "summary.json").read_text())
-        final = [r for r in rows if "eval/auc_mean" in r][-1]["eval/auc_mean"]
-        assert summary["status"] == "ok" and summary["eval/auc_mean"] == final
-        assert summary["eval/auc_mean/best"] == max(r["eval/auc_mean"] for r in rows if "eval/auc_mean" in r)
+        final = [r for r in rows if "valid/auc_mean" in r][-1]["valid/auc_mean"]
+        assert summary["status"] == "ok" and summary["valid/auc_mean"] == final
+        assert summary["valid/auc_mean/best"] == max(r["valid/auc_mean"] for r in rows if "valid/auc_mean" in r)
         # W&B keeps the best and the final objective (define_metric summary="max,last"), the lowest loss too
-        assert run["summary"]["eval/auc_mean"] == {"max": summary["eval/auc_mean/best"], "last": final}
+        assert run["summary"]["valid/auc_mean"] == {"max": summary["valid/auc_mean/best"], "last": final}
         assert run["summary"]["train/loss"]["min"] == min(r["train/loss"] for r in rows if "train/loss" in r)
     assert combos == {(f"optimizer={o}", f"async_emb={a}")
                       for o in ("async_adam", "async_rowwise_adagrad") for a in ("on", "off")}
@@ -313,13 +314,13 @@ def test_multirun_one_wandb_run_per_trial_in_one_group_and_a_report(tmp_path):
     for d in trials:  # each row shows what differs: the swept choices
         overrides = " ".join(yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())[:2])
         assert f"| {d.name} | ok | `{overrides}` | 6 |" in md
-    assert "- Bayes-optimal (dotted lines in auc.png): `bayes/auc_click` " in md
-    assert "`bayes/" not in md.split("AUC keys:")[1]  # a reference line on its eval panel, not a panel
+    assert "- Bayes-optimal (dotted lines in auc.png): `bayes/test/auc_click` " in md
+    assert "`bayes/" not in md.split("AUC keys:")[1]  # a reference line on its metric's panel, not a panel
     with open(sweep / "report.csv", newline="") as f:
         table = {r["trial"]: r for r in csv.DictReader(f)}
     for d in trials:
         summary = json.loads((d / "summary.json").read_text())
-        assert float(table[d.name]["final_objective"]) == pytest.approx(summary["eval/auc_mean"], rel=1e-5)
+        assert float(table[d.name]["final_objective"]) == pytest.approx(summary["valid/auc_mean"], rel=1e-5)
     for png in ("loss.png", "auc.png", "final_metric.png"):
         assert (sweep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -363,7 +364,7 @@ def test_optuna_search_writes_the_best_of_its_trials(tmp_path):
     values = {}
     for d in trials:
         overrides = dict(o.split("=", 1) for o in yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()))
-        values[d.name] = (json.loads((d / "summary.json").read_text())["eval/auc_mean"], overrides)
+        values[d.name] = (json.loads((d / "summary.json").read_text())["valid/auc_mean"], overrides)
     best_value, best_overrides = max(values.values(), key=lambda v: v[0])
     assert result["best_value"] == pytest.approx(best_value)
     assert set(result["best_params"]) == {"optimizer", "optimizer.learning_rate", "dense_optimizer.learning_rate"}

@@ -1,7 +1,8 @@
 """A multi-action ranking model in plain JAX.
 
-Features: the user id, the user's history of (item, author) ids, and a candidate (item, author), each hashed
-into its embedding table (``users``, ``items``, ``authors``). The history is pooled two ways (masked mean,
+Features: the user id, the user's history of (item, author) ids, and a candidate (item, author), each looked
+up in its embedding table (``users``, ``items``, ``authors``) by its raw id: row i holds id i, and the trainer
+counts (or, with ``trainer.strict_ids``, refuses) an id outside ``[0, vocab)`` (``TrainProgram.table_ids``). The history is pooled two ways (masked mean,
 and attention with the candidate as query, as in DIN); an MLP over the pooled features and the
 user-candidate interactions predicts one logit per engagement action, trained with per-action BCE.
 
@@ -16,7 +17,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from ...core.embeddings import TableSpec, hash_ids
+from ...core.embeddings import TableSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,13 +31,13 @@ class RankingModel:
         return self.tables["items"].width
 
     def table_ids(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        """[B, tokens_per_example] row ids per table (0 = padding)."""
-        t = self.tables
+        """[B, tokens_per_example] raw ids per table (0 = padding), unmapped: the trainer's range check must see
+        them as they are (a hash or modulo here would land an id outside the table on a real row)."""
+        as_int = lambda x: jnp.asarray(x).astype(jnp.int32)  # noqa: E731
         return {
-            "users": hash_ids(batch["user"][:, None], t["users"].vocab),
-            "items": hash_ids(jnp.concatenate([batch["hist_items"], batch["cand_item"][:, None]], 1), t["items"].vocab),
-            "authors": hash_ids(jnp.concatenate([batch["hist_authors"], batch["cand_author"][:, None]], 1),
-                                t["authors"].vocab),
+            "users": as_int(batch["user"])[:, None],
+            "items": as_int(jnp.concatenate([batch["hist_items"], batch["cand_item"][:, None]], 1)),
+            "authors": as_int(jnp.concatenate([batch["hist_authors"], batch["cand_author"][:, None]], 1)),
         }
 
     def init(self, key: jax.Array) -> dict[str, Any]:

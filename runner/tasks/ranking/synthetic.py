@@ -29,7 +29,8 @@ generated in fixed blocks of ``_BLOCK`` rows, each from
 resumed run or another process draws exactly the same examples. The global batch of a step is the
 concatenation over shards: ``batch(step, B, shard=k, num_shards=n)`` equals rows ``[k*B/n, (k+1)*B/n)`` of
 ``batch(step, B)``, and a shard only generates the blocks it overlaps. (A consequence: ``batch(step, B)``
-is a prefix of ``batch(step, B')`` for ``B' > B``.) The 'train' and 'eval' splits use disjoint seed streams.
+is a prefix of ``batch(step, B')`` for ``B' > B``.) The 'train', 'valid' and 'test' splits use disjoint seed
+streams: a model is selected and tuned on 'valid' and reported on 'test'.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ import numpy as np
 
 from .auc import auc
 
-_SPLIT_CODES = {"train": 0, "eval": 1}
+_SPLIT_CODES = {"train": 0, "test": 1, "valid": 3}  # each split its own seed stream
 _CALIB_CODE = 2  # private stream used to calibrate weights and biases at construction
 _WORLD_CODE = 0x5EED  # stream for the hidden world (latents, author map, permutations)
 _BLOCK = 256  # rows per seeded block
@@ -211,13 +212,13 @@ class SyntheticRanking:
             "probs": probs,
         }
 
-    def bayes_auc(self, num_examples: int = 200_000) -> dict[str, float]:
+    def bayes_auc(self, num_examples: int = 200_000, split: str = "test") -> dict[str, float]:
         """Per action, the AUC of the true probabilities against their labels on the first ``num_examples``
-        eval examples (eval steps 0, 1, ... of 8192 rows) -- the best AUC any model can reach there."""
+        examples of ``split`` (its steps 0, 1, ... of 8192 rows) -- the best AUC any model can reach there."""
         chunk = 8192
         probs, labels = [], []
         for step in range(-(-num_examples // chunk)):
-            b = self.batch(step, chunk, split="eval")
+            b = self.batch(step, chunk, split=split)
             probs.append(b["probs"])
             labels.append(b["labels"])
         probs = np.concatenate(probs)[:num_examples]

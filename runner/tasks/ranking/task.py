@@ -1,4 +1,10 @@
-"""Multi-action ranking on the synthetic generator: per-action AUC against the Bayes-optimal AUC."""
+"""Multi-action ranking on the synthetic generator: per-action AUC against the Bayes-optimal AUC.
+
+Evaluation scores ``trainer.eval_batches`` fixed batches of each held-out split: ``valid/auc_<action>``,
+``valid/auc_mean``, ``valid/loss`` (what runs are selected and tuned on: the objective is ``valid/auc_mean``)
+and the same under ``test/`` (reported, never selected on), each beside the Bayes-optimal AUC of its own
+labels (``bayes/valid/...``, ``bayes/test/...``). The generator draws fresh training examples every step, so
+the run reports its last state unless ``trainer.select_best=true`` keeps the best by ``valid/auc_mean``."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +20,8 @@ from .synthetic import SyntheticRanking, SyntheticSpec, world
 from .auc import auc
 from .model import RankingModel
 
+SPLITS = ("valid", "test")  # held out: selected and tuned on valid, reported on test
+
 
 def auc_metrics(prefix: str, actions, labels: np.ndarray, scores: np.ndarray) -> dict[str, float]:
     out = {f"{prefix}/auc_{a}": auc(labels[:, i], scores[:, i]) for i, a in enumerate(actions)}
@@ -27,7 +35,7 @@ class RankingTask:
     data: SyntheticRanking
     eval_batches: int
     model_keys: tuple[str, ...] = ("user", "hist_items", "hist_authors", "cand_item", "cand_author", "labels")
-    objective: str = "eval/auc_mean"
+    objective: str = "valid/auc_mean"
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "RankingTask":
@@ -51,7 +59,8 @@ class RankingTask:
 
     def metric_names(self) -> list[str]:
         """The keys ``evaluate`` returns (what ``trainer.objective`` may name)."""
-        return [f"{p}/auc_{a}" for p in ("eval", "bayes") for a in (*self.actions, "mean")] + ["eval/loss"]
+        return ([f"{p}{split}/auc_{a}" for p in ("", "bayes/") for split in SPLITS for a in (*self.actions, "mean")]
+                + [f"{split}/loss" for split in SPLITS])
 
     def make_model(self, specs, model_cfg: DictConfig) -> RankingModel:
         return RankingModel(specs, self.actions, tuple(model_cfg.hidden))
@@ -63,23 +72,35 @@ class RankingTask:
         return auc_metrics("train", self.actions, host_batch["labels"], np.asarray(outputs["probs"]))
 
     def evaluate(self, predict: Callable, state: Any, put: Callable, batch_size: int) -> dict[str, float]:
-        """AUC per action on fixed eval batches, beside the Bayes-optimal AUC of the same labels."""
-        labels, scores, truth = [], [], []
-        for i in range(self.eval_batches):
-            b = self.batch(i, batch_size, split="eval")
-            scores.append(np.asarray(predict(state, put(b))))
-            labels.append(b["labels"])
-            truth.append(b["probs"])
-        labels, scores, truth = map(np.concatenate, (labels, scores, truth))
-        p = np.clip(scores, 1e-7, 1 - 1e-7)
-        bce = -(labels * np.log(p) + (1 - labels) * np.log(1 - p)).mean()
-        return {**auc_metrics("eval", self.actions, labels, scores),
-                **auc_metrics("bayes", self.actions, labels, truth), "eval/loss": float(bce)}
+        """Per held-out split: AUC per action on its fixed batches, beside the Bayes-optimal AUC of the same
+        labels, and the BCE."""
+        out: dict[str, float] = {}
+        for split in SPLITS:
+            labels, scores, truth = [], [], []
+            for i in range(self.eval_batches):
+                b = self.batch(i, batch_size, split=split)
+                scores.append(np.asarray(predict(state, put(b))))
+                labels.append(b["labels"])
+                truth.append(b["probs"])
+            labels, scores, truth = map(np.concatenate, (labels, scores, truth))
+            p = np.clip(scores, 1e-7, 1 - 1e-7)
+            bce = -(labels * np.log(p) + (1 - labels) * np.log(1 - p)).mean()
+            out.update({**auc_metrics(split, self.actions, labels, scores),
+                        **auc_metrics(f"bayes/{split}", self.actions, labels, truth), f"{split}/loss": float(bce)})
+        return out
 
     def summary_lines(self, s: Mapping[str, Any]) -> list[str]:
-        per_action = " ".join(f"{a}={s[f'eval/auc_{a}']:.3f}/{s[f'bayes/auc_{a}']:.3f}" for a in self.actions)
-        return [f"eval AUC {s['eval/auc_mean']:.4f} (Bayes-optimal {s['bayes/auc_mean']:.4f}; "
-                f"per action model/Bayes: {per_action})"]
+        def line(p: str) -> str:
+            model, bayes = s[f"{p}/auc_mean"], s[f"bayes/{p.split('/')[-1]}/auc_mean"]
+            return f"AUC {model:.4f} (Bayes-optimal {bayes:.4f}: {model / bayes:.4f} of it)"
+
+        per_action = " ".join(f"{a}={s[f'test/auc_{a}']:.3f}/{s[f'bayes/test/auc_{a}']:.3f}" for a in self.actions)
+        lines = [f"test  {line('test')}   (valid {line('valid')}); per action model/Bayes on test: {per_action}"]
+        if "best/step" in s and "best/test/auc_mean" in s:
+            lines.insert(0, f"best  test  {line('best/test')}   (valid {line('best/valid')}; step {s['best/step']}, "
+                            f"selected on {s.get('selected_on', self.objective)})")
+            lines[1] = "final " + lines[1]
+        return lines
 
 
 TASKS.register("synthetic")(RankingTask.from_config)

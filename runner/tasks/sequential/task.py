@@ -11,8 +11,8 @@ item); the target's rank among the N-1 other items (ties count against it; nothi
 ``data.exclude_seen``) gives ``{valid,test}/hr@k``, ``/ndcg@k`` and ``/mrr``. The popularity baseline
 (item counts in the training prefixes) is ranked the same way (``popularity/...``), and on synthetic
 data so is the oracle (``oracle/...``). The objective a sweep maximises is ``valid/ndcg@10``: models are
-selected on validation and the test metrics are reported beside them (set
-``trainer.objective=test/ndcg@10`` to return the test metric instead).
+selected on validation and the test metrics are reported beside them (``trainer.objective=test/ndcg@10``
+returns the test metric of the state selected on validation instead; selection never goes by a test metric).
 """
 from __future__ import annotations
 
@@ -282,7 +282,7 @@ class SequentialTask:
             lines.append(f"oracle (Bayes-optimal) test  {line('oracle/test')}")
         if "best/step" in s and "best/test/mrr" in s:
             lines.insert(1, f"best  test  {line('best/test')}   (valid {line('best/valid')}; step {s['best/step']}, "
-                            f"selected on {self.objective if f'best/{self.objective}' in s else 'the objective'})")
+                            f"selected on {s.get('selected_on', self.objective)})")
             lines[2] = "final " + lines[2]
         if "data/cold_valid_targets" in s:
             lines.append(f"cold targets (item never in a training prefix): valid {s['data/cold_valid_targets']:,}, "

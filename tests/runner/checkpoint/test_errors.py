@@ -221,7 +221,7 @@ def test_resume_from_an_older_step_refuses_to_collide_with_newer_ones(saved):
 def test_finished_run_resumed_into_a_new_directory_only_evaluates(tmp_path, saved):
     cfg = compose_config(BASE + RUN + [f"checkpoint.dir={tmp_path / 'ck'}", f"checkpoint.resume={saved / '4'}"])
     summary = json.loads((saved.parent / "first" / "summary.json").read_text())
-    assert run(cfg, tmp_path / "out") == summary["eval/auc_mean"]
+    assert run(cfg, tmp_path / "out") == summary["valid/auc_mean"]
     assert steps_in(tmp_path / "ck") == []  # nothing new to save: the run was complete
 
 

@@ -53,7 +53,7 @@ def test_eval_runs_on_its_own_schedule(tmp_path):
     run(compose_config(["trainer.steps=7", "trainer.log_interval=2", "trainer.eval_interval=3"]), tmp_path)
     rows = jsonl(tmp_path)
     assert [r["step"] for r in rows if "train/loss" in r] == [2, 4, 6, 7]
-    assert [r["step"] for r in rows if "eval/auc_mean" in r] == [3, 6, 7]  # 7: the final evaluation
+    assert [r["step"] for r in rows if "valid/auc_mean" in r] == [3, 6, 7]  # 7: the final evaluation
     step3 = [r for r in rows if r["step"] == 3]
     assert len(step3) == 1 and "train/loss" not in step3[0]  # an eval on a non-log step is its own row
     assert len([r for r in rows if r["step"] == 6]) == 1  # a log step that is also an eval step: one row
@@ -104,7 +104,7 @@ def test_max_skipped_updates_zero_never_stops_and_the_summary_counts(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     rows = jsonl(tmp_path)
     final = rows[-1]
-    assert final["step"] == 14 and "eval/auc_mean" in final
+    assert final["step"] == 14 and "valid/auc_mean" in final
     assert summary["emb/skipped_updates"] == final["emb/skipped_updates"] >= 10
     per_table = [final[k] for k in final if k.startswith("emb/skipped_updates/")]
     assert len(per_table) == 3 and sum(per_table) == final["emb/skipped_updates"]
@@ -176,7 +176,7 @@ def test_mid_run_eval_scores_the_state_as_documented_and_the_flush_is_logged(mod
     assert same(end_tables, numpy_tree(flushed4.tables)) and not any(end_pending.values())  # after the flush
 
     final = tracker.rows[-1]
-    assert final["step"] == 4 and "eval/auc_mean" in final
+    assert final["step"] == 4 and "valid/auc_mean" in final
     if mode == "on":
         # The flush applies G_4: the norm step 5 would report for it, had the run gone on.
         _, _, _, five = run_steps(program, task, 5, flush=False)

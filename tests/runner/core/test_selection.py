@@ -6,6 +6,8 @@ best state and its value survive a checkpoint resume.
 The reference for "best" is independent of the runner: the argmax of the objective over the evaluation rows
 of metrics.jsonl (or over a scripted sequence of validation values)."""
 import json
+import logging
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 from runner.app import run
 from runner.build import build
 from runner.checkpoint import open_checkpoints
-from runner.core.loop import to_device, train
+from runner.core.loop import make_selection, to_device, train
 from runner.core.selection import Selection
 from runner.tasks.ranking.task import RankingTask
 from runner.tracking.base import NoopTracker
@@ -32,8 +34,8 @@ def test_selection_keeps_the_first_best_and_counts_stale_evaluations():
     assert improved == [True, True, False, False, False]
     assert (s.value, s.step, s.stale) == (0.3, 20, 3) and s.should_stop()
     assert s.metrics["test/ndcg@10"] == -0.3
-    loss = Selection("eval/loss", select=False, patience=None)  # a loss is minimised
-    assert [loss.update(i + 1, {"eval/loss": v}, None) for i, v in enumerate([2.0, 1.0, 1.5])] == [True, True, False]
+    loss = Selection("valid/loss", select=False, patience=None)  # a loss is minimised
+    assert [loss.update(i + 1, {"valid/loss": v}, None) for i, v in enumerate([2.0, 1.0, 1.5])] == [True, True, False]
     assert not loss.should_stop()
 
 
@@ -68,15 +70,19 @@ def test_best_state_is_the_peak_evaluation_and_its_copy_survives_later_steps(asy
         assert again[k] == pytest.approx(peak[k], abs=1e-6), k
 
 
-def scripted(monkeypatch, values):
-    """RankingTask.evaluate with eval/auc_mean replaced, evaluation by evaluation, by ``values``."""
+def scripted(monkeypatch, values, test_values=None):
+    """RankingTask.evaluate with valid/auc_mean replaced, evaluation by evaluation, by ``values`` (and
+    test/auc_mean by ``test_values``)."""
     real, calls = RankingTask.evaluate, []
 
     def evaluate(self, *args):
         out = real(self, *args)
-        out["eval/auc_mean"] = values[min(len(calls), len(values) - 1)]
-        out["eval/auc_click"] = 10 + len(calls)  # marks which evaluation a reported number came from
-        calls.append(out["eval/auc_mean"])
+        i = min(len(calls), len(values) - 1)
+        out["valid/auc_mean"] = values[i]
+        if test_values is not None:
+            out["test/auc_mean"] = test_values[i]
+        out["test/auc_click"] = 10 + len(calls)  # marks which evaluation a reported number came from
+        calls.append(out["valid/auc_mean"])
         return out
 
     monkeypatch.setattr(RankingTask, "evaluate", evaluate)
@@ -89,10 +95,46 @@ def test_early_stopping_reports_the_peak_and_the_sweep_gets_its_value(tmp_path, 
                                     "trainer.early_stop_patience=2"]), tmp_path)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["early_stop/step"] == 8 and s["steps"] == 8  # evaluations at 2, 4, 6, 8: two without improving
-    assert s["best/step"] == 4 and s["best/eval/auc_mean"] == 0.7 and s["best/eval/auc_click"] == 11
+    assert s["best/step"] == 4 and s["best/valid/auc_mean"] == 0.7 and s["best/test/auc_click"] == 11
+    assert s["selected_on"] == "valid/auc_mean"
     assert objective == 0.7  # the sweep's value is the best, not the final evaluation's
     assert len(calls) == 5  # four mid-run evaluations and the final one, at the step it stopped at
     assert max(r["step"] for r in rows_of(tmp_path)) == 8
+
+
+class _Task:
+    objective = "valid/ndcg@10"
+
+    def metric_names(self):
+        return ["valid/ndcg@10", "valid/hr@10", "test/ndcg@10", "test/hr@10", "popularity/valid/ndcg@10"]
+
+
+@pytest.mark.parametrize("objective, selected", [
+    (None, "valid/ndcg@10"), ("valid/hr@10", "valid/hr@10"), ("test/ndcg@10", "valid/ndcg@10"),
+    ("test/hr@10", "valid/ndcg@10"), ("popularity/valid/ndcg@10", "valid/ndcg@10"),
+    ("final/train_loss", "valid/ndcg@10")])
+def test_selection_and_early_stopping_go_by_a_validation_metric_whatever_the_objective(objective, selected):
+    trainer = SimpleNamespace(objective=objective, select_best=True, early_stop_patience=3)
+    s = make_selection(_Task(), trainer)
+    assert (s.objective, s.select, s.patience) == (selected, True, 3)
+
+
+def test_a_test_objective_returns_the_test_metric_of_the_state_selected_on_validation(tmp_path, monkeypatch,
+                                                                                       caplog):
+    # valid peaks at the 2nd evaluation (step 4); test peaks at the 3rd and would stop later if selected on
+    scripted(monkeypatch, [0.5, 0.7, 0.6, 0.65, 0.9], test_values=[0.4, 0.45, 0.8, 0.85, 0.9])
+    with caplog.at_level(logging.INFO, logger="runner"):
+        objective = run(compose_config(["trainer.steps=12", "trainer.eval_interval=2", "trainer.select_best=true",
+                                        "trainer.early_stop_patience=2", "trainer.objective=test/auc_mean"]),
+                        tmp_path)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["selected_on"] == "valid/auc_mean"
+    assert (s["best/step"], s["early_stop/step"], s["best/valid/auc_mean"], s["best/test/auc_mean"]) == (4, 8, 0.7, 0.45)
+    assert objective == 0.45  # what the sweep gets: the test metric of the state selected on validation
+    text = caplog.text
+    assert "stopped early at step 8 of 12: valid/auc_mean had not improved for 2 evaluations" in text
+    assert "best valid/auc_mean 0.7000 at step 4 (selected on valid/auc_mean; its test/auc_mean 0.4500;" in text
+    assert "step 4, selected on valid/auc_mean)" in text
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def test_shapes_and_dtypes(ds):
 def test_deterministic_across_instances():
     spec = SyntheticSpec(num_users=500, num_items=2000, num_authors=100, seed=7)
     a, b = SyntheticRanking(spec), SyntheticRanking(spec)
-    for split in ("train", "eval"):
+    for split in ("train", "valid", "test"):
         assert _equal(a.batch(5, 300, split=split), b.batch(5, 300, split=split))
     # order of calls does not matter (no stateful stream)
     x = a.batch(9, 128)
@@ -51,17 +51,17 @@ def test_deterministic_across_instances():
 
 def test_steps_and_splits_differ(ds):
     b0, b1 = ds.batch(0, 512), ds.batch(1, 512)
-    e0 = ds.batch(0, 512, split="eval")
-    for other in (b1, e0):
-        assert not np.array_equal(b0["hist_items"], other["hist_items"])
-        assert not np.array_equal(b0["labels"], other["labels"])
-        assert np.mean(b0["cand_item"] == other["cand_item"]) < 0.2  # only popular-item coincidences
+    v0, t0 = ds.batch(0, 512, split="valid"), ds.batch(0, 512, split="test")
+    for a, b in ((b0, b1), (b0, v0), (b0, t0), (v0, t0)):  # each split its own stream: valid is not test
+        assert not np.array_equal(a["hist_items"], b["hist_items"])
+        assert not np.array_equal(a["labels"], b["labels"])
+        assert np.mean(a["cand_item"] == b["cand_item"]) < 0.2  # only popular-item coincidences
 
 
 @pytest.mark.parametrize("batch_size,num_shards", [(4096, 1), (4096, 2), (4096, 8), (600, 3), (1000, 5)])
 def test_shards_concatenate_to_global_batch(ds, batch_size, num_shards):
-    full = ds.batch(11, batch_size, split="eval")
-    shards = [ds.batch(11, batch_size, split="eval", shard=k, num_shards=num_shards) for k in range(num_shards)]
+    full = ds.batch(11, batch_size, split="valid")
+    shards = [ds.batch(11, batch_size, split="valid", shard=k, num_shards=num_shards) for k in range(num_shards)]
     for b in shards:
         assert len(b["user"]) == batch_size // num_shards
     assert _equal(full, {k: np.concatenate([b[k] for b in shards]) for k in KEYS})
@@ -73,8 +73,8 @@ def test_batch_is_prefix_of_larger_batch(ds):
 
 
 def test_bad_arguments(ds):
-    with pytest.raises(ValueError):
-        ds.batch(0, 10, split="test")
+    with pytest.raises(ValueError, match=r"split must be one of \['test', 'train', 'valid'\], got 'eval'"):
+        ds.batch(0, 10, split="eval")
     with pytest.raises(ValueError):
         ds.batch(0, 10, num_shards=3)
     with pytest.raises(ValueError):
@@ -134,11 +134,12 @@ def test_bayes_auc(ds):
     assert set(result) == set(ds.spec.actions)
     for a, v in result.items():
         assert 0.72 < v < 0.93, (a, v)
-    # bayes_auc matches a direct computation on the same eval examples, and beats a random score
-    b = ds.batch(0, 8192, split="eval")
-    sub = ds.bayes_auc(num_examples=8192)
+    # bayes_auc matches a direct computation on the same examples of each split, and beats a random score
     rng = np.random.default_rng(0)
-    for k, a in enumerate(ds.spec.actions):
-        assert sub[a] == pytest.approx(auc(b["labels"][:, k], b["probs"][:, k]))
-        random_auc = auc(b["labels"][:, k], rng.random(len(b["labels"])))
-        assert sub[a] > random_auc + 0.15
+    for split in ("valid", "test"):
+        b = ds.batch(0, 8192, split=split)
+        sub = ds.bayes_auc(num_examples=8192, split=split)
+        for k, a in enumerate(ds.spec.actions):
+            assert sub[a] == pytest.approx(auc(b["labels"][:, k], b["probs"][:, k]))
+            random_auc = auc(b["labels"][:, k], rng.random(len(b["labels"])))
+            assert sub[a] > random_auc + 0.15
