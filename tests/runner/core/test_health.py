@@ -227,12 +227,16 @@ class BadIds:
     def __getattr__(self, name):
         return getattr(self.task, name)
 
+    key = "inputs"
+
+    def put(self, ids):
+        for k, bad in enumerate(BAD):
+            ids[k, -1 - k] = bad
+
     def batch(self, step, batch_size, **kw):
         b = dict(self.task.batch(step, batch_size, **kw))
-        inputs = b["inputs"].copy()
-        for k, bad in enumerate(BAD):
-            inputs[k, -1 - k] = bad
-        b["inputs"] = inputs
+        b[self.key] = b[self.key].copy()
+        self.put(b[self.key])
         return b
 
 

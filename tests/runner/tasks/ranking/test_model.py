@@ -7,26 +7,19 @@ import pytest
 from runner.build import build
 from runner.core import loop
 from runner.preflight import TrainingError
-from tests.runner.core.test_health import Recorder
+from tests.runner.core.test_health import BadIds, Recorder
 from tests.runner.support import compose_config
 
 BAD_USERS = (-1, 301, 1_000_000)  # debug=tiny: 300 users, so the users table has vocab 301
 
 
-class BadUsers:
+class BadUsers(BadIds):
     """The ranking task with the first users of every batch replaced by ``BAD_USERS``."""
 
-    def __init__(self, task):
-        self.task = task
+    key = "user"
 
-    def __getattr__(self, name):
-        return getattr(self.task, name)
-
-    def batch(self, step, batch_size, **kw):
-        b = dict(self.task.batch(step, batch_size, **kw))
-        b["user"] = b["user"].copy()
-        b["user"][:len(BAD_USERS)] = BAD_USERS
-        return b
+    def put(self, ids):
+        ids[:len(BAD_USERS)] = BAD_USERS
 
 
 def test_table_ids_are_the_raw_ids_and_out_of_range_ones_are_masked():
