@@ -32,7 +32,7 @@ test-fast: install
 
 ## The documentation site, into site/ (strict: a broken link or API reference fails). make test builds it too.
 docs: install
-	$(PY) -m mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 ## The benchmark suite (writes benchmarks/results/).
 bench: install
