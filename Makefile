@@ -5,10 +5,10 @@ PY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast bench clean
+.PHONY: install run test test-fast docs bench clean
 
 # uv installs the same packages as pip from the same index (PyPI) in about half the time: it downloads and
-# unpacks in parallel (measured in README.md, "Test times"). It compiles the bytecode as pip does. If uv cannot
+# unpacks in parallel (docs/guide/development.md). It compiles the bytecode as pip does. If uv cannot
 # be installed or fails, pip installs everything instead.
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -30,9 +30,13 @@ test: install
 test-fast: install
 	$(PY) -m pytest -n 2 --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
+## The documentation site, into site/ (strict: a broken link or API reference fails). make test builds it too.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 ## The benchmark suite (writes benchmarks/results/).
 bench: install
 	$(PY) -m benchmarks $(ARGS)
 
 clean:
-	rm -rf $(VENV) outputs/*/ multirun/ .pytest_cache .jax_cache build
+	rm -rf $(VENV) outputs/*/ multirun/ .pytest_cache .jax_cache build site
