@@ -15,7 +15,6 @@ from .checkpoint import open_checkpoints
 from .core import failures
 from .core.loop import train
 from .sweeps import write_run_info
-from .preflight import PreflightError
 from .tracking import make_tracker
 from .tracking.wandb import TrackerStartError
 
@@ -35,7 +34,7 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
             group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity, run_id=run_id,
             resume="allow" if run_id else None, init_timeout=lg.get("init_timeout"))
     except TrackerStartError as e:  # an online W&B run that cannot start: one message (exit 2), not wandb's trace
-        raise PreflightError(str(e)) from None
+        raise preflight.PreflightError(str(e)) from None
     write_run_info(tracker, out)
     return tracker
 

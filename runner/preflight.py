@@ -138,8 +138,7 @@ def wandb_key_source() -> str | None:
 
 
 def _wandb_online_problems(lg: Any) -> list[str]:
-    kinds = [k.strip() for k in str(lg.kind).replace("+", ",").split(",")]
-    if "wandb" not in kinds or str(lg.mode) != "online" or wandb_key_source() is not None:
+    if str(lg.kind) != "wandb" or str(lg.mode) != "online" or wandb_key_source() is not None:
         return []
     return ["logger.mode=online needs a W&B API key and none is configured (WANDB_API_KEY is unset and no netrc "
             "entry has one): set WANDB_API_KEY (or run `wandb login`), or use logger.mode=offline (the default; "
