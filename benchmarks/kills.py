@@ -13,6 +13,10 @@ run (``debug=tiny``), every kill's timing drawn from a seeded RNG (``--seed``):
 - ``commit``: ``RUNNER_TEST_KILL_BEFORE_COMMIT=<step>`` (a random save step) kills the run once every array of
   that step is written, before Orbax's rename commits it. The half-written step must stay uncommitted, the
   relaunch must report it, resume from the save before it and end bit-identical to a straight run.
+- ``cleanup``: ``RUNNER_TEST_KILL_IN_CLEANUP=<step>`` (2, 4 or 6: the steps ``checkpoint.keep=3`` retires)
+  kills the run halfway through removing that old step's files. Every step left in the checkpoint directory
+  must be whole (the half-removed one is under ``_deleting/``), and the relaunch must report the leftover,
+  resume from the newest step and end bit-identical to a straight run.
 
 Each scenario's straight run is made once. Final states are compared through ``distributed.dump_state``
 (every leaf, gathered) and metrics.jsonl without its wall-clock columns. Runs compile with XLA's backend
@@ -38,7 +42,7 @@ import numpy as np
 
 from . import common
 
-SCENARIOS = ("peer", "restore", "commit")
+SCENARIOS = ("peer", "restore", "commit", "cleanup")
 TINY = ["debug=tiny", "distributed.dump_state=true", "trainer.log_interval=1", "checkpoint.interval=2"]
 SINGLE = TINY + ["trainer.steps=12", "trainer.eval_interval=4"]
 PEER = TINY + ["trainer.steps=16", "trainer.eval_interval=8", "mesh=data", "mesh.cpu_devices=1",
@@ -54,7 +58,7 @@ def env(**extra: str) -> dict[str, str]:
          "JAX_COMPILATION_CACHE_DIR": os.environ.get("RUNNER_TEST_JAX_CACHE", str(common.ROOT / ".jax_cache")),
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
          "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"}
-    for k in ("RUNNER_TEST_KILL_BEFORE_COMMIT", "RUNNER_TEST_KILL_IN_RESTORE"):
+    for k in ("RUNNER_TEST_KILL_BEFORE_COMMIT", "RUNNER_TEST_KILL_IN_RESTORE", "RUNNER_TEST_KILL_IN_CLEANUP"):
         e.pop(k, None)
     return {**e, **extra}
 
@@ -281,6 +285,39 @@ def commit_trial(work: Path, i: int, rng: random.Random, ref: tuple) -> dict:
     return r
 
 
+def cleanup_trial(work: Path, i: int, rng: random.Random, ref: tuple) -> dict:
+    from runner.checkpoint.drills import KILL_CLEANUP_ENV
+    from runner.checkpoint.trash import TRASH, half_deleted
+
+    d = work / f"cleanup{i}"
+    d.mkdir()
+    step = rng.choice((2, 4, 6))
+    code = finish(start([runner_cmd(d, d / "ck", SINGLE)], [d / "killed.out"], {KILL_CLEANUP_ENV: str(step)}),
+                  300)[0]
+    left = d / "ck" / TRASH / str(step)
+    steps, want = committed(d / "ck"), [step + 2, step + 4, step + 6]
+    r = {"step": step, "killed_code": code, "committed_after_kill": steps,
+         "half_removed_in_trash": left.is_dir() and any(f.is_file() for f in left.rglob("*")),
+         "steps_whole": all(not half_deleted(d / "ck" / str(s)) for s in steps)}
+    code, text = relaunch_single(d, d / "ck", d / "again.out")
+    r["reported"] = f"held old checkpoints ['{step}'] whose removal was interrupted" in text
+    if code != 0:
+        r["resume"] = f"relaunch failed ({code}): {text[-400:]}"
+    elif not resumed_from(text, d / "ck", want[-1]):
+        r["resume"] = f"did not resume from step {want[-1]}"
+    else:
+        r["resume"] = same(final(d), ref) or "bit-identical"
+    r["ok"] = (r["killed_code"] == -signal.SIGKILL and r["half_removed_in_trash"] and r["steps_whole"]
+               and steps == want and r["reported"] and r["resume"] == "bit-identical")
+    if not r["ok"]:
+        return {**r, "outcome": f"FAILED: killed with code {r['killed_code']}, committed {steps} (want {want}), "
+                                f"half-removed step under {TRASH}/ {r['half_removed_in_trash']}, steps whole "
+                                f"{r['steps_whole']}, reported {r['reported']}, resume: {r['resume']}"}
+    r["outcome"] = (f"killed halfway through removing an old step: it was already under {TRASH}/, every step in "
+                    f"the directory whole; relaunch reported it, resumed from the newest: {r['resume']}")
+    return r
+
+
 # ----- the benchmark --------------------------------------------------------------------------------------
 def run(trials: int, seed: int, only: list[str], out: Path | None, work: Path | None = None) -> dict:
     own = work is None
@@ -301,9 +338,12 @@ def run(trials: int, seed: int, only: list[str], out: Path | None, work: Path | 
                 _, took = restore_setup(work)
                 results = [restore_trial(work, i, rng, ref, took) for i in range(trials)]
                 restore_s = took
-            else:
+            elif name == "commit":
                 ref = straight(work, "commit_straight", peer=False)
                 results = [commit_trial(work, i, rng, ref) for i in range(trials)]
+            else:
+                ref = straight(work, "cleanup_straight", peer=False)
+                results = [cleanup_trial(work, i, rng, ref) for i in range(trials)]
             for i, r in enumerate(results):
                 print(f"{name} {i}: {'ok' if r['ok'] else 'FAILED'}: {r['outcome']}", flush=True)
             data["scenarios"][name] = {"trials": trials, "seed": seed, "results": results,

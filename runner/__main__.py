@@ -34,6 +34,7 @@ def main(cfg: DictConfig) -> float:
     from . import sweeps
     from .app import run, run_tracker  # imported here (with JAX) so `--help`, completion and --cfg stay fast
     from .checkpoint import CheckpointError
+    from .core.preemption import Preempted
     from .preflight import PreflightError
 
     hc = HydraConfig.get()
@@ -47,6 +48,9 @@ def main(cfg: DictConfig) -> float:
         except CheckpointError as e:  # a save failed mid-run: the message names the directory and the fix
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
+        except Preempted as e:  # SIGTERM: stopped at a step boundary, checkpoint written if configured
+            print(f"runner: {e}", file=sys.stderr)
+            sys.exit(143)
     # A sweep: one W&B run per trial in the sweep's group; a failed trial is recorded and the sweep goes on.
     sweeps.name_trial(cfg, hc)
 
@@ -55,6 +59,9 @@ def main(cfg: DictConfig) -> float:
 
     try:
         objective = run(cfg, hc.runtime.output_dir, tags=tags)
+    except Preempted as e:  # SIGTERM stops the sweep, not only this trial
+        print(f"runner: {e}; the sweep stops here", file=sys.stderr)
+        sys.exit(143)
     except Exception as e:  # noqa: BLE001 - any failure of one trial, bad input included
         return sweeps.trial_failed(cfg, hc, e, record)
     return sweeps.checked_objective(cfg, hc, objective, record)

@@ -1,6 +1,7 @@
 """compose -> validate -> build -> train -> return the objective. ``runner.__main__`` calls ``run``."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -14,6 +15,7 @@ from .build import build
 from .checkpoint import open_checkpoints
 from .core import failures
 from .core.loop import train
+from .core.preemption import Preempted, Preemption
 from .sweeps import write_run_info
 from .tracking import make_tracker
 from .tracking.wandb import TrackerStartError
@@ -71,17 +73,23 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
             say(note)
         # Several processes: a failure ends this one now, clearly; an embedding optimizer's failure is one message.
-        with distributed.fail_fast(tracker), failures.named(program):
-            result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt)
+        with distributed.fail_fast(tracker), failures.named(program), _preemption() as preemption:
+            result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt, preemption=preemption)
             if cfg.distributed.dump_state:
                 distributed.dump_state(result["state"], out / "final_state.npz")
-        exit_code = 0
+        exit_code = 143 if "terminated" in result["summary"] else 0  # 128 + SIGTERM: stopped, not done
+        distributed.finished()  # this process's exit is no longer a death that must stop the others
     finally:
         progress.close_open()  # a bar still on screen (the run failed): the error starts on a line of its own
         if ckpt is not None:
             ckpt.close()  # an in-flight save still commits when the run ends on an error
         tracker.finish(exit_code)
     s = result["summary"]
+    if "terminated" in s:
+        saved = (f"its checkpoint is in {ckpt.directory}; the same command resumes the run" if ckpt is not None
+                 and ckpt.manager is not None else "no checkpoint is configured (checkpoint.interval=0), so the "
+                 "progress is lost; set checkpoint.interval to make a stopped run resumable")
+        raise Preempted(f"stopped on SIGTERM at step {s['stopped_at']} of {cfg.trainer.steps}: {saved}")
     if "stopped_at" in s:  # trainer.stop_after: the pre-emption drill
         say(f"stopped at step {s['stopped_at']} of {cfg.trainer.steps} (trainer.stop_after), checkpoint in "
             f"{ckpt.directory}; the same command without stop_after resumes the run")
@@ -107,6 +115,15 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     # A sweep gets the objective of the state selected on validation when the run selects, else the final one's.
     objective = s.get(f"best/{name}", s.get(name))
     return float(objective) if objective is not None else float("nan")
+
+
+@contextlib.contextmanager
+def _preemption():
+    p = Preemption()
+    try:
+        yield p
+    finally:
+        p.close()
 
 
 def _epochs(b: budget.Budget, steps: int) -> str:

@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -86,19 +87,20 @@ def initialize(d: Any) -> None:
             return
         raise DistributedError(f"jax.distributed is already running as process {have[1]} of {have[0]}, not "
                                f"{want[1]} of {want[0]}; start a fresh process for a different layout")
+    address, n, pid = _placement(d)
     kwargs = dict(initialization_timeout=int(d.initialization_timeout_s),
                   heartbeat_timeout_seconds=int(d.heartbeat_timeout_s),
-                  shutdown_timeout_seconds=int(d.shutdown_timeout_s))
-    if d.kind == "slurm":
-        kwargs.update(cluster_detection_method="slurm", coordinator_address=d.coordinator_address)
-    else:
-        kwargs.update(coordinator_address=d.coordinator_address, num_processes=int(d.num_processes),
-                      process_id=int(d.process_id), cluster_detection_method="deactivate")
-    where = d.coordinator_address or "the SLURM job's first node"
-    if d.kind != "slurm" and d.process_id != 0:
-        _wait_for_coordinator(d)
+                  shutdown_timeout_seconds=int(d.shutdown_timeout_s), coordinator_address=address,
+                  num_processes=n, process_id=pid, cluster_detection_method="deactivate")
+    where = address
     log.info("jax.distributed: process %s of %s joining at %s (waiting up to %s s for every process)",
-             d.process_id, d.num_processes, where, d.initialization_timeout_s)
+             pid, n, where, d.initialization_timeout_s)
+    if pid == 0:
+        _serve(d, address, n)
+        # JAX starts a service in process 0 as well: bound to a port of its own, nobody connects to it
+        kwargs["coordinator_bind_address"] = f"127.0.0.1:{_free_port()}"
+    else:
+        _wait_for_coordinator(d, address, pid)
     try:
         jax.distributed.initialize(**kwargs)
     except RuntimeError as e:
@@ -107,17 +109,81 @@ def initialize(d: Any) -> None:
                 f"distributed={d.kind}: JAX was already started in this process, and jax.distributed can only "
                 "join a run before that; launch each process fresh (python -m runner / runner.launch), and in "
                 "a sweep use hydra/launcher=submitit_local so every trial gets its own process") from None
-        raise DistributedError(_unreachable(d, where, e)) from None
+        raise DistributedError(_unreachable(d, where, e, pid)) from None
     except Exception as e:  # noqa: BLE001 - XLA reports a timeout as its own runtime error type
-        raise DistributedError(_unreachable(d, where, e)) from None
+        raise DistributedError(_unreachable(d, where, e, pid)) from None
+    _join_watch(address, pid, n, int(d.initialization_timeout_s))
     # nothing here may ask for devices: that starts the backend, and mesh.cpu_devices is applied after this
     log.info("jax.distributed: process %s of %s joined", global_state.process_id, global_state.num_processes)
 
 
-def _wait_for_coordinator(d: Any) -> None:
+def _placement(d: Any) -> tuple[str, int, int]:
+    """(coordinator address, number of processes, this process's id): as given, or detected from SLURM."""
+    if d.kind != "slurm":
+        return str(d.coordinator_address), int(d.num_processes), int(d.process_id)
+    from jax._src import clusters  # noqa: PLC0415 - JAX's own SLURM detection (address: the first node)
+
+    address, n, pid, _ = clusters.ClusterEnv.auto_detect_unset_distributed_params(
+        d.coordinator_address, None, None, None, "slurm", int(d.initialization_timeout_s))
+    return str(address), int(n), int(pid)
+
+
+_SERVICE: list = []  # process 0's child serving the coordination service (coordinator.py), kept for the run
+_WATCH: list = []  # this process's coordinator.Watch
+_TRACKER: list = []  # the run's tracker while it trains (fail_fast), finished when a peer's death ends the run
+WATCH_KEY = "runner/watch_port"
+
+
+def _join_watch(address: str, pid: int, n: int, timeout_s: int) -> None:
+    """Every process: connect to the watch of process 0's coordinator child (its port goes through JAX's
+    key-value store), so the death of any process ends the others at once (``_peer_died``)."""
+    from . import coordinator  # noqa: PLC0415
+
+    client = global_state.client
+    if pid == 0:
+        client.key_value_set(WATCH_KEY, str(_SERVICE[0][1]))
+    port = int(client.blocking_key_value_get(WATCH_KEY, timeout_s * 1000))
+    host = address.rsplit(":", 1)[0].strip("[]")
+    _WATCH.append(coordinator.Watch("127.0.0.1" if pid == 0 else host, port, pid, _peer_died))
+
+
+def _peer_died(who: int | None) -> None:
+    """On the watch's thread: another process died, or the coordinator is gone."""
+    what = (f"another process died (process {who} of {jax.process_count()}: killed, or it ended on an error; see "
+            f"its log)" if who is not None else
+            "the coordination service is gone (process 0's machine or its child died)")
+    _end(f"{what}. Relaunch every process with the same command to resume from the newest checkpoint")
+
+
+def finished() -> None:
+    """This process's run is complete: from now on its exit is not a death the others must stop for."""
+    for watch in _WATCH:
+        watch.finished()
+
+
+def _serve(d: Any, address: str, n: int) -> None:
+    """Process 0: the coordination service in a child process, so the others outlive process 0's death."""
+    from . import coordinator  # noqa: PLC0415
+
+    port = int(address.rsplit(":", 1)[1])
+    try:
+        _SERVICE.append(coordinator.start(port, n, int(d.heartbeat_timeout_s), int(d.shutdown_timeout_s),
+                                          timeout_s=60.0))  # a local start (importing jax), not the peers' wait
+    except OSError as e:
+        raise DistributedError(f"distributed={d.kind}: process 0 could not serve the coordination service on "
+                               f"port {port} ({e}); pick a free port in distributed.coordinator_address") from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_coordinator(d: Any, address: str, pid: int) -> None:
     """Fail with a clear message if nothing listens at the coordinator address (XLA would abort the process
     with a C++ stack trace instead)."""
-    host, port = str(d.coordinator_address).rsplit(":", 1)
+    host, port = address.rsplit(":", 1)
     deadline = time.monotonic() + d.initialization_timeout_s
     while True:
         try:
@@ -125,15 +191,15 @@ def _wait_for_coordinator(d: Any) -> None:
                 return
         except OSError as e:
             if time.monotonic() >= deadline:
-                raise DistributedError(_unreachable(d, d.coordinator_address, e)) from None
+                raise DistributedError(_unreachable(d, address, e, pid)) from None
             time.sleep(0.2)
 
 
-def _unreachable(d: Any, where: str, e: BaseException) -> str:
+def _unreachable(d: Any, where: str, e: BaseException, pid: Any = None) -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return (f"distributed={d.kind}: process {d.process_id} could not join the run at {where} within "
-            f"{d.initialization_timeout_s} s ({first}). Check that process 0 is running and every process uses "
-            f"the same coordinator_address and num_processes ({d.num_processes}); raise "
+    return (f"distributed={d.kind}: process {d.process_id if pid is None else pid} could not join the run at "
+            f"{where} within {d.initialization_timeout_s} s ({first}). Check that process 0 is running and every "
+            f"process uses the same coordinator_address and num_processes ({d.num_processes}); raise "
             "distributed.initialization_timeout_s if the processes start far apart")
 
 
@@ -152,6 +218,8 @@ def fail_fast(tracker: Any = None):
     """Several processes: an error here (most often a collective that failed because a peer died) ends this
     process at once with a clear message and exit code 1; a plain exit would wait for its peers at shutdown
     and then abort with a C++ stack trace. One process: errors propagate unchanged."""
+    if tracker is not None:
+        _TRACKER.append(tracker)
     try:
         yield
     except Exception as e:  # noqa: BLE001
@@ -161,15 +229,29 @@ def fail_fast(tracker: Any = None):
         peer = any(w in str(e) for w in ("Gloo", "Connection reset", "heartbeat", "Socket closed", "UNAVAILABLE"))
         why = ("a collective failed, most likely because another process died or lost its connection; see its "
                "log" if peer else "see the traceback above")
-        log.error("process %d of %d stopped: %s: %s -- %s", jax.process_index(), jax.process_count(),
-                  type(e).__name__, first[0] if first else "", why, exc_info=not peer)
-        if tracker is not None:
-            with contextlib.suppress(Exception):
-                tracker.finish(1)
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+        _end(f"{type(e).__name__}: {first[0] if first else ''} -- {why}", exc_info=not peer)
+    finally:
+        if tracker in _TRACKER:
+            _TRACKER.remove(tracker)
+
+
+_ENDING = threading.Lock()
+
+
+def _end(why: str, exc_info: bool = False) -> None:
+    """End this process now: one message, the tracker finished (at most 10 s), exit code 1. The first caller
+    (a failed collective, or the watch's notice of a death) speaks; a second one waits for the exit."""
+    if not _ENDING.acquire(blocking=False):
+        threading.Event().wait()
+    log.error("process %d of %d stopped: %s", jax.process_index(), jax.process_count(), why, exc_info=exc_info)
+    for tracker in list(_TRACKER):
+        done = threading.Thread(target=tracker.finish, args=(1,), daemon=True)
+        done.start()
+        done.join(10)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 # ----- feeding: each process puts only its rows -------------------------------------------------------------

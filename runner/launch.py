@@ -26,6 +26,9 @@ from typing import IO, Sequence
 MAX_PROCESSES = 256  # processes on one machine; more is a typo, not a plan
 
 
+GRACE_S = 30.0  # SIGTERM asks each runner to stop at its next step and save; SIGKILL only after this long
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -63,7 +66,7 @@ def _exit_code(returncode: int) -> int:
     return returncode if returncode > 0 else 128 - returncode  # killed by signal s: 128 + s, as a shell says
 
 
-def supervise(cmds: Sequence[Sequence[str]], *, grace: float = 5.0, out: IO[str] | None = None,
+def supervise(cmds: Sequence[Sequence[str]], *, grace: float = GRACE_S, out: IO[str] | None = None,
               env: dict | None = None, envs: Sequence[dict] | None = None, poll: float = 0.1) -> int:
     """Run ``cmds`` concurrently, prefixing their output; the first failure stops the rest. Returns the exit
     code: 0 when every process succeeded, else the first failed process's code. ``envs`` adds per-process
@@ -122,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="example: python -m runner.launch -n 2 -- mesh=data_table mesh.cpu_devices=4 optimizer=async_adam")
     parser.add_argument("-n", "--num-processes", type=int, required=True, help="processes to start")
     parser.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
-    parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--grace", type=float, default=GRACE_S,
+                        help=f"seconds between SIGTERM and SIGKILL (default {GRACE_S:g}: the processes stop at the next "
+                             "step and save a checkpoint when one is configured)")
     parser.add_argument("overrides", nargs="*", help="runner overrides, after --")
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(raw)

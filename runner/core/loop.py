@@ -40,10 +40,12 @@ def make_selection(task: Any, trainer: Any) -> Selection:
 
 
 def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=print,
-          checkpoints: Any = None) -> dict[str, Any]:
+          checkpoints: Any = None, preemption: Any = None) -> dict[str, Any]:
     """Run ``trainer.steps`` steps (fewer when it stops early); returns {"summary": ..., "state": final state,
     "best": the best evaluated BestState or None}. With ``checkpoints`` (runner.checkpoint.Checkpoints):
-    start from its restored state (and selection record) and save as it says."""
+    start from its restored state (and selection record) and save as it says. With ``preemption``
+    (``preemption.Preemption``): stop at the step boundary after a SIGTERM, saving that step (summary
+    ``terminated``)."""
     B = trainer.batch_size
     put = lambda b: to_device(program, b)  # noqa: E731
     # Several processes: each generates and feeds only the rows of the global batch its devices hold.
@@ -82,6 +84,7 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     # finish each step (after the next batch is ready) before dispatching the next computation.
     one_at_a_time = jax.default_backend() == "cpu" and program.mesh.devices.size > 1
     lagged = None  # (metrics, step) of the step whose health check is still due
+    terminated = False
     noted: set[str] = set()  # tables whose rerouted overflow has been reported (once a run)
     for step in range(start, stop):
         state, metrics = step_fn(state, batch)  # dispatch is asynchronous: prepare the next batch meanwhile
@@ -143,13 +146,20 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
                 checkpoints.step_done(step + 1, state, selection)
         if selection.stopped_at is not None:
             break
+        if preemption is not None and step + 1 < stop and preemption.requested(step + 1):
+            stop, terminated = step + 1, True  # SIGTERM: stop here, with a checkpoint of this step
+            if checkpoints is not None:
+                with progress.timed(f"checkpoint at step {stop} (SIGTERM)"):
+                    checkpoints.save(stop, state, selection)
+            break
 
     end = trainer.steps if selection.stopped_at is None else selection.stopped_at
-    if selection.stopped_at is None and stop < trainer.steps:  # pre-empted (stop_after), its checkpoint written
+    if selection.stopped_at is None and stop < trainer.steps:  # pre-empted (stop_after, SIGTERM), checkpoint written
         if checkpoints is not None:
             checkpoints.wait()
         progress.close()
-        return {"summary": {"steps": stop, "stopped_at": stop, "final/train_loss": last.get("train/loss")},
+        return {"summary": {"steps": stop, "stopped_at": stop, "final/train_loss": last.get("train/loss"),
+                            **({"terminated": "SIGTERM"} if terminated else {})},
                 "state": state, "best": selection.best}
     # Apply the last deferred update: every update lands exactly once. Its record (emb/flush_grad_norm,
     # emb/flush_valid; async only) and the skip counts after it go into the final row, at the last step.

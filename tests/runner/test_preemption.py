@@ -1,0 +1,88 @@
+"""SIGTERM (a launcher stopping its processes, SLURM pre-empting a job) stops a run at the next step boundary:
+a checkpoint of that step when checkpoints are on, one message, exit code 143; the same command resumes it.
+With several processes, every process stops at the same step (JAX's preemption sync point)."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.runner.support import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+LONG = TINY + ["trainer.steps=100000", "trainer.log_interval=20", "trainer.eval_interval=100000"]
+
+
+def _until_training(proc: subprocess.Popen, pattern: str, limit_s: float = 300) -> str:
+    """Read the process's output until a train log line shows (it is past compiling, in the loop)."""
+    seen, deadline = "", time.monotonic() + limit_s
+    for line in proc.stdout:
+        seen += line
+        if re.search(pattern, line) or time.monotonic() > deadline:
+            return seen
+    return seen
+
+
+def _terminate(proc: subprocess.Popen, pattern: str) -> tuple[int, str, float]:
+    seen = _until_training(proc, pattern)
+    assert proc.poll() is None, seen[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    try:
+        rest, _ = proc.communicate(timeout=120)  # a run that ignored SIGTERM would train on for hours
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, seen + rest, time.monotonic() - t0
+
+
+def _runner(tmp: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "runner", *LONG, *extra, f"hydra.run.dir={tmp / 'run'}"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_at_a_step_boundary_with_a_checkpoint_and_the_same_command_resumes(tmp_path):
+    ck = tmp_path / "ck"
+    code, out, took = _terminate(_runner(tmp_path, "checkpoint.interval=100000", f"checkpoint.dir={ck}"),
+                                 r"step +\d+/100000 +loss")
+    assert code == 143, out[-3000:]
+    stopped = re.search(rf"runner: stopped on SIGTERM at step (\d+) of 100000: its checkpoint is in {ck}; the same "
+                        r"command resumes the run", out)
+    assert stopped, out[-3000:]
+    assert "Traceback" not in out
+    step = int(stopped.group(1))
+    assert [p.name for p in ck.iterdir() if p.name.isdigit()] == [str(step)]  # that very step, committed
+    again = _runner(tmp_path, "checkpoint.interval=100000", f"checkpoint.dir={ck}", "trainer.stop_after=1")
+    text = again.communicate(timeout=300)[0]
+    assert f"resuming from {ck / str(step)}: step {step} of 100000" in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_sigterm_without_checkpoints_says_the_progress_is_lost(tmp_path):
+    code, out, _ = _terminate(_runner(tmp_path), r"step +\d+/100000 +loss")
+    assert code == 143, out[-3000:]
+    assert re.search(r"runner: stopped on SIGTERM at step \d+ of 100000: no checkpoint is configured "
+                     r"\(checkpoint.interval=0\), so the progress is lost; set checkpoint.interval", out), out[-3000:]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_both_processes_at_the_same_step_with_one_checkpoint(tmp_path):
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-m", "runner.launch", "-n", "2", "--", *LONG, "mesh=data",
+                             "mesh.cpu_devices=1", "checkpoint.interval=100000", f"checkpoint.dir={ck}",
+                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    code, out, took = _terminate(proc, r"\[p0\].*step +\d+/100000 +loss")
+    assert code == 143, out[-3000:]
+    assert took < 30, out[-3000:]  # each stopped on its own, before the launcher's grace ran out into SIGKILL
+    steps = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
+        r"\[p(\d)\] runner: stopped on SIGTERM at step (\d+) of 100000", out)}
+    assert sorted(steps) == [0, 1] and steps[0] == steps[1], out[-3000:]
+    assert [p.name for p in ck.iterdir() if p.name.isdigit()] == [str(steps[0])]
+    assert not any(w in out for w in ("Traceback", "Check failure stack trace", "SIGKILL")), out[-3000:]
