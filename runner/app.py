@@ -14,6 +14,7 @@ from .build import build
 from .checkpoint import open_checkpoints
 from .core import failures
 from .core.loop import train
+from .errors import PreflightError
 from .sweeps import write_run_info
 from .tracking import make_tracker
 from .tracking.wandb import TrackerStartError
@@ -34,7 +35,7 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
             group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity, run_id=run_id,
             resume="allow" if run_id else None, init_timeout=lg.get("init_timeout"))
     except TrackerStartError as e:  # an online W&B run that cannot start: one message (exit 2), not wandb's trace
-        raise preflight.PreflightError(str(e)) from None
+        raise PreflightError(str(e)) from None
     write_run_info(tracker, out)
     return tracker
 

@@ -28,7 +28,7 @@ import dataclasses
 import math
 from typing import Any
 
-from .preflight import PreflightError
+from .errors import PreflightError
 
 MAX_EPOCHS = 200  # above this many passes over the data a run is warned about: the data cannot use them
 EVALS_PER_RUN = 10  # eval_interval: null -> at most this many evaluations during the run (plus the final one)

@@ -39,13 +39,12 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
 from omegaconf import DictConfig
 
-from . import CheckpointError
 from . import data as data_lib
 from . import lock as lock_lib
 from . import meta as meta_lib
 from ..core import mesh as mesh_lib
 from ..outputs import METRICS_FILE
-from ..preflight import PreflightError
+from ..errors import CheckpointError, PreflightError
 
 log = logging.getLogger("runner")
 KILL_ENV = "RUNNER_TEST_KILL_BEFORE_COMMIT"  # test hook: SIGKILL the process just before this step commits

@@ -23,7 +23,7 @@ import logging
 import re
 from typing import Any, Iterator
 
-from ..preflight import TrainingError
+from ..errors import TrainingError
 
 BUILT_IN = ("optimizers.", "runner.")  # modules whose classes are the project's own
 FIX = "Fix the class, or pick a built-in optimizer, e.g. optimizer=async_adam"

@@ -12,10 +12,10 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from .. import distributed
 from .. import progress as progress_lib
 from ..budget import train_examples
-from ..preflight import TrainingError
+from ..errors import TrainingError
+from . import placement as distributed  # host <-> mesh placement (runner.core.placement)
 from .selection import Selection, selection_metric
 from .step import TrainProgram, is_log_step
 from ..tracking import Tracker

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import numpy as np
 from omegaconf import DictConfig
 
-from ..preflight import PreflightError
+from ..errors import PreflightError
 from ..registry import Registry, UnknownName
 
 

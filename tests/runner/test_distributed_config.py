@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from runner import distributed
 from runner.config import register
+from runner.core import placement
 from runner.launch import child_commands, free_port, supervise
 from runner.core.mesh import MeshPlan, batch_sharding, build_mesh
 from tests.runner.support import CONF, compose_config
@@ -70,12 +71,12 @@ def test_joining_after_jax_started_says_to_use_a_fresh_process():
 
 def test_one_process_feeds_the_whole_batch_and_fetches_numpy():
     mesh = build_mesh(MeshPlan((("data", 4), ("table", 2)), "table", "row"))
-    assert distributed.batch_shard(mesh, 32) == (0, 1)
+    assert placement.batch_shard(mesh, 32) == (0, 1)
     host = {"x": np.arange(64, dtype=np.int32).reshape(32, 2)}
-    put = distributed.put_local(mesh, host, 32)
+    put = placement.put_local(mesh, host, 32)
     assert put["x"].sharding == batch_sharding(mesh, host["x"])
-    np.testing.assert_array_equal(distributed.fetch(put)["x"], host["x"])
-    assert distributed.gather_rows(mesh, host, 32)["x"] is host["x"]
+    np.testing.assert_array_equal(placement.fetch(put)["x"], host["x"])
+    assert placement.gather_rows(mesh, host, 32)["x"] is host["x"]
 
 
 def test_check_plan_accepts_every_mesh_on_one_process():

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from ...preflight import PreflightError
+from ...errors import PreflightError
 from .. import TASKS
 from .synthetic import SyntheticRanking, SyntheticSpec, world
 from .auc import auc

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from omegaconf import DictConfig
 
-from ...preflight import PreflightError
+from ...errors import PreflightError
 from .. import TASKS
 from .dataset import SequenceDataset, cold_targets, popularity_scores
 from .interactions import DataError, Interactions, data_line, drop_duplicates, load_interactions
