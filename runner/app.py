@@ -10,7 +10,7 @@ import jax
 from omegaconf import DictConfig, OmegaConf
 
 from . import budget, distributed, preflight, progress
-from .build import build
+from .build import build_run
 from .checkpoint import open_checkpoints
 from .core import failures
 from .core.loop import train
@@ -47,7 +47,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     evaluation's."""
     out = Path(output_dir)
     distributed.initialize(cfg.distributed)  # joins the other processes, before anything starts JAX
-    program, task, plan = build(cfg)  # raises PreflightError before anything compiles
+    program, task, plan, run_budget = build_run(cfg)  # raises PreflightError before anything compiles
     distributed.check_plan(plan)
     say = log.info if jax.process_index() == 0 else (lambda *a, **k: None)  # process 0 speaks for the run
     lg = cfg.logger
@@ -64,7 +64,6 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     try:
         say("mesh %s (%d processes x %d devices), async_emb=%s, optimizers %s", plan.describe(),
             jax.process_count(), jax.local_device_count(), cfg.async_emb.enabled, {n: type(o).__name__ for n, o in program.emb_optimizers.items()})
-        run_budget = budget.of(cfg, task)
         say(f"budget: {run_budget.describe()}, evaluation every {cfg.trainer.eval_interval:,} steps")
         # e.g. far more epochs than the data can use; a bfloat16 table under a plain optax optimizer
         for warning in run_budget.warnings() + preflight.rounding_warnings(program.emb_optimizers, program.tables):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import hydra
 import jax
@@ -148,15 +148,34 @@ def dense_optimizer(cfg: DictConfig) -> DenseOptimizer:
                           d.learning_rate * d.end_learning_rate_ratio, d.b1, d.b2, d.weight_decay, d.clip_norm)
 
 
+class RunParts(NamedTuple):
+    """What ``build_run`` assembles: the program, the task, the mesh plan and the budget resolved for them."""
+
+    program: TrainProgram
+    task: Any
+    plan: MeshPlan
+    budget: budget.Budget
+
+
 def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
-    """Validate, then assemble (program, task, mesh plan). Raises PreflightError before anything compiles."""
+    """Validate, then assemble (program, task, mesh plan): ``build_run`` without the budget."""
+    parts = build_run(cfg)
+    return parts.program, parts.task, parts.plan
+
+
+def build_run(cfg: DictConfig) -> RunParts:
+    """Validate, then assemble the run's parts. Raises PreflightError before anything compiles.
+
+    The budget is resolved once, here: ``trainer.steps`` (and a derived ``trainer.eval_interval``) are written
+    into ``cfg`` for everything that reads the config, and the :class:`~runner.budget.Budget` (its epochs, the
+    setting it came from) is passed on in the result."""
     preflight.check_config(cfg)  # every setting's range: before any data is generated or read
     budget.check(cfg.trainer)  # steps or epochs, not both
     configured = configured_optimizers(cfg)
     preflight.check_optimizers(*configured)
     preflight.check_devices(cfg, resolve_axes)  # before any device is created
     task = make_task(cfg)
-    budget.resolve(cfg, task)  # trainer.steps from trainer.epochs and the data size (and a derived eval_interval)
+    run_budget = budget.resolve(cfg, task)  # trainer.steps from trainer.epochs and the data size (and eval_interval)
     preflight.check_objective(cfg.trainer.objective, task)
     preflight.check_selection(cfg.trainer, task)
     names = list(task.tables())
@@ -189,4 +208,4 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
                            detail_last=int(cfg.trainer.steps), reuse_key=program_key(cfg, specs, peaks),
                            optimizer_keys={n: f"table_optimizers.{n}" if n in cfg.table_optimizers else "optimizer"
                                            for n in specs})
-    return program, task, plan
+    return RunParts(program, task, plan, run_budget)
