@@ -19,6 +19,7 @@ from .. import TASKS
 from .synthetic import SyntheticRanking, SyntheticSpec, world
 from .auc import auc
 from .model import RankingModel
+from .report import REPORT
 
 SPLITS = ("valid", "test")  # held out: selected and tuned on valid, reported on test
 
@@ -36,6 +37,7 @@ class RankingTask:
     eval_batches: int
     model_keys: tuple[str, ...] = ("user", "hist_items", "hist_authors", "cand_item", "cand_author", "labels")
     objective: str = "valid/auc_mean"
+    report = REPORT  # what python -m runner.report shows of its runs
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "RankingTask":
