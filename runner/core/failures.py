@@ -34,6 +34,7 @@ class OptimizerFailed(TrainingError):
 
 
 def class_path(opt: Any) -> str:
+    """``module.QualifiedName`` of ``opt``'s class, as a ``_target_`` names it."""
     cls = type(opt)
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -116,7 +117,10 @@ def at_run_time(program: Any, e: BaseException) -> OptimizerFailed | None:
 
 
 class _DropCallbackEchoes(logging.Filter):
+    """Drops JAX's own log record of a failed host callback while ``named`` is active (its message says it)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
+        """False (drop) for a record of a failed callback."""
         return "callback failed" not in record.getMessage()
 
 

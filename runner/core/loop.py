@@ -195,6 +195,7 @@ ROUTE_KEYS = ("emb/route_overflow/", "emb/route_peak/", "emb/route_refused/")
 
 
 def _route_slots(ctx: Any) -> str:
+    """How many ids a routed table's devices exchange and where the number comes from, for the overflow message."""
     if ctx.layout == "column":
         basis = (f"{ctx.route_capacity:g} x {ctx.route_peak}, the most distinct ids one device held in the sampled "
                  f"batches" if ctx.route_peak is not None else f"every distinct id of its {ctx.local_tokens} tokens")
@@ -301,9 +302,11 @@ def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any]
 
 
 def _devices(n: int) -> str:
+    """``1 device`` / ``8 devices``."""
     return f"{n} device" + ("s" if n != 1 else "")
 
 
 def _scalar(v: Any) -> Any:
+    """A fetched array as a Python number (a scalar) or list, for the summary's JSON."""
     a = np.asarray(v)
     return a.item() if a.ndim == 0 else a.tolist()
