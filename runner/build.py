@@ -22,6 +22,7 @@ from .core.dense_optimizer import DenseOptimizer
 from .core.embeddings import TableSpec, stored_rows
 from .core.mesh import MeshPlan, build_mesh, resolve_axes
 from .core.step import TrainProgram
+from .errors import PreflightError
 from .tasks import make_task
 
 
@@ -40,7 +41,7 @@ def _instantiate(node: DictConfig, key: str) -> Any:
     """One optimizer from its config; a class that cannot be found or built is a PreflightError naming it."""
     if not isinstance(node, DictConfig) or not node.get("_target_"):
         group = "optimizer" if key == "optimizer" else f"optimizer@{key}"
-        raise preflight.PreflightError(
+        raise PreflightError(
             f"{key}={OmegaConf.to_container(node) if isinstance(node, DictConfig) else node!r} names no optimizer "
             f"class (_target_); pick one with +{group}=async_adam (or async_rowwise_adagrad, async_adagrad, "
             f"async_sgd, adam, adagrad) or give {key}._target_=optimizers.AsyncAdam")
@@ -52,7 +53,7 @@ def _instantiate(node: DictConfig, key: str) -> Any:
         if e.__cause__ is not None and str(cause) not in reason:
             reason += f" ({type(cause).__name__}: {cause})"
         target = node.get("_target_") if isinstance(node, DictConfig) else None
-        raise preflight.PreflightError(
+        raise PreflightError(
             f"{key}._target_={target!r} cannot be built: {' '.join(reason.split())}. Fix {key}: a class path "
             f"such as optimizers.AsyncAdam (or optimizer=async_adam) and arguments its class accepts") from None
 
@@ -74,7 +75,7 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
     needs = task.tables()
     unknown = sorted(set(cfg.model.tables) - set(needs))
     if unknown:
-        raise preflight.PreflightError(f"model.tables names {unknown}, which this data source does not use; "
+        raise PreflightError(f"model.tables names {unknown}, which this data source does not use; "
                                        f"its tables are {sorted(needs)}")
     shards = plan.table_shards if plan is not None and plan.layout == "row" and cfg.mesh.pad_vocab else 1
     specs = {}
@@ -82,7 +83,7 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
         t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
         vocab = t.vocab or id_range + 1
         if vocab < id_range + 1:
-            raise preflight.PreflightError(
+            raise PreflightError(
                 f"model.tables.{name}.vocab={vocab} is too small: the data's {name} ids go up to {id_range}, so "
                 f"the table needs >= {id_range + 1} rows (row 0 is padding); raise it or set it to null")
         specs[name] = TableSpec(name, vocab, t.width or cfg.model.emb_width, tokens,
@@ -188,7 +189,7 @@ def build_run(cfg: DictConfig) -> RunParts:
     try:
         axes = resolve_axes(cfg.mesh.axes, available)
     except ValueError as e:
-        raise preflight.PreflightError(str(e)) from None
+        raise PreflightError(str(e)) from None
     plan = MeshPlan(axes, cfg.mesh.table_axis, cfg.mesh.table_layout)
     specs = table_specs(cfg, task, plan)
     preflight.check_mesh(plan, available, cfg.trainer.batch_size, specs, cfg.async_emb.enabled,
