@@ -247,7 +247,8 @@ def restore_trial(work: Path, i: int, rng: random.Random, ref: tuple, took: floa
 
 
 def commit_trial(work: Path, i: int, rng: random.Random, ref: tuple) -> dict:
-    from runner.checkpoint.manager import KILL_ENV, TMP_SUFFIX
+    from runner.checkpoint.drills import KILL_ENV
+    from runner.checkpoint.manager import TMP_SUFFIX
 
     d = work / f"commit{i}"
     d.mkdir()

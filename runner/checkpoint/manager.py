@@ -13,23 +13,19 @@ it, every array's shape and digest).
   A failed write is raised as ``CheckpointError`` at the next save or at the end of the run (``wait``).
 - Resume: the newest checkpoint that restores and matches its digests wins; an unreadable one is reported in
   one warning, moved to ``<checkpoint.dir>/_corrupt/`` and the one before it is used (the echoes of Orbax's
-  abandoned reads are dropped: ``_abandoned_reads_dropped``). Arrays are read straight into this run's
+  abandoned reads are dropped: ``quiet.abandoned_reads_dropped``). Arrays are read straight into this run's
   shardings, so a checkpoint reshards onto another mesh or table layout.
-- One run per directory: ``open_with_orbax`` takes ``<checkpoint.dir>/run.lock`` (``lock.py``) before Orbax
+- Cleanup: a step past ``checkpoint.keep`` leaves the directory in one rename and its files are removed
+  afterwards (``trash.py``), so a kill during cleanup leaves only whole steps; a step half-deleted in place
+  (by an older runner) is skipped with a warning.
+- One run per directory: ``opening.open_with_orbax`` takes ``<checkpoint.dir>/run.lock`` (``lock.py``) before Orbax
   touches the directory and ``Checkpoints.close`` releases it; every error on the way releases it too.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import logging
-import os
 import shutil
-import signal
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -40,15 +36,13 @@ from jax.sharding import NamedSharding
 from omegaconf import DictConfig
 
 from . import data as data_lib
+from . import drills, quiet, trash
 from . import lock as lock_lib
 from . import meta as meta_lib
 from ..core import mesh as mesh_lib
-from ..outputs import METRICS_FILE
 from ..errors import CheckpointError, PreflightError
 
 log = logging.getLogger("runner")
-KILL_ENV = "RUNNER_TEST_KILL_BEFORE_COMMIT"  # test hook: SIGKILL the process just before this step commits
-KILL_RESTORE_ENV = "RUNNER_TEST_KILL_IN_RESTORE"  # test hook: SIGKILL this many seconds into the restore
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
@@ -59,40 +53,6 @@ class Restored:
     metrics_rows: int
     path: Path
     meta: dict
-
-
-class _KillBeforeCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
-    """Only with ``RUNNER_TEST_KILL_BEFORE_COMMIT=<step>``: every array of that step is written, then the
-    process dies before the rename that would commit it (the pre-emption drill of the tests)."""
-
-    async def finalize(self, *args, **kwargs):
-        if self.get_final().name == os.environ.get(KILL_ENV):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return await super().finalize(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def _killed_in_restore():
-    """Only with ``RUNNER_TEST_KILL_IN_RESTORE=<seconds>``: the process SIGKILLs itself that long into the
-    restore, or as it ends if it ends sooner (the kill drill of ``benchmarks/kills.py``)."""
-    delay = os.environ.get(KILL_RESTORE_ENV)
-    if not delay:
-        yield
-        return
-    t0 = time.monotonic()
-
-    def kill(when: str) -> None:
-        print(f"{KILL_RESTORE_ENV}: SIGKILL {when}, {time.monotonic() - t0:.4f} s into the restore",
-              file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    timer = threading.Timer(float(delay), kill, args=("from the timer",))
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        kill("at its end")
 
 
 class Checkpoints:
@@ -143,8 +103,9 @@ class Checkpoints:
                 meta["best_arrays"] = meta_lib.describe_arrays(self.program, selection.best)
                 items["best"] = ocp.args.PyTreeSave(selection.best)
         args = ocp.args.Composite(**items, meta=ocp.args.JsonSave(meta))
+        self._settle()  # the previous save committed (or raised) and its old steps' files are gone
         try:
-            self.manager.save(step, args=args, force=True)  # first waits for (and raises) the previous save
+            self.manager.save(step, args=args, force=True)
         except Exception as e:  # noqa: BLE001 - any failure to write is fatal, with the path and the cause
             raise self._failed(step, e) from e
         self.last_step = self.written = step
@@ -153,18 +114,29 @@ class Checkpoints:
         """Block until the last save is committed; raise CheckpointError if it failed."""
         if self.manager is None or self.written is None:
             return
+        self._settle()
+        if jax.process_index() == 0 and not (self.directory / str(self.written)).is_dir():
+            raise self._failed(self.written, RuntimeError("the step directory was never committed"))
+
+    def _settle(self) -> None:
+        """Wait for the save in flight, raising its failure; then remove the files of the steps it retired
+        (Orbax moved them to ``_deleting/``: ``trash.py``)."""
+        if self.written is None:
+            return
         try:
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001
             raise self._failed(self.written, e) from e
-        if jax.process_index() == 0 and not (self.directory / str(self.written)).is_dir():
-            raise self._failed(self.written, RuntimeError("the step directory was never committed"))
+        if jax.process_index() == 0:
+            trash.empty(self.directory)
 
     def close(self) -> None:
         """Wait for an in-flight save without raising (the run is ending on another error, or already waited)."""
         try:
             if self.manager is not None:
                 self.manager.close()
+                if jax.process_index() == 0:
+                    trash.empty(self.directory)
         except Exception as e:  # noqa: BLE001
             log.error("checkpoint save failed while the run was ending: %s", e)
         finally:
@@ -195,7 +167,7 @@ class Checkpoints:
 
     # ----- restoring ---------------------------------------------------------------------------------
     def restore_newest(self, manager: Any, steps: list[int], own: bool) -> Restored | None:
-        with _killed_in_restore():
+        with drills.killed_in_restore():
             return self._restore_newest(manager, steps, own)
 
     def _restore_newest(self, manager: Any, steps: list[int], own: bool) -> Restored | None:
@@ -205,6 +177,10 @@ class Checkpoints:
         for step in sorted(steps, reverse=True):
             where = Path(manager.directory) / str(step)
             failure = None
+            missing = trash.half_deleted(where)
+            if missing:
+                bad.append(self._half_deleted(where, step, missing, own))
+                continue
             try:
                 meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
             except Exception as e:  # noqa: BLE001
@@ -220,7 +196,7 @@ class Checkpoints:
                 # strict=False: row-padded leaves are padded with zeros or cut to this layout's row count
                 how = ocp.checkpoint_utils.construct_restore_args(target, strict=False)
                 args = ocp.args.Composite(state=ocp.args.PyTreeRestore(target, restore_args=how))
-                with _abandoned_reads_dropped():
+                with quiet.abandoned_reads_dropped():
                     state = manager.restore(step, args=args).state
                 self._verify(state, meta)
             except Exception as e:  # noqa: BLE001
@@ -256,7 +232,7 @@ class Checkpoints:
                                              mesh_lib.replicated(self.program.mesh), str(where))
             how = ocp.checkpoint_utils.construct_restore_args(target, strict=False)
             args = ocp.args.Composite(best=ocp.args.PyTreeRestore(target, restore_args=how))
-            with _abandoned_reads_dropped():
+            with quiet.abandoned_reads_dropped():
                 best = manager.restore(step, args=args).best
             got = meta_lib.digests(best, meta_lib.tables_of(self.program), int(meta["format"]))
             if any(got.get(k) != a["digest"] for k, a in meta["best_arrays"].items()):
@@ -286,6 +262,21 @@ class Checkpoints:
                         where, msg, what)
         if own:
             _sync("checkpoint_quarantine")
+            self.manager.reload()
+        return msg
+
+    def _half_deleted(self, where: Path, step: int, missing: list[str], own: bool) -> str:
+        """A step whose removal was interrupted (it lacks entries every committed step has): skipped with one
+        warning; this run's own is removed."""
+        msg = f"step {step} (half-deleted: no {', '.join(missing)})"
+        if jax.process_index() == 0:
+            log.warning("checkpoint %s is half-deleted (it has no %s: a kill interrupted the removal of old "
+                        "checkpoints); %s, falling back to the one before it", where, ", ".join(missing),
+                        "removed" if own else "skipped (not this run's checkpoint.dir)")
+            if own:
+                trash.discard(where)
+        if own:
+            _sync("checkpoint_discard")
             self.manager.reload()
         return msg
 
@@ -346,9 +337,10 @@ class _CountingTracker:
 def _manager(directory: Path, *, keep: int, async_save: bool, compress: bool = False, read_only: bool = False):
     """The state as zarr3 arrays in an OCDBT key-value store (zstd only with ``compress``); meta as JSON."""
     opts = dict(read_only=True, save_interval_steps=0, create=False) if read_only else dict(
-        max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=async_save)
-    if os.environ.get(KILL_ENV) and not read_only:
-        opts["temporary_path_class"] = _KillBeforeCommit
+        max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=async_save,
+        todelete_subdir=trash.TRASH)  # retired steps leave the directory in one rename (trash.py)
+    if drills.kills_before_commit() and not read_only:
+        opts["temporary_path_class"] = drills.KillBeforeCommit
     handlers = {"state": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=compress),
                 "best": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=compress),
                 "meta": ocp.JsonCheckpointHandler()}
@@ -365,203 +357,8 @@ def _summary(e: BaseException) -> str:
     return " <- ".join(parts)
 
 
-def _from_orbax(obj: Any) -> bool:
-    """A coroutine or task of Orbax's (or a message naming one)."""
-    coro = obj.get_coro() if hasattr(obj, "get_coro") else obj
-    code = getattr(coro, "cr_code", None)
-    return "orbax" in (code.co_filename if code is not None else str(obj))
-
-
-def _abandoned(u: Any) -> bool:
-    """An echo of an abandoned checkpoint read (see ``_abandoned_reads_dropped``): a failed Orbax read
-    coroutine or task, or a TensorStore completion posted to the event loop Orbax has already closed."""
-    if u.object is not None and _from_orbax(u.object):
-        return True
-    return u.exc_type is RuntimeError and str(u.exc_value) == "Event loop is closed"
-
-
-STORAGE_WORDS = ("orbax", "tensorstore", "OCDBT", "zarr")  # in the repr of a read's task or its TensorStore error
-
-
-class _DropAbandonedReads(logging.Filter):
-    """asyncio's "Task/Future exception was never retrieved" (and "destroyed but it is pending") records of
-    abandoned checkpoint reads; any other record passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if not ("never retrieved" in text or "destroyed but it is pending" in text):
-            return True
-        exc = record.exc_info[1] if record.exc_info else None
-        return not any(w.lower() in f"{text} {exc!r}".lower() for w in STORAGE_WORDS)
-
-
-class _DropSaveFailureEchoes(logging.Filter):
-    """Orbax logs a failed background save from each of its threads, each with a traceback; the failure also
-    reaches the main thread, where the run reports it once, as the CheckpointError of ``Checkpoints._failed``
-    (path, cause and fix)."""
-
-    ECHOES = ("in background save thread", "Save Finalize thread", "_SignalingThread.run() raised an exception")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and any(e in record.getMessage() for e in self.ECHOES))
-
-
-_QUIET = _DropAbandonedReads()
-_QUIET_SAVES = _DropSaveFailureEchoes()
-
-
-def _quiet_hook(previous: Any) -> Any:
-    def hook(u: Any) -> None:
-        if _abandoned(u):
-            log.debug("dropped the failure of an abandoned checkpoint read: %s: %s", u.exc_type.__name__,
-                      u.exc_value)
-        else:
-            previous(u)
-
-    hook.quiet_abandoned_reads = True
-    return hook
-
-
-def _install_quiet_hooks() -> None:
-    """For the whole process: the echoes of a failed restore can arrive later, from TensorStore's threads."""
-    if not getattr(sys.unraisablehook, "quiet_abandoned_reads", False):
-        sys.unraisablehook = _quiet_hook(sys.unraisablehook)
-    if _QUIET not in logging.getLogger("asyncio").filters:
-        logging.getLogger("asyncio").addFilter(_QUIET)
-    if _QUIET_SAVES not in logging.getLogger("absl").filters:
-        logging.getLogger("absl").addFilter(_QUIET_SAVES)
-
-
-@contextlib.contextmanager
-def _abandoned_reads_dropped():
-    """Orbax reads a checkpoint's arrays concurrently; when one read fails (a truncated or missing file) it
-    raises that error and abandons the other reads, whose own failures then surface as one traceback each
-    ("Task exception was never retrieved", "Exception ignored in: <coroutine ...>", "Event loop is closed")
-    when they are garbage-collected or complete. The failed checkpoint is reported once, by ``_unreadable``;
-    these echoes are collected here, on the way out of the restore, and dropped (later ones by the hooks of
-    ``_install_quiet_hooks``). Anything else passes through."""
-    previous = sys.unraisablehook
-    sys.unraisablehook = _quiet_hook(previous)  # also under a test runner that swaps the process's hook
-    try:
-        yield
-    except BaseException as e:
-        chain, seen = e, set()  # the tracebacks hold Orbax's frames, and through them the abandoned reads
-        while chain is not None and id(chain) not in seen:
-            seen.add(id(chain))
-            chain.__traceback__, chain = None, chain.__cause__ or chain.__context__
-        raise
-    finally:
-        try:
-            gc.collect()  # the abandoned reads and their event loop go now, inside the filters
-        finally:
-            sys.unraisablehook = previous
-
-
 def _sync(name: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-# ----- setup: checks, the run's directory, the resume ---------------------------------------------------
-def open_with_orbax(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike,
-                    data_file: str | os.PathLike | None = None) -> Checkpoints:
-    """Lock ``checkpoint.dir``, restore per ``checkpoint.resume`` and carry the metrics history over; call it
-    through ``runner.checkpoint.open_checkpoints``, which checks the settings first and returns None when
-    checkpoints are off (``meta.wanted``). On any error the lock is released and Orbax's threads are stopped
-    before it propagates. ``data_file`` is fingerprinted once, here (``data.py``)."""
-    c, out = cfg.checkpoint, Path(output_dir)
-    resume = str(c.resume)
-    logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every step of every save at INFO
-    _install_quiet_hooks()
-    directory = Path(c.dir or Path("outputs/checkpoints") / meta_lib.run_id(cfg)).absolute()
-    path = meta_lib.resume_path(cfg)
-    source = None if path is None else meta_lib.resume_source(Path(path))  # before any thread
-    data = None if data_file is None else data_lib.fingerprint(data_file)
-    lock = None
-    if c.interval > 0:
-        meta_lib.check_writable(directory)
-        lock = _lock(directory, out, meta_lib.run_id(cfg))
-    ck = None
-    try:
-        if c.interval > 0:
-            partial = sorted(p.name for p in directory.iterdir() if TMP_SUFFIX in p.name)
-            if partial:
-                log.warning("%s holds interrupted saves %s (never committed): ignored and removed", directory,
-                            partial)
-        ck = Checkpoints(cfg, program, plan, out, directory if c.interval > 0 else None, lock, data=data)
-        _resume(ck, resume, source, directory, out)
-        return ck
-    except BaseException:
-        if ck is not None:
-            ck.close()
-        elif lock is not None:
-            lock.release()
-        raise
-
-
-def _lock(directory: Path, out: Path, run_id: str) -> lock_lib.Lock | None:
-    """Process 0 takes the directory's lock for the run; every process learns whether it could."""
-    lock, error = None, None
-    if jax.process_index() == 0:
-        try:
-            lock = lock_lib.acquire(directory, output_dir=str(out.absolute()), run_id=run_id)
-        except PreflightError as e:
-            error = e
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        ok = np.asarray(multihost_utils.process_allgather(np.int32(error is None)))
-        if not ok.all() and error is None:
-            error = PreflightError(f"checkpoint.dir={directory} is in use by another run: process 0 could not lock "
-                                   f"it (its error names the holder)")
-    if error is not None:
-        raise error
-    return lock
-
-
-def _resume(ck: Checkpoints, resume: str, source: tuple[Path, list[int]] | None, directory: Path, out: Path):
-    own = ck.manager.all_steps() if ck.manager is not None else []
-    if resume == "never" and own:
-        raise PreflightError(
-            f"checkpoint.resume=never but checkpoint.dir={directory} already holds checkpoints {own}; a new run "
-            f"would mix with them. Use checkpoint.resume=auto to continue that run, or another checkpoint.dir "
-            f"or trainer.run_id to start a new one.")
-    if resume == "auto":
-        ck.restored = ck.restore_newest(ck.manager, own, own=True)
-    elif source is not None:
-        path, steps = source
-        reader = _manager(path, keep=1, async_save=False, read_only=True)
-        try:
-            ck.restored = ck.restore_newest(reader, steps, own=False)
-        finally:
-            reader.close()
-        later = [s for s in own if s > ck.restored.step]
-        if later:
-            raise PreflightError(
-                f"checkpoint.resume={resume} restores step {ck.restored.step}, but checkpoint.dir={directory} "
-                f"already holds steps {later} that new saves would collide with; move them away or use another "
-                f"checkpoint.dir")
-    if ck.restored is not None:
-        ck.last_step, ck.rows = ck.restored.step, ck.restored.metrics_rows
-        if jax.process_index() == 0:
-            log.info("resuming from %s: step %d of %d (written by %s)", ck.restored.path, ck.restored.step,
-                     ck.steps, ", ".join(f"{k} {v}" for k, v in ck.restored.meta["versions"].items()))
-            ck.last_row = meta_lib.carry_metrics(out / METRICS_FILE, ck.restored.meta.get("output_dir"), ck.rows)
-    elif ck.manager is not None and jax.process_index() == 0:
-        _set_aside_metrics(out / METRICS_FILE)
-
-
-def _set_aside_metrics(path: Path) -> None:
-    """A checkpointed run that starts from step 0: rows already in its metrics.jsonl were logged by a launch
-    that died before its first checkpoint committed; appended to, its steps would repeat. They are moved aside."""
-    if not (path.exists() and path.stat().st_size):
-        return
-    dest, n = path.with_name(path.name + ".before-restart"), 0
-    while dest.exists():
-        n += 1
-        dest = path.with_name(f"{path.name}.before-restart.{n}")
-    os.replace(path, dest)
-    log.warning("%s holds %d rows of an earlier launch that committed no checkpoint; moved to %s, this run starts "
-                "from step 0", path, len(dest.read_text().splitlines()), dest)

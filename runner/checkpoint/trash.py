@@ -1,0 +1,67 @@
+"""Removing old checkpoints so that a kill at any moment leaves only readable steps behind.
+
+Orbax deletes the steps past ``checkpoint.keep``; told ``todelete_subdir=TRASH`` it instead renames each one
+to ``<checkpoint.dir>/_deleting/<step>``: one atomic rename, after which the step is no longer a checkpoint
+of the directory. The files are removed here, from ``_deleting/``, before the next save and as the run ends;
+a kill in the middle leaves a half-removed folder under ``_deleting/`` that no restore looks at and the next
+launch finishes removing. Steps half-deleted in place (by a runner before this one) are recognised by the
+entries every committed step has (``half_deleted``) and skipped by the restore.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from . import drills
+
+log = logging.getLogger("runner")
+TRASH = "_deleting"
+COMMITTED = ("_CHECKPOINT_METADATA", "meta", "state")  # in every step directory Orbax has committed
+
+
+def half_deleted(step_dir: Path) -> list[str]:
+    """The entries a committed step has and this one lacks (empty for a whole step)."""
+    return [name for name in COMMITTED if not (step_dir / name).exists()]
+
+
+def empty(directory: Path, *, report: bool = False) -> list[str]:
+    """Remove everything under ``<directory>/_deleting/``; returns the names removed. ``report``: say so in
+    a warning (at the start of a launch, what is there was left by a kill during an earlier cleanup)."""
+    trash = directory / TRASH
+    if not trash.is_dir():
+        return []
+    names = sorted(p.name for p in trash.iterdir())
+    for name in names:
+        _remove(trash / name)
+    if report and names:
+        log.warning("%s held old checkpoints %s whose removal was interrupted (a kill during cleanup); they "
+                    "were already out of the checkpoint directory and are removed now", trash, names)
+    return names
+
+
+def discard(step_dir: Path) -> None:
+    """Move a step out of its checkpoint directory (one rename), then remove it."""
+    dest = step_dir.parent / TRASH / step_dir.name
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest.with_name(f"{step_dir.name}.{n}")
+    dest.parent.mkdir(exist_ok=True)
+    os.replace(step_dir, dest)
+    _remove(dest)
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder's files one by one, then its folders (the order a kill drill can interrupt)."""
+    if not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    files = [Path(root) / f for root, _, names in os.walk(path) for f in names]
+    for i, f in enumerate(files, 1):
+        f.unlink(missing_ok=True)
+        drills.in_cleanup(path.name, i, len(files))
+    for root, dirs, _ in os.walk(path, topdown=False):
+        for d in dirs:
+            os.rmdir(Path(root) / d)
+    os.rmdir(path)
