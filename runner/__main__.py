@@ -33,24 +33,22 @@ CONF_DIR = conf_dir()
 def main(cfg: DictConfig) -> float:
     from . import sweeps
     from .app import run, run_tracker  # imported here (with JAX) so `--help`, completion and --cfg stay fast
-    from .checkpoint import CheckpointError
-    from .core.preemption import Preempted
-    from .preflight import PreflightError
+    from .errors import CheckpointError, Preempted, RunnerError
 
     hc = HydraConfig.get()
     tags = sweeps.trial_tags(hc)
     if hc.mode != RunMode.MULTIRUN:
         try:
             return run(cfg, hc.runtime.output_dir, tags=tags)
-        except PreflightError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
         except CheckpointError as e:  # a save failed mid-run: the message names the directory and the fix
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
         except Preempted as e:  # SIGTERM: stopped at a step boundary, checkpoint written if configured
             print(f"runner: {e}", file=sys.stderr)
             sys.exit(143)
+        except RunnerError as e:  # a config that cannot work, training that went wrong, processes that cannot meet
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
     # A sweep: one W&B run per trial in the sweep's group; a failed trial is recorded and the sweep goes on.
     sweeps.name_trial(cfg, hc)
 

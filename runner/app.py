@@ -11,11 +11,12 @@ import jax
 from omegaconf import DictConfig, OmegaConf
 
 from . import budget, distributed, preflight, progress
-from .build import build
+from .build import build_run
 from .checkpoint import open_checkpoints
 from .core import failures
 from .core.loop import train
-from .core.preemption import Preempted, Preemption
+from .core.preemption import Preemption
+from .errors import Preempted, PreflightError
 from .sweeps import write_run_info
 from .tracking import make_tracker
 from .tracking.wandb import TrackerStartError
@@ -36,7 +37,7 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
             group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity, run_id=run_id,
             resume="allow" if run_id else None, init_timeout=lg.get("init_timeout"))
     except TrackerStartError as e:  # an online W&B run that cannot start: one message (exit 2), not wandb's trace
-        raise preflight.PreflightError(str(e)) from None
+        raise PreflightError(str(e)) from None
     write_run_info(tracker, out)
     return tracker
 
@@ -48,7 +49,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     evaluation's."""
     out = Path(output_dir)
     distributed.initialize(cfg.distributed)  # joins the other processes, before anything starts JAX
-    program, task, plan = build(cfg)  # raises PreflightError before anything compiles
+    program, task, plan, run_budget = build_run(cfg)  # raises PreflightError before anything compiles
     distributed.check_plan(plan)
     say = log.info if jax.process_index() == 0 else (lambda *a, **k: None)  # process 0 speaks for the run
     lg = cfg.logger
@@ -65,7 +66,6 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     try:
         say("mesh %s (%d processes x %d devices), async_emb=%s, optimizers %s", plan.describe(),
             jax.process_count(), jax.local_device_count(), cfg.async_emb.enabled, {n: type(o).__name__ for n, o in program.emb_optimizers.items()})
-        run_budget = budget.of(cfg, task)
         say(f"budget: {run_budget.describe()}, evaluation every {cfg.trainer.eval_interval:,} steps")
         # e.g. far more epochs than the data can use; a bfloat16 table under a plain optax optimizer
         for warning in run_budget.warnings() + preflight.rounding_warnings(program.emb_optimizers, program.tables):

@@ -17,10 +17,11 @@ a config resolved before). The defaults come from the model's YAML: ``conf/model
 interval is derived from the resolved steps (rounded up to a multiple of ``trainer.log_interval`` when that
 is shorter, so evaluations land on logged rows).
 
-``resolve`` writes the resolved ``trainer.steps`` (and a derived ``eval_interval``) into the config when the
-run starts, so everything downstream (schedule, checkpoints, the logged config) sees plain step counts.
-:class:`Budget` converts between steps and epochs for the rest of the run (the summary, the progress bar,
-and epoch-based schedules such as early stopping).
+``resolve`` runs once, when the run is built (``runner.build.build_run``): it writes the resolved
+``trainer.steps`` (and a derived ``eval_interval``) into the config, so everything downstream (schedule,
+checkpoints, the logged config) sees plain step counts, and returns the :class:`Budget`, which the build
+passes on to the run: it converts between steps and epochs for the rest of the run (the summary, the
+progress bar, and epoch-based schedules such as early stopping).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import dataclasses
 import math
 from typing import Any
 
-from .preflight import PreflightError
+from .errors import PreflightError
 
 MAX_EPOCHS = 200  # above this many passes over the data a run is warned about: the data cannot use them
 EVALS_PER_RUN = 10  # eval_interval: null -> at most this many evaluations during the run (plus the final one)
@@ -137,7 +138,8 @@ def derived_eval_interval(steps: int, log_interval: int, evals: int = EVALS_PER_
 
 
 def of(cfg: Any, task: Any) -> Budget:
-    """The budget of a config ``resolve`` has seen (``trainer.steps`` set), e.g. for the run's summary."""
+    """The budget of a config whose ``trainer.steps`` is set (``resolve`` for such a config; a test's check of
+    a resolved one), with the setting it came from."""
     t = cfg.trainer
     steps, B, examples = int(t.steps), int(t.batch_size), train_examples(task)
     source = "trainer.steps"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import hydra
 import jax
@@ -22,6 +22,7 @@ from .core.dense_optimizer import DenseOptimizer
 from .core.embeddings import TableSpec, stored_rows
 from .core.mesh import MeshPlan, build_mesh, resolve_axes
 from .core.step import TrainProgram
+from .errors import PreflightError
 from .tasks import make_task
 
 
@@ -40,7 +41,7 @@ def _instantiate(node: DictConfig, key: str) -> Any:
     """One optimizer from its config; a class that cannot be found or built is a PreflightError naming it."""
     if not isinstance(node, DictConfig) or not node.get("_target_"):
         group = "optimizer" if key == "optimizer" else f"optimizer@{key}"
-        raise preflight.PreflightError(
+        raise PreflightError(
             f"{key}={OmegaConf.to_container(node) if isinstance(node, DictConfig) else node!r} names no optimizer "
             f"class (_target_); pick one with +{group}=async_adam (or async_rowwise_adagrad, async_adagrad, "
             f"async_sgd, adam, adagrad) or give {key}._target_=optimizers.AsyncAdam")
@@ -52,7 +53,7 @@ def _instantiate(node: DictConfig, key: str) -> Any:
         if e.__cause__ is not None and str(cause) not in reason:
             reason += f" ({type(cause).__name__}: {cause})"
         target = node.get("_target_") if isinstance(node, DictConfig) else None
-        raise preflight.PreflightError(
+        raise PreflightError(
             f"{key}._target_={target!r} cannot be built: {' '.join(reason.split())}. Fix {key}: a class path "
             f"such as optimizers.AsyncAdam (or optimizer=async_adam) and arguments its class accepts") from None
 
@@ -74,7 +75,7 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
     needs = task.tables()
     unknown = sorted(set(cfg.model.tables) - set(needs))
     if unknown:
-        raise preflight.PreflightError(f"model.tables names {unknown}, which this data source does not use; "
+        raise PreflightError(f"model.tables names {unknown}, which this data source does not use; "
                                        f"its tables are {sorted(needs)}")
     shards = plan.table_shards if plan is not None and plan.layout == "row" and cfg.mesh.pad_vocab else 1
     specs = {}
@@ -82,7 +83,7 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
         t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
         vocab = t.vocab or id_range + 1
         if vocab < id_range + 1:
-            raise preflight.PreflightError(
+            raise PreflightError(
                 f"model.tables.{name}.vocab={vocab} is too small: the data's {name} ids go up to {id_range}, so "
                 f"the table needs >= {id_range + 1} rows (row 0 is padding); raise it or set it to null")
         specs[name] = TableSpec(name, vocab, t.width or cfg.model.emb_width, tokens,
@@ -148,15 +149,34 @@ def dense_optimizer(cfg: DictConfig) -> DenseOptimizer:
                           d.learning_rate * d.end_learning_rate_ratio, d.b1, d.b2, d.weight_decay, d.clip_norm)
 
 
+class RunParts(NamedTuple):
+    """What ``build_run`` assembles: the program, the task, the mesh plan and the budget resolved for them."""
+
+    program: TrainProgram
+    task: Any
+    plan: MeshPlan
+    budget: budget.Budget
+
+
 def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
-    """Validate, then assemble (program, task, mesh plan). Raises PreflightError before anything compiles."""
+    """Validate, then assemble (program, task, mesh plan): ``build_run`` without the budget."""
+    parts = build_run(cfg)
+    return parts.program, parts.task, parts.plan
+
+
+def build_run(cfg: DictConfig) -> RunParts:
+    """Validate, then assemble the run's parts. Raises PreflightError before anything compiles.
+
+    The budget is resolved once, here: ``trainer.steps`` (and a derived ``trainer.eval_interval``) are written
+    into ``cfg`` for everything that reads the config, and the :class:`~runner.budget.Budget` (its epochs, the
+    setting it came from) is passed on in the result."""
     preflight.check_config(cfg)  # every setting's range: before any data is generated or read
     budget.check(cfg.trainer)  # steps or epochs, not both
     configured = configured_optimizers(cfg)
     preflight.check_optimizers(*configured)
     preflight.check_devices(cfg, resolve_axes)  # before any device is created
     task = make_task(cfg)
-    budget.resolve(cfg, task)  # trainer.steps from trainer.epochs and the data size (and a derived eval_interval)
+    run_budget = budget.resolve(cfg, task)  # trainer.steps from trainer.epochs and the data size (and eval_interval)
     preflight.check_objective(cfg.trainer.objective, task)
     preflight.check_selection(cfg.trainer, task)
     names = list(task.tables())
@@ -169,7 +189,7 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
     try:
         axes = resolve_axes(cfg.mesh.axes, available)
     except ValueError as e:
-        raise preflight.PreflightError(str(e)) from None
+        raise PreflightError(str(e)) from None
     plan = MeshPlan(axes, cfg.mesh.table_axis, cfg.mesh.table_layout)
     specs = table_specs(cfg, task, plan)
     preflight.check_mesh(plan, available, cfg.trainer.batch_size, specs, cfg.async_emb.enabled,
@@ -189,4 +209,4 @@ def build(cfg: DictConfig) -> tuple[TrainProgram, Any, MeshPlan]:
                            detail_last=int(cfg.trainer.steps), reuse_key=program_key(cfg, specs, peaks),
                            optimizer_keys={n: f"table_optimizers.{n}" if n in cfg.table_optimizers else "optimizer"
                                            for n in specs})
-    return program, task, plan
+    return RunParts(program, task, plan, run_budget)

@@ -20,16 +20,7 @@ from optimizers.protocol import no_fused_update_message
 
 from . import config as schemas
 from .core.mesh import MeshPlan
-
-
-class PreflightError(ValueError):
-    """A config that cannot work; the message says why and how to fix it."""
-
-
-class TrainingError(PreflightError):
-    """Training stopped because it went wrong (updates keep being refused, an id outside its table with
-    ``trainer.strict_ids``); the message names the table, the step and the likely causes. A PreflightError,
-    so the command line reports it as one message and a non-zero exit code, no traceback."""
+from .errors import PreflightError
 
 
 ASYNC_WAYS_OUT = (

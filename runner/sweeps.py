@@ -8,7 +8,7 @@ What a trial gets (``runner.__main__`` calls these; ``python -m runner -m a=1,2`
   group ``<job name>[-<experiment or hparams_search>]-<last two parts of the sweep dir>`` (for Hydra's
   default ``multirun/<date>/<time>``: ``runner-2026-11-29_12-00-00``) and the name ``#<job num> <overrides>``.
 * ``wandb_run.json`` in its directory: the W&B run's id, name, group, tags, project, mode and directory.
-* On failure (any exception, a :class:`~runner.preflight.PreflightError` from bad input included): a
+* On failure (any exception, a :class:`~runner.errors.PreflightError` from bad input included): a
   ``FAILED`` file holding the error and its traceback, ``summary.json`` with ``"status": "failed"`` and a
   W&B run finished with exit code 1 -- built just for the record when the trial failed before its tracker
   existed. Then the sweep goes on: the basic sweeper gets ``nan`` back; Optuna gets the exception

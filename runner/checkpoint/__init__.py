@@ -25,10 +25,6 @@ if TYPE_CHECKING:
     from .manager import Checkpoints
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written; the run stops rather than train on without one."""
-
-
 def open_checkpoints(cfg: DictConfig, program: Any, plan: Any, output_dir: str | os.PathLike,
                      data_file: str | os.PathLike | None = None) -> Checkpoints | None:
     """Check the checkpoint settings; None when checkpoints are off (``checkpoint.interval=0`` and nothing to
@@ -51,4 +47,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CheckpointError", "Checkpoints", "open_checkpoints"]
+__all__ = ["Checkpoints", "open_checkpoints"]

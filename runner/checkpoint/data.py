@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..preflight import PreflightError
+from ..errors import PreflightError
 
 log = logging.getLogger("runner")
 WHOLE_BYTES = 64 << 20

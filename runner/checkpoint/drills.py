@@ -20,7 +20,7 @@ import time
 
 import orbax.checkpoint as ocp
 
-from ..preflight import PreflightError
+from ..errors import PreflightError
 
 KILL_ENV = "RUNNER_TEST_KILL_BEFORE_COMMIT"
 KILL_RESTORE_ENV = "RUNNER_TEST_KILL_IN_RESTORE"

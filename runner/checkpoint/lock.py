@@ -24,7 +24,7 @@ import uuid
 import weakref
 from pathlib import Path
 
-from ..preflight import PreflightError
+from ..errors import PreflightError
 
 log = logging.getLogger("runner")
 LOCK_FILE = "run.lock"

@@ -35,13 +35,12 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
 from omegaconf import DictConfig
 
-from . import CheckpointError
 from . import data as data_lib
 from . import drills, quiet, trash
 from . import lock as lock_lib
 from . import meta as meta_lib
 from ..core import mesh as mesh_lib
-from ..preflight import PreflightError
+from ..errors import CheckpointError, PreflightError
 
 log = logging.getLogger("runner")
 TMP_SUFFIX = ".orbax-checkpoint-tmp"

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import digest as checkpoint_digest
 from ..outputs import METRICS_FILE
-from ..preflight import PreflightError
+from ..errors import PreflightError
 
 log = logging.getLogger("runner")
 FORMAT = 2  # 2: digest scheme 2 (any single-bit change is seen); 1: scheme 1, still read and verified

@@ -17,7 +17,7 @@ from . import drills, quiet, trash
 from . import lock as lock_lib
 from . import meta as meta_lib
 from ..outputs import METRICS_FILE
-from ..preflight import PreflightError
+from ..errors import PreflightError
 from .manager import TMP_SUFFIX, Checkpoints, _manager
 
 log = logging.getLogger("runner")

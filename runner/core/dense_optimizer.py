@@ -20,6 +20,9 @@ ScheduleArgs = Mapping[str, "float | jax.Array"]
 
 @dataclasses.dataclass(frozen=True)
 class DenseOptimizer:
+    """The dense parameters' AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization") after
+    global-norm clipping, on a warmup-cosine learning-rate schedule; the config's ``dense_optimizer`` group."""
+
     learning_rate: float  # the peak, reached after warmup_steps
     warmup_steps: int
     total_steps: int  # the run's length: the decay ends here
@@ -30,6 +33,8 @@ class DenseOptimizer:
     clip_norm: float = 1.0
 
     def schedule_args(self) -> dict[str, float]:
+        """The schedule's numbers as the step takes them: ``peak``, ``warmup`` (at least 1), ``total`` (past
+        the warmup) and ``end``, as floats."""
         warmup = max(int(self.warmup_steps), 1)
         return {"peak": float(self.learning_rate), "warmup": float(warmup),
                 "total": float(max(int(self.total_steps), warmup + 1)), "end": float(self.end_learning_rate)}
@@ -49,5 +54,10 @@ class DenseOptimizer:
         return lr
 
     def tx(self, args: ScheduleArgs | None = None) -> optax.GradientTransformation:
+        """The optax transformation: clip by global norm, then AdamW at ``schedule(args)``.
+
+        Args:
+            args: the schedule's numbers (``schedule_args``), traced inside the step; None: Python constants.
+        """
         return optax.chain(optax.clip_by_global_norm(self.clip_norm),
                            optax.adamw(self.schedule(args), self.b1, self.b2, weight_decay=self.weight_decay))

@@ -35,6 +35,8 @@ from optimizers.fused import compiler_options, hash2d
 
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
+    """One embedding table as the trainer builds it: its name, its logical rows and its width."""
+
     name: str
     vocab: int  # logical rows: ids in [1, vocab) (row i holds id i); 0 is the padding row
     width: int

@@ -23,7 +23,7 @@ import logging
 import re
 from typing import Any, Iterator
 
-from ..preflight import TrainingError
+from ..errors import TrainingError
 
 BUILT_IN = ("optimizers.", "runner.")  # modules whose classes are the project's own
 FIX = "Fix the class, or pick a built-in optimizer, e.g. optimizer=async_adam"
@@ -34,6 +34,7 @@ class OptimizerFailed(TrainingError):
 
 
 def class_path(opt: Any) -> str:
+    """``module.QualifiedName`` of ``opt``'s class, as a ``_target_`` names it."""
     cls = type(opt)
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -116,7 +117,10 @@ def at_run_time(program: Any, e: BaseException) -> OptimizerFailed | None:
 
 
 class _DropCallbackEchoes(logging.Filter):
+    """Drops JAX's own log record of a failed host callback while ``named`` is active (its message says it)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
+        """False (drop) for a record of a failed callback."""
         return "callback failed" not in record.getMessage()
 
 

@@ -12,10 +12,10 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from .. import distributed
 from .. import progress as progress_lib
 from ..budget import train_examples
-from ..preflight import TrainingError
+from ..errors import TrainingError
+from . import placement
 from .selection import Selection, selection_metric
 from .step import TrainProgram, is_log_step
 from ..tracking import Tracker
@@ -24,7 +24,7 @@ from ..tracking import Tracker
 def to_device(program: TrainProgram, batch: Mapping[str, np.ndarray], keys=None) -> dict[str, jax.Array]:
     """Put a whole host batch (the same on every process) on the mesh, its leading dim split over every device."""
     keys = program.model_keys if keys is None else keys
-    return distributed.put_global(program.mesh, {k: batch[k] for k in keys})
+    return placement.put_global(program.mesh, {k: batch[k] for k in keys})
 
 
 def make_selection(task: Any, trainer: Any) -> Selection:
@@ -49,10 +49,10 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     B = trainer.batch_size
     put = lambda b: to_device(program, b)  # noqa: E731
     # Several processes: each generates and feeds only the rows of the global batch its devices hold.
-    shard, num_shards = distributed.batch_shard(program.mesh, B)
+    shard, num_shards = placement.batch_shard(program.mesh, B)
     rows = {"shard": shard, "num_shards": num_shards} if num_shards > 1 else {}
-    put_rows = lambda b: distributed.put_local(program.mesh, {k: b[k] for k in program.model_keys}, B)  # noqa: E731
-    predict_host = lambda s, b: distributed.fetch(predict(s, b))  # noqa: E731
+    put_rows = lambda b: placement.put_local(program.mesh, {k: b[k] for k in program.model_keys}, B)  # noqa: E731
+    predict_host = lambda s, b: placement.fetch(predict(s, b))  # noqa: E731
     state, start, last = checkpoints.resume_point() if checkpoints is not None else (None, 0, {})
     state = program.init_state(trainer.seed) if state is None else state
     selection = make_selection(task, trainer)
@@ -99,10 +99,10 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
         n_window += 1
         row: dict[str, Any] = {}
         if is_log_step(step + 1, trainer.log_interval, trainer.steps):
-            m = distributed.fetch(metrics)
+            m = placement.fetch(metrics)
             elapsed = time.perf_counter() - t_window
             row = {k: _scalar(v) for k, v in m.items() if k != "outputs" and not k.startswith(EXAMPLE_ID)}
-            row.update(task.train_metrics(distributed.gather_rows(program.mesh, logged_host, B), m["outputs"]))
+            row.update(task.train_metrics(placement.gather_rows(program.mesh, logged_host, B), m["outputs"]))
             row["perf/examples_per_s"] = n_window * B / elapsed
             row["perf/step_time_ms"] = 1000 * elapsed / n_window
             for name, opt in program.emb_optimizers.items():
@@ -171,7 +171,7 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     if checkpoints is not None:
         with progress.timed(f"checkpoint at step {end}"):
             checkpoints.save_final(state, selection, step=end)
-    flushed = {k: _scalar(v) for k, v in distributed.fetch(flushed).items()}
+    flushed = {k: _scalar(v) for k, v in placement.fetch(flushed).items()}
     data = dict(getattr(task, "data_metrics", dict)())
     best = selection.summary()
     tracker.log({**final, **flushed, **data, **best}, step=end)
@@ -205,6 +205,7 @@ ROUTE_KEYS = ("emb/route_overflow/", "emb/route_peak/", "emb/route_refused/")
 
 
 def _route_slots(ctx: Any) -> str:
+    """How many ids a routed table's devices exchange and where the number comes from, for the overflow message."""
     if ctx.layout == "column":
         basis = (f"{ctx.route_capacity:g} x {ctx.route_peak}, the most distinct ids one device held in the sampled "
                  f"batches" if ctx.route_peak is not None else f"every distinct id of its {ctx.local_tokens} tokens")
@@ -272,7 +273,7 @@ def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any]
             or (max_skips > 0 and k.startswith("emb/consecutive_skips/")) or k.startswith(ROUTE_KEYS)]
     if not keys:
         return
-    got = distributed.fetch({k: metrics[k] for k in keys})
+    got = placement.fetch({k: metrics[k] for k in keys})
     where = what or f"step {step}"
     for name in sorted(program.tables):
         overflow = int(got.get(f"emb/route_overflow/{name}", 0))
@@ -311,9 +312,11 @@ def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any]
 
 
 def _devices(n: int) -> str:
+    """``1 device`` / ``8 devices``."""
     return f"{n} device" + ("s" if n != 1 else "")
 
 
 def _scalar(v: Any) -> Any:
+    """A fetched array as a Python number (a scalar) or list, for the summary's JSON."""
     a = np.asarray(v)
     return a.item() if a.ndim == 0 else a.tolist()

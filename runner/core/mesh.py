@@ -28,17 +28,21 @@ class MeshPlan:
 
     @property
     def axis_names(self) -> tuple[str, ...]:
+        """The mesh's axis names, in order."""
         return tuple(name for name, _ in self.axes)
 
     @property
     def num_devices(self) -> int:
+        """Devices the mesh uses: the product of the axis sizes."""
         return math.prod(size for _, size in self.axes)
 
     @property
     def table_shards(self) -> int:
+        """Shards of each embedding table: the table axis' size (1 without a table axis)."""
         return dict(self.axes).get(self.table_axis, 1) if self.table_axis else 1
 
     def describe(self) -> str:
+        """The axes as the run's log shows them, e.g. ``data=4xtable=2``."""
         return "x".join(f"{n}={s}" for n, s in self.axes)
 
 
@@ -62,6 +66,8 @@ def resolve_axes(axes: Mapping[str, int], num_devices: int) -> tuple[tuple[str, 
 
 
 def build_mesh(plan: MeshPlan, devices: list | None = None) -> Mesh:
+    """The ``jax.sharding.Mesh`` of ``plan`` over the first ``plan.num_devices`` of ``devices`` (default
+    ``jax.devices()``: global, ordered by process), reshaped to the axis sizes in order."""
     devices = jax.devices() if devices is None else devices
     shape = tuple(size for _, size in plan.axes)
     return Mesh(np.asarray(devices[: plan.num_devices]).reshape(shape), plan.axis_names)
@@ -73,12 +79,15 @@ def batch_spec(mesh: Mesh, ndim: int = 1) -> P:
 
 
 def batch_sharding(mesh: Mesh, x: Any) -> NamedSharding:
+    """The sharding of a batch array like ``x``: its leading dim split over every mesh axis (``batch_spec``)."""
     return NamedSharding(mesh, batch_spec(mesh, np.ndim(x)))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+    """A sharding that keeps a whole copy on every device of ``mesh``."""
     return NamedSharding(mesh, P())
 
 
 def named(mesh: Mesh, specs: Any) -> Any:
+    """A pytree of ``PartitionSpec`` -> the same pytree of ``NamedSharding`` on ``mesh``."""
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))

@@ -16,10 +16,6 @@ import threading
 import jax
 
 
-class Preempted(Exception):
-    """The run stopped on SIGTERM at a step boundary (its checkpoint, if any, written)."""
-
-
 class Preemption:
     """Whether a SIGTERM asked this run to stop; ``requested(step)`` once per step, in step order."""
 

@@ -48,6 +48,7 @@ def selection_metric(objective: str | None, task: Any) -> str:
 
 
 def minimizes(objective: str) -> bool:
+    """Whether lower is better for ``objective``: a loss; every other metric is maximised."""
     return objective.endswith("loss")
 
 
@@ -71,6 +72,7 @@ class Selection:
         return self.select or self.patience is not None
 
     def better(self, value: Any) -> bool:
+        """Whether ``value`` improves on the best so far; a non-finite or non-numeric value never does."""
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             return False
         return self.value is None or (value > self.value if self.maximize else value < self.value)
@@ -90,6 +92,7 @@ class Selection:
         return True
 
     def should_stop(self) -> bool:
+        """Early stopping: ``patience`` evaluations in a row without improvement."""
         return self.patience is not None and self.stale >= self.patience
 
     def summary(self) -> dict[str, Any]:
@@ -111,6 +114,8 @@ class Selection:
                 "has_state": self.best is not None}
 
     def restore(self, record: Mapping[str, Any] | None, best: BestState | None) -> None:
+        """Continue from a checkpoint's ``record`` (and its saved ``best`` state); a record of another
+        objective, or none, starts selection over."""
         if not record or record.get("objective") != self.objective:
             return  # another objective (or an old checkpoint): selection starts over from here
         self.value, self.step = record["value"], record["step"]

@@ -17,6 +17,9 @@ class SkipCounts(NamedTuple):
 
 
 class TrainState(NamedTuple):
+    """Everything a step reads and writes, as one pytree (after big_vision's and maxtext's train states): the
+    step is ``step(state, batch) -> (state, metrics)``, and a checkpoint saves and restores it whole."""
+
     step: jax.Array  # int32 scalar: steps completed
     params: Any  # dense model parameters
     opt_state: Any  # optax state of the dense parameters

@@ -73,6 +73,8 @@ class TrainProgram:
 
     # ----- state -------------------------------------------------------------------------------------
     def state_shardings(self, state: TrainState) -> TrainState:
+        """The sharding of each leaf of ``state`` (a pytree like it): tables, their optimizer state and the
+        deferred update as each table's context lays them out, everything else replicated."""
         rep = mesh_lib.replicated(self.mesh)
         ctxs = self.contexts
         return TrainState(
@@ -100,6 +102,7 @@ class TrainProgram:
         return self._reused(("init",), jit_init)(key, rng)
 
     def _init(self, key: jax.Array, rng: jax.Array) -> TrainState:
+        """The initial state from ``key`` (dense parameters, tables) and ``rng`` (per-step randomness)."""
         k_params, k_tables = jax.random.split(key)
         params = self.model.init(k_params)
         opt_state = self.dense_tx.init(params)
@@ -264,6 +267,7 @@ class TrainProgram:
         return state._replace(tables=tables, emb_states=emb_states, pending=pending, skips=skips), metrics
 
     def predict(self, state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
+        """The model's scores of ``batch`` under ``state`` (for evaluation), tables looked up as in the step."""
         ids, _ = self.table_ids(batch)
         embs = {n: lookup(self.contexts[n], state.tables[n], ids[n]) for n in ids}
         # The model scores catalogues by row number: it gets every table with row i holding id i (a gather
@@ -294,6 +298,7 @@ class TrainProgram:
         return _JITTED[key]
 
     def _jit(self, state: TrainState, example_batch: Mapping[str, Any], args: Mapping[str, jax.Array]):
+        """The jitted (step, flush, predict) for states like ``state`` and batches like ``example_batch``."""
         s_sh = self.state_shardings(state)
         b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
         opts = compiler_options([t.dtype for t in self.tables.values()])  # bf16 tables: no f32 table copies
@@ -333,9 +338,11 @@ class FlushFn:
         return self.jitted(state)[0]
 
     def with_metrics(self, state: TrainState):
+        """``(state, metrics)``: the flushed state and the flushed update's record."""
         return self.jitted(state)
 
     def lower(self, state: TrainState):
+        """The lowered flush (``jax.stages.Lowered``), e.g. to read its HLO."""
         return self.jitted.lower(state)
 
 
@@ -358,6 +365,7 @@ class StepFn:
         return self.jitted(state._replace(pending={}), state.pending, batch, self.args)
 
     def lower(self, state: TrainState, batch):
+        """The lowered step (``jax.stages.Lowered``) for ``state`` and ``batch``, e.g. to read its HLO."""
         return self.jitted.lower(state._replace(pending={}), state.pending, batch, self.args)
 
 

@@ -6,17 +6,54 @@ a package here with a ``task.py`` whose factory is decorated ``@TASKS.register("
 
 - ``ranking/``: multi-action ranking on the synthetic generator, per-action AUC against the Bayes limit.
 - ``sequential/``: next-item prediction on MovieLens-style files or synthetic sequences, full ranking.
+
+Each package's ``report.py`` declares what ``python -m runner.report`` shows of the task's runs
+(:class:`ReportMetrics`); it imports nothing heavy, so a report never imports JAX or a task's data readers.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import re
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 from omegaconf import DictConfig
 
-from ..preflight import PreflightError
+from ..errors import PreflightError
 from ..registry import Registry, UnknownName
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportMetrics:
+    """What ``python -m runner.report`` shows of a task's runs.
+
+    Attributes:
+        objective: the metric trials are ranked by unless ``--metric`` names another (the task's default
+            objective, e.g. ``valid/auc_mean``).
+        charted: a regular expression (case-insensitive) that the last part of a logged key matches when the
+            key gets a panel of its own in the metrics chart, e.g. ``auc`` for ``valid/auc_click``.
+        chart: what the chart shows, in its title and the report's text (``AUC``).
+        chart_file: the chart's file in the report folder (``auc.png``).
+        reference: the prefix of a reference metric: ``<reference><metric>`` is drawn as a dotted line on the
+            ``<metric>`` panel, not as a panel of its own (``bayes/`` for ``bayes/valid/auc_mean``).
+        reference_name: what the reference is called in the chart and the text (``Bayes-optimal``).
+        not_charted: prefixes of keys that get no panel, e.g. another scorer's (``popularity/``) or the
+            selected state's copy of each metric (``best/``).
+    """
+
+    objective: str
+    charted: str
+    chart: str
+    chart_file: str
+    reference: str
+    reference_name: str
+    not_charted: tuple[str, ...] = ()
+
+    def is_charted(self, key: str) -> bool:
+        """Whether ``key`` gets a panel: its last part matches ``charted`` and no ``not_charted`` prefix its start."""
+        return (re.search(self.charted, key.rsplit("/", 1)[-1], re.IGNORECASE) is not None
+                and not key.startswith(self.not_charted))
 
 
 @runtime_checkable
@@ -25,6 +62,7 @@ class Task(Protocol):
 
     model_keys: tuple[str, ...]  # the batch keys the device needs
     objective: str  # the metric a sweep maximises, e.g. "eval/auc_mean"
+    report: ReportMetrics  # what python -m runner.report shows of its runs (the package's report.py)
 
     def tables(self) -> dict[str, tuple[int, int]]:
         """The embedding tables: ``{name: (id_range, tokens_per_example)}``."""
@@ -56,13 +94,21 @@ TASKS: Registry[Callable[[DictConfig], Task]] = Registry("task", "data.name")
 # task's file readers import pyarrow, ~0.3 s a launch that a ranking run does not need); an unknown name
 # imports them all, so its error lists every registered source. tests/runner/test_imports.py checks the map.
 PACKAGES = {"synthetic": "ranking", "movielens": "sequential", "synthetic_sequences": "sequential"}
+DEFAULT_DATA = "synthetic"  # conf/config.yaml's data default: what a run folder without its config ran
 
 
 def import_tasks(name: str | None = None) -> None:
     """Register the task of data source ``name`` (every task when it is None or not in ``PACKAGES``)."""
     wanted = [PACKAGES[name]] if name in PACKAGES else sorted(set(PACKAGES.values()))
     for package in wanted:
-        importlib.import_module(f"{__name__}.{package}")
+        importlib.import_module(f"{__name__}.{package}.task")
+
+
+def report_metrics(data_name: str | None) -> ReportMetrics:
+    """What the report shows of a run of data source ``data_name`` (``DEFAULT_DATA``'s when it is None or
+    unknown); imports only the task package's ``report.py``."""
+    package = PACKAGES.get(data_name or DEFAULT_DATA, PACKAGES[DEFAULT_DATA])
+    return importlib.import_module(f"{__name__}.{package}.report").REPORT
 
 
 def make_task(cfg: DictConfig) -> Task:

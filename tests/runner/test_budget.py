@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from runner import budget
 from runner.app import run
 from runner.build import build
-from runner.preflight import PreflightError
+from runner.errors import PreflightError
 from runner.tasks.sequential.synthetic import SequenceSpec, SequenceWorld
 from tests.runner.support import compose_config, seq_config
 

@@ -122,6 +122,7 @@ import jax
 import numpy as np
 from omegaconf import OmegaConf
 from runner import distributed
+from runner.core import placement
 from runner.config import DistributedConfig
 from runner.tasks.ranking.synthetic import SyntheticRanking, SyntheticSpec
 from runner.core.mesh import MeshPlan, build_mesh
@@ -134,19 +135,19 @@ data = SyntheticRanking(SyntheticSpec(num_users=300, num_items=500, num_authors=
 B = 64
 for axes in ((("data", 4), ("table", 2)), (("table", 8),), (("data", 8),)):
     mesh = build_mesh(MeshPlan(axes, None, "row"))
-    shard, n = distributed.batch_shard(mesh, B)
+    shard, n = placement.batch_shard(mesh, B)
     assert (shard, n) == (pid, 2), (axes, shard, n)
     local = data.batch(3, B, shard=shard, num_shards=n)
     full = data.batch(3, B)
-    fed = distributed.fetch(distributed.put_local(mesh, local, B))
-    whole = distributed.fetch(distributed.put_global(mesh, full))
-    rows = distributed.gather_rows(mesh, local, B)
+    fed = placement.fetch(placement.put_local(mesh, local, B))
+    whole = placement.fetch(placement.put_global(mesh, full))
+    rows = placement.gather_rows(mesh, local, B)
     for k in full:
         np.testing.assert_array_equal(fed[k], full[k], err_msg=k)
         np.testing.assert_array_equal(whole[k], full[k], err_msg=k)
         np.testing.assert_array_equal(rows[k], full[k], err_msg=k)
-    summed = jax.jit(lambda x: x.sum())(distributed.put_local(mesh, local, B)["user"])
-    assert int(distributed.fetch(summed)) == int(full["user"].sum())
+    summed = jax.jit(lambda x: x.sum())(placement.put_local(mesh, local, B)["user"])
+    assert int(placement.fetch(summed)) == int(full["user"].sum())
 print("layout ok", pid)
 """
 

@@ -14,6 +14,8 @@ from hydra import compose, initialize_config_dir
 
 from runner import distributed
 from runner.config import register
+from runner.core import placement
+from runner.errors import DistributedError
 from runner.launch import child_commands, free_port, supervise
 from runner.core.mesh import MeshPlan, batch_sharding, build_mesh
 from tests.runner.support import CONF, compose_config
@@ -45,7 +47,7 @@ def test_default_is_one_process_and_initialize_is_a_noop():
     # distributed.kind is an Enum field: a wrong word fails at composition (tests/runner/test_config.py)
 ])
 def test_bad_settings_are_refused_with_the_fix(overrides, message):
-    with pytest.raises(distributed.DistributedError) as e:
+    with pytest.raises(DistributedError) as e:
         distributed.initialize(dist(*overrides))
     assert message in str(e.value)
 
@@ -54,7 +56,7 @@ def test_slurm_outside_a_job_step_names_the_missing_variables(monkeypatch):
     for v in distributed.SLURM_VARS:
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "42")
-    with pytest.raises(distributed.DistributedError, match="found no SLURM job step here \\(SLURM_STEP_NODELIST, "
+    with pytest.raises(DistributedError, match="found no SLURM job step here \\(SLURM_STEP_NODELIST, "
                                                            "SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID unset\\)"):
         distributed.initialize(dist("distributed=slurm"))
 
@@ -63,19 +65,19 @@ def test_joining_after_jax_started_says_to_use_a_fresh_process():
     jax.devices()  # this test process has started JAX
     d = dist("distributed=local", f"distributed.coordinator_address=127.0.0.1:{free_port()}",
              "distributed.num_processes=2", "distributed.process_id=0")
-    with pytest.raises(distributed.DistributedError, match="JAX was already started in this process"):
+    with pytest.raises(DistributedError, match="JAX was already started in this process"):
         distributed.initialize(d)
     assert not jax.distributed.is_initialized()
 
 
 def test_one_process_feeds_the_whole_batch_and_fetches_numpy():
     mesh = build_mesh(MeshPlan((("data", 4), ("table", 2)), "table", "row"))
-    assert distributed.batch_shard(mesh, 32) == (0, 1)
+    assert placement.batch_shard(mesh, 32) == (0, 1)
     host = {"x": np.arange(64, dtype=np.int32).reshape(32, 2)}
-    put = distributed.put_local(mesh, host, 32)
+    put = placement.put_local(mesh, host, 32)
     assert put["x"].sharding == batch_sharding(mesh, host["x"])
-    np.testing.assert_array_equal(distributed.fetch(put)["x"], host["x"])
-    assert distributed.gather_rows(mesh, host, 32)["x"] is host["x"]
+    np.testing.assert_array_equal(placement.fetch(put)["x"], host["x"])
+    assert placement.gather_rows(mesh, host, 32)["x"] is host["x"]
 
 
 def test_check_plan_accepts_every_mesh_on_one_process():

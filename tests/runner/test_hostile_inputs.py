@@ -23,7 +23,8 @@ from omegaconf import OmegaConf
 
 from runner import launch, report
 from runner.build import build
-from runner.preflight import PreflightError, check_selection
+from runner.errors import PreflightError
+from runner.preflight import check_selection
 from tests.runner.support import ROOT, compose_config, seq_config
 
 

@@ -28,7 +28,7 @@ import_tasks("movielens")
 print("pyarrow for the sequential task:", "pyarrow" in sys.modules)
 """
 UNKNOWN = r"""
-from runner.preflight import PreflightError
+from runner.errors import PreflightError
 from runner.tasks import make_task
 from tests.runner.support import compose_config
 try:

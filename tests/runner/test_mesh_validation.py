@@ -2,7 +2,7 @@
 import pytest
 
 from runner.build import build
-from runner.preflight import PreflightError
+from runner.errors import PreflightError
 
 DT = ["mesh=data_table"]
 

@@ -9,7 +9,8 @@ import pytest
 from optimizers import FUSED
 from runner.app import run
 from runner.build import build
-from runner.preflight import PreflightError, rounding_warnings
+from runner.errors import PreflightError
+from runner.preflight import rounding_warnings
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGE = ("use_async_emb requires an embedding optimizer implementing AsyncEmbOptimizer, and {} has no fused "

@@ -341,3 +341,21 @@ def test_cli_exit_status_and_message(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"error: {tmp_path} holds no trial") and "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_next_item_run_gets_its_task_s_objective_chart_and_oracle_lines(tmp_path):
+    from runner.report import auc_panels, load_trial
+
+    root = tmp_path / "run"  # its config names data.name: the sequential task's declaration applies
+    _write_trial(root, ["model=sequential"], [
+        {"step": 10, "train/loss": 2.5, "valid/hr@10": 0.4, "valid/ndcg@10": 0.2, "valid/mrr": 0.18},
+        {"step": 20, "train/loss": 2.3, "valid/hr@10": 0.5, "valid/ndcg@10": 0.3, "valid/mrr": 0.25,
+         "popularity/valid/ndcg@10": 0.1, "oracle/valid/ndcg@10": 0.55, "best/valid/ndcg@10": 0.3}])
+    (root / ".hydra" / "config.yaml").write_text("data:\n  name: synthetic_sequences\n")
+    panels = auc_panels([load_trial(root)])
+    assert panels.keys == ["valid/hr@10", "valid/mrr", "valid/ndcg@10"]  # no popularity/ or best/ panel
+    assert panels.reference("valid/ndcg@10") == pytest.approx(0.55)
+    md = build_report(root).read_text()
+    assert "- objective: `valid/ndcg@10` (maximize)" in md and "- best trial: `run` 0.3 at step 20" in md
+    assert "- Bayes-optimal oracle (dotted lines in ranking_metrics.png): `oracle/valid/ndcg@10` 0.55" in md
+    assert (root / "ranking_metrics.png").read_bytes().startswith(PNG_MAGIC) and not (root / "auc.png").exists()

@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from runner import sweeps
-from runner.preflight import PreflightError
+from runner.errors import PreflightError
 from tests.runner.support import CONF, TINY, compose_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import pytest
 
 from runner import preflight
 from runner.build import build
-from runner.preflight import PreflightError
+from runner.errors import PreflightError
 from runner.tracking.wandb import TrackerStartError, WandbTracker
 from tests.runner.support import compose_config
 

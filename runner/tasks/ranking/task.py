@@ -14,11 +14,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from ...preflight import PreflightError
+from ...errors import PreflightError
 from .. import TASKS
 from .synthetic import SyntheticRanking, SyntheticSpec, world
 from .auc import auc
 from .model import RankingModel
+from .report import REPORT
 
 SPLITS = ("valid", "test")  # held out: selected and tuned on valid, reported on test
 
@@ -36,6 +37,7 @@ class RankingTask:
     eval_batches: int
     model_keys: tuple[str, ...] = ("user", "hist_items", "hist_authors", "cand_item", "cand_author", "labels")
     objective: str = "valid/auc_mean"
+    report = REPORT  # what python -m runner.report shows of its runs
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "RankingTask":

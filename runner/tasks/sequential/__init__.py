@@ -1,4 +1,6 @@
-"""Next-item prediction (SASRec-style) on interaction files or synthetic sequences (``model=sequential``)."""
-from .task import SequentialTask
+"""Next-item prediction (SASRec-style) on interaction files or synthetic sequences (``model=sequential``).
 
-__all__ = ["SequentialTask"]
+``task.py`` holds :class:`~runner.tasks.sequential.task.SequentialTask` (``runner.tasks.import_tasks``
+registers it); ``report.py`` what a report shows of its runs. Nothing is imported here, so a report reads
+``report.py`` without importing JAX or pyarrow.
+"""

@@ -22,12 +22,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from omegaconf import DictConfig
 
-from ...preflight import PreflightError
+from ...errors import PreflightError
 from .. import TASKS
 from .dataset import SequenceDataset, cold_targets, popularity_scores
 from .interactions import DataError, Interactions, data_line, drop_duplicates, load_interactions
 from .metrics import rank_of_target, ranking_report
 from .model import SequentialModel
+from .report import REPORT
 from .synthetic import SequenceSpec, SequenceWorld
 
 SPLITS = ("valid", "test")
@@ -124,6 +125,7 @@ class SequentialTask:
     ks: tuple[int, ...]
     model_keys: tuple[str, ...]
     objective: str = "valid/ndcg@10"
+    report = REPORT  # what python -m runner.report shows of its runs
     negatives: str = "uniform"  # full (full_softmax) | uniform | popularity | in_batch
     windows: str = "last"  # data.train_windows: last (one window per user) | all (every training target)
     selects_on_validation = True  # trainer.select_best=null: keep the best state by valid/..., report its test/...

@@ -13,7 +13,7 @@ from runner.build import build
 from runner.checkpoint import data as ckpt_data
 from runner.checkpoint import open_checkpoints
 from runner.checkpoint.lock import LOCK_FILE
-from runner.preflight import PreflightError
+from runner.errors import PreflightError
 from runner.tasks.sequential.synthetic import SequenceSpec, SequenceWorld, write_ratings_dat
 from tests.runner.checkpoint.test_resume import steps_in
 from tests.runner.support import seq_config

@@ -18,11 +18,11 @@ import pytest
 
 from runner.app import run
 from runner.build import build
-from runner.checkpoint import CheckpointError, open_checkpoints
+from runner.checkpoint import open_checkpoints
 from runner.checkpoint import lock as ckpt_lock
 from runner.checkpoint import meta as ckpt_meta
 from runner.checkpoint.lock import LOCK_FILE
-from runner.preflight import PreflightError
+from runner.errors import CheckpointError, PreflightError
 from tests.runner.support import TINY, compose_config
 from tests.runner.checkpoint.test_resume import BASE, launch, saved_arrays, steps_in
 

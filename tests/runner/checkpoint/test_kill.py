@@ -19,7 +19,7 @@ from runner.checkpoint.lock import LOCK_FILE
 from runner.checkpoint.drills import KILL_CLEANUP_ENV, KILL_ENV
 from runner.checkpoint.manager import TMP_SUFFIX
 from runner.checkpoint.trash import TRASH, half_deleted
-from runner.preflight import PreflightError
+from runner.errors import PreflightError
 from tests.runner.support import TINY, compose_config
 from tests.runner.checkpoint.test_resume import BASE, assert_same_arrays, metric_rows, saved_arrays, steps_in
 

@@ -18,7 +18,7 @@ from runner.build import build
 from runner.core import loop
 from runner.core.embeddings import lookup
 from runner.core.mesh import build_mesh, MeshPlan
-from runner.preflight import PreflightError, TrainingError
+from runner.errors import PreflightError, RunnerError, TrainingError
 from tests.runner.support import compose_config, numpy_tree, run_steps, seq_config
 
 
@@ -73,7 +73,7 @@ def test_consecutive_skipped_updates_stop_the_run_before_a_checkpoint_of_that_st
     with pytest.raises(TrainingError) as info:
         run(cfg, tmp_path / "out")
     msg = str(info.value)
-    assert isinstance(info.value, PreflightError)  # python -m runner: "error: <message>", exit code 2
+    assert isinstance(info.value, RunnerError)  # python -m runner: "error: <message>", exit code 2
     stopped = int(re.search(r"training stopped at step (\d+):", msg).group(1))
     assert re.search(r"the last 10 embedding updates of table '\w+' were all skipped", msg), msg
     for part in ("trainer.max_skipped_updates=10", "learning rate too high", "eps=0", "b1 or b2 >= 1",

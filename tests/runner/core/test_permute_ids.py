@@ -14,7 +14,7 @@ from runner.build import build
 from runner.checkpoint import meta as ckpt_meta
 from runner.core.embeddings import in_id_order, stored_rows
 from runner.core.loop import to_device
-from runner.preflight import PreflightError
+from runner.errors import PreflightError
 from tests.runner.core.test_sharded import STEPS, single_device
 from tests.runner.support import batch_size, compose_config, jitted, numpy_tree, seq_config
 

@@ -12,7 +12,7 @@ import pytest
 
 from runner.build import build
 from runner.core import loop
-from runner.preflight import PreflightError, TrainingError
+from runner.errors import PreflightError, TrainingError
 from tests.runner.core.test_health import Recorder
 from tests.runner.support import compose_config
 

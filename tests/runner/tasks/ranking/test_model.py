@@ -6,7 +6,7 @@ import pytest
 
 from runner.build import build
 from runner.core import loop
-from runner.preflight import TrainingError
+from runner.errors import TrainingError
 from tests.runner.core.test_health import BadIds, Recorder
 from tests.runner.support import compose_config
 

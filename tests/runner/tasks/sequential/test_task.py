@@ -7,7 +7,7 @@ from runner.build import build
 from runner.core.loop import to_device
 from runner.tasks.sequential.dataset import SequenceDataset
 from runner.tasks.sequential.interactions import load_interactions
-from runner.preflight import PreflightError
+from runner.errors import PreflightError
 from runner.tasks.sequential.synthetic import SequenceSpec, SequenceWorld, write_ratings_dat
 from tests.runner.support import compose_config, seq_config
 

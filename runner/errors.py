@@ -1,0 +1,37 @@
+"""The runner's error types, one home for all of them.
+
+Each is a :class:`RunnerError`, which ``python -m runner`` reports as one line, ``error: <message>``, and a
+non-zero exit code, never a traceback: exit code 1 for a :class:`CheckpointError` (a save failed mid-run),
+2 for every other. They are siblings: a training or a distributed error is not a preflight error.
+"""
+from __future__ import annotations
+
+
+class RunnerError(Exception):
+    """What the command line reports as one message; the message says what was wrong and how to fix it."""
+
+
+class PreflightError(RunnerError, ValueError):
+    """A config that cannot work, refused before anything compiles; the message says why and how to fix it."""
+
+
+class TrainingError(RunnerError):
+    """Training stopped because it went wrong (updates keep being refused, an id outside its table with
+    ``trainer.strict_ids``, an embedding optimizer that raised); the message names the table, the step and
+    the likely causes."""
+
+
+class DistributedError(RunnerError):
+    """The processes could not form a run (bad settings, unreachable coordinator, started too late)."""
+
+
+class CheckpointError(RunnerError, RuntimeError):
+    """A checkpoint could not be written; the run stops rather than train on without one."""
+
+
+class Preempted(Exception):
+    """Not an error: the run stopped on SIGTERM at a step boundary, its checkpoint written if checkpoints are
+    on (``core/preemption.py``). The command line says so in one line and exits with 143 (128 + SIGTERM)."""
+
+
+__all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "TrainingError"]

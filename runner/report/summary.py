@@ -1,0 +1,194 @@
+"""A report's files: ``report.md`` (the summary and a table per trial), ``report.csv`` and the charts."""
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE
+from ..tasks import ReportMetrics
+from .charts import AucPanels, _plot_final, _plot_loss, _plot_metrics, auc_panels
+from .trials import LOSS_KEY, ReportError, Trial, find_trials, label_trials, load_trial, shown_metrics
+
+CSV_COLUMNS = [
+    "trial",
+    "status",
+    "overrides",
+    "steps",
+    "records",
+    "final_loss",
+    "objective",
+    "best_objective",
+    "best_step",
+    "final_objective",
+]
+TRIAL_HOLDS = (f"a trial folder holds {METRICS_FILE}, {OVERRIDES_FILE.as_posix()} or a {FAILED_MARKER} file "
+               "(Hydra's run folder outputs/<date>/<time>, or one trial of a sweep multirun/<date>/<time>/<n>)")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _md_cell(v: Any) -> str:
+    return _fmt(v).replace("|", "\\|").replace("\n", " ") or "–"
+
+
+def _row(t: Trial, metric: str, goal: str) -> dict[str, Any]:
+    best, best_step = t.best(metric, goal)
+    return {
+        "trial": t.label,
+        "status": t.status,
+        "overrides": " ".join(t.overrides),
+        "steps": t.last_step,
+        "records": len(t.records),
+        "final_loss": t.final(LOSS_KEY),
+        "objective": metric,
+        "best_objective": best,
+        "best_step": best_step,
+        "final_objective": t.final(metric),
+    }
+
+
+def _check_dirs(root: Path, out: Path | None) -> tuple[Path, Path]:
+    if not root.exists():
+        raise ReportError(f"{root} does not exist; give a run folder (outputs/<date>/<time>) or a sweep folder "
+                          f"(multirun/<date>/<time>)")
+    if not root.is_dir():
+        hint = f"; give the folder that holds it: {root.parent}" if root.name in (METRICS_FILE, SUMMARY_FILE) else ""
+        raise ReportError(f"{root} is a file, not a folder{hint or '; give a run or sweep folder'}")
+    out = out if out is not None else root
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out {out} is a file; give a folder (it is created if missing)")
+    return root, out
+
+
+def build_report(
+    root: Path,
+    out: Path | None = None,
+    metric: str | None = None,
+    goal: str = "maximize",
+) -> Path:
+    """Write ``report.md``, ``report.csv``, ``loss.png``, the task's metrics chart (``auc.png`` for ranking) and
+    ``final_metric.png`` into ``out`` (default ``root``); return the ``report.md`` path.
+
+    Args:
+        root: a run folder or any folder above trials.
+        out: where the files go (default ``root``).
+        metric: the objective trials are ranked by (default: the task's, ``ReportMetrics.objective``).
+        goal: ``maximize`` or ``minimize`` the objective.
+
+    Raises:
+        ReportError: before writing anything, for a missing folder, a file, or a folder without any trial.
+    """
+    if goal not in ("maximize", "minimize"):
+        raise ReportError(f"goal must be 'maximize' or 'minimize', got {goal!r}")
+    root, out = _check_dirs(Path(root), Path(out) if out is not None else None)
+
+    dirs = find_trials(root, exclude=[out] if out != root else [])
+    if not dirs:
+        raise ReportError(f"{root} holds no trial: {TRIAL_HOLDS}. Nothing was written; point at a run or sweep "
+                          f"folder")
+    trials = [load_trial(d, label=(d.relative_to(root).as_posix() if d != root else root.name)) for d in dirs]
+    shown = shown_metrics(trials)
+    metric = shown.objective if metric is None else metric
+    common = label_trials(trials)
+    rows = [_row(t, metric, goal) for t in trials]
+    out.mkdir(parents=True, exist_ok=True)
+
+    _write_csv(out / "report.csv", rows)
+    _plot_loss(trials, out)
+    panels = auc_panels(trials, shown)
+    _plot_metrics(trials, out, panels)
+    _plot_final(rows, trials, out, metric)
+
+    lines = (_header(root, trials, rows, common, metric, goal, panels) + _table(trials, rows, metric)
+             + _charts(panels, shown, metric))
+    report = out / "report.md"
+    report.write_text("\n".join(lines), encoding="utf-8")
+    return report
+
+
+def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """``report.csv``: one row per trial, its full overrides included."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _fmt(r[k]) for k in CSV_COLUMNS})
+
+
+def _header(root: Path, trials: Sequence[Trial], rows: Sequence[dict[str, Any]], common: list[str], metric: str,
+            goal: str, panels: AucPanels) -> list[str]:
+    """The report's title and summary: trials, objective, common overrides, the best trial, the references."""
+    n_failed = sum(t.failed for t in trials)
+    candidates = [
+        (r["best_objective"], r, t)
+        for r, t in zip(rows, trials)
+        if not t.failed and r["best_objective"] is not None and math.isfinite(r["best_objective"])
+    ]
+    lines = [
+        f"# Report: {root}",
+        "",
+        f"- trials: {len(trials)} ({len(trials) - n_failed} ok, {n_failed} failed)",
+        f"- objective: `{metric}` ({goal})",
+    ]
+    if common:
+        lines.append(f"- common: `{' '.join(common)}` (every trial; the table shows what differs)")
+    if candidates:
+        pick = max if goal == "maximize" else min
+        best_val, best_row, best_trial = pick(candidates, key=lambda c: c[0])
+        lines.append(
+            f"- best trial: `{best_row['trial']}` {best_val:.6g} at step {best_row['best_step']}"
+            + (f" (`{best_trial.config_label}`)" if best_trial.shown_overrides else "")
+        )
+    shown = panels.metrics
+    references = {key: panels.reference(key) for key in panels.references}
+    if any(v is not None for v in references.values()):
+        lines.append(f"- {shown.reference_name} (dotted lines in {shown.chart_file}): "
+                     + ", ".join(f"`{panels.reference_keys[k]}` {v:.4g}" for k, v in references.items()
+                                 if v is not None))
+    for key, values in panels.unplaced.items():
+        lines.append(f"- `{key}` (no `{key[len(shown.reference):]}` panel): "
+                     + ", ".join(f"`{label}` {v:.4g}" for label, v in values.items()))
+    bad = [(t.label, t.bad_lines) for t in trials if t.bad_lines]
+    if bad:
+        lines.append("- skipped unparseable metrics lines: " + ", ".join(f"`{l}`: {n}" for l, n in bad))
+    return lines
+
+
+def _table(trials: Sequence[Trial], rows: Sequence[dict[str, Any]], metric: str) -> list[str]:
+    """One table row per trial: what differs, steps, final loss, best and final objective."""
+    lines = [
+        "",
+        f"| trial | status | overrides | steps | final {LOSS_KEY} | best {metric} | best step | final {metric} |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r, t in zip(rows, trials):
+        shown = " ".join(t.shown_overrides)
+        cells = [r["trial"], r["status"], f"`{shown}`" if shown else None, r["steps"],
+                 r["final_loss"], r["best_objective"], r["best_step"], r["final_objective"]]
+        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    return lines
+
+
+def _charts(panels: AucPanels, shown: ReportMetrics, metric: str) -> list[str]:
+    """The charts' section: the loss, the task's metrics chart and its keys, the final objective."""
+    return [
+        "",
+        "## Charts",
+        "",
+        f"![{LOSS_KEY}](loss.png)",
+        "",
+        f"![{shown.chart} metrics]({shown.chart_file})"
+        + (f"\n\n{shown.chart} keys: {', '.join(f'`{k}`' for k in panels.keys)}" if panels.keys else ""),
+        "",
+        f"![final {metric}](final_metric.png)",
+        "",
+    ]

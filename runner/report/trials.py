@@ -1,0 +1,236 @@
+"""A report's trials: find the run folders below a directory, read each one's metrics, summary and overrides,
+and label them by what differs between them."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE, read_overrides
+from ..tasks import ReportMetrics, report_metrics
+
+LOSS_KEY = "train/loss"
+CONFIG_FILE = Path(".hydra") / "config.yaml"  # the trial's composed config: its data.name says the task
+_SKIP_DIRS = {"wandb", ".hydra", "__pycache__", "checkpoints", ".git"}
+
+
+class ReportError(ValueError):
+    """The report cannot be made from these arguments; the message says which and what to give instead."""
+
+
+
+def _to_float(v: Any) -> float | None:
+    """Numbers and the strings "NaN"/"Infinity"/"-Infinity" -> float; anything else None."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Parse a ``metrics.jsonl``; returns (records, number of unparseable lines)."""
+    records: list[dict[str, Any]] = []
+    bad = 0
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return records, 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(obj, dict):
+            records.append(obj)
+        else:
+            bad += 1
+    return records, bad
+
+
+def _read_summary(trial_dir: Path) -> dict[str, Any]:
+    path = trial_dir / SUMMARY_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+
+
+def _read_data_name(trial_dir: Path) -> str | None:
+    """``data.name`` of the trial's composed config (which task it ran); None without a readable one."""
+    path = trial_dir / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+    except Exception:  # noqa: BLE001 - an unreadable config: the default task's report
+        return None
+    name = data.get("data", {}).get("name") if isinstance(data, dict) and isinstance(data.get("data"), dict) else None
+    return str(name) if name is not None else None
+
+
+@dataclass
+class Trial:
+    path: Path
+    label: str
+    overrides: list[str] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)
+    failed: bool = False
+    distinct: list[str] | None = None  # the overrides that tell it from the other trials (label_trials)
+    data: str | None = None  # the data source its config names (which task it ran); None: not recorded
+
+    @property
+    def status(self) -> str:
+        return "failed" if self.failed else "ok"
+
+    @property
+    def shown_overrides(self) -> list[str]:
+        """What the report shows of its overrides: those other trials do not share (all before label_trials)."""
+        return self.overrides if self.distinct is None else self.distinct
+
+    @property
+    def config_label(self) -> str:
+        return " ".join(self.shown_overrides) if self.shown_overrides else self.label
+
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        """(steps, values) for ``key``; records without a numeric step or value are skipped.
+        Non-finite values are kept (as float nan/inf)."""
+        xs: list[float] = []
+        ys: list[float] = []
+        for r in self.records:
+            step = _to_float(r.get("step"))
+            val = _to_float(r.get(key))
+            if step is None or val is None or not math.isfinite(step):
+                continue
+            xs.append(step)
+            ys.append(val)
+        return xs, ys
+
+    def keys(self) -> set[str]:
+        out: set[str] = set()
+        for r in self.records:
+            out.update(k for k, v in r.items() if k != "step" and _to_float(v) is not None)
+        return out
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [s for r in self.records if (s := _to_float(r.get("step"))) is not None]
+        steps = [s for s in steps if math.isfinite(s)]
+        return int(max(steps)) if steps else None
+
+    def final(self, key: str) -> float | None:
+        _, ys = self.series(key)
+        if ys:
+            return ys[-1]
+        return _to_float(self.summary.get(key))
+
+    def best(self, key: str, goal: str = "maximize") -> tuple[float | None, int | None]:
+        xs, ys = self.series(key)
+        pairs = [(y, x) for x, y in zip(xs, ys) if math.isfinite(y)]
+        if pairs:
+            pick = max if goal == "maximize" else min
+            y, x = pick(pairs, key=lambda p: p[0])
+            return y, int(x)
+        best = _to_float(self.summary.get(f"{key}/best"))
+        best_step = _to_float(self.summary.get(f"{key}/best_step"))
+        if best is None:
+            best = _to_float(self.summary.get(key))
+        return best, (int(best_step) if best_step is not None and math.isfinite(best_step) else None)
+
+
+def load_trial(trial_dir: Path, label: str | None = None) -> Trial:
+    trial_dir = Path(trial_dir)
+    records, bad = read_metrics(trial_dir / METRICS_FILE)
+    summary = _read_summary(trial_dir)
+    failed = (trial_dir / FAILED_MARKER).exists() or str(summary.get("status", "")).lower() == "failed"
+    return Trial(
+        path=trial_dir,
+        label=label if label is not None else trial_dir.name,
+        overrides=read_overrides(trial_dir),
+        records=records,
+        bad_lines=bad,
+        summary=summary,
+        failed=failed,
+        data=_read_data_name(trial_dir),
+    )
+
+
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.as_posix())]
+
+
+def _is_trial_dir(d: Path) -> bool:
+    return (d / METRICS_FILE).is_file() or (d / OVERRIDES_FILE).is_file() or (d / FAILED_MARKER).exists()
+
+
+def find_trials(root: Path, exclude: Iterable[Path] = ()) -> list[Path]:
+    """Trial directories at or below ``root``, in natural order (0, 1, 2, ..., 10)."""
+    root = Path(root)
+    excluded = {Path(p).resolve() for p in exclude}
+    found: list[Path] = []
+
+    def walk(d: Path) -> None:
+        if d.resolve() in excluded and d != root:
+            return
+        if _is_trial_dir(d):
+            found.append(d)
+        try:
+            children = sorted(p for p in d.iterdir() if p.is_dir() and not p.is_symlink())
+        except OSError:
+            return
+        for c in children:
+            if c.name in _SKIP_DIRS:
+                continue
+            walk(c)
+
+    walk(root)
+    return sorted(found, key=lambda p: _natural_key(p.relative_to(root)))
+
+
+def common_overrides(trials: Sequence[Trial]) -> list[str]:
+    """The overrides every trial has (in the first trial's order); none for a single trial, whose label then
+    shows all of its own."""
+    if len(trials) < 2:
+        return []
+    rest = [set(t.overrides) for t in trials[1:]]
+    return [o for o in dict.fromkeys(trials[0].overrides) if all(o in r for r in rest)]
+
+
+def label_trials(trials: Sequence[Trial]) -> list[str]:
+    """Label each trial by the overrides that differ between trials (``Trial.distinct``); return the common
+    ones, which the report lists once."""
+    common = common_overrides(trials)
+    shared = set(common)
+    for t in trials:
+        t.distinct = [o for o in t.overrides if o not in shared]
+    return common
+
+
+def shown_metrics(trials: Sequence[Trial]) -> ReportMetrics:
+    """What the report shows of these trials: the task's declaration (``runner.tasks.report_metrics``) of the
+    first trial whose config names its data source, else the default data source's."""
+    return report_metrics(next((t.data for t in trials if t.data is not None), None))
