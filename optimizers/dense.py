@@ -11,7 +11,7 @@ import dataclasses
 
 from ._lazy import jax, jnp, optax
 from .context import AsyncEmbContext
-from .fused import update_token_ids
+from .record import update_token_ids
 from .hparams import hparam
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 
