@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import optimizers
-from optimizers.fused import compiler_options
+from optimizers import compiler_options
 
 from . import common
 

@@ -52,7 +52,7 @@ def plan(rows: int, width: int, batch: int, optimizer: str = "async_adam", async
     # The table's size is past what a config may ask for (model.tables.<t>.vocab <= 1e8): resize it here.
     spec = dataclasses.replace(program.tables[table], vocab=rows, rows=padded)
     # Its slots: 2x the even share of a device's tokens (its sampled peak was of the table before resizing).
-    ctx = dataclasses.replace(program.contexts[table], vocab=padded, route_peak=None, route_capacity=PLAN_CAPACITY)
+    ctx = dataclasses.replace(program.contexts[table], stored_rows=padded, route_peak=None, route_capacity=PLAN_CAPACITY)
     program = dataclasses.replace(program, tables={**program.tables, table: spec},
                                   contexts={**program.contexts, table: ctx})
     t0 = time.perf_counter()

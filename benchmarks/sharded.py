@@ -19,6 +19,7 @@ held in the first 8 batches, as the runner sizes it).
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from . import common
@@ -40,20 +41,6 @@ VARIANTS = {
 SAMPLED = 8  # batches whose ids size the slots, as runner.build.route_peaks does (the first ones)
 
 
-def minimum_bytes(layout: str | None, width: int, shards: int, unique_device: float, unique_global: float,
-                  row_stats: bool = False) -> float:
-    """Analytic least bytes a device must put into collectives per step for the layout. Row: each device's
-    distinct ids (int32) and their fp32 gradient rows go to their owners. Column: every shard needs its width
-    slice of every distinct row's gradient (and the ids); ``row_stats`` (an optimizer whose rule needs a
-    statistic of the whole row, row-wise Adagrad's sum of g**2 over the width): also one fp32 partial sum per
-    distinct row from each shard, the least a reduction across the width shards can move."""
-    if layout is None:
-        return 0.0
-    if layout == "row":
-        return unique_device * (4 * width + 4)
-    return unique_global * (4 * width / shards + 4 + (4 if row_stats else 0))
-
-
 def child(p: dict) -> dict:
     common.set_cpu_devices(8)
     import jax
@@ -62,7 +49,7 @@ def child(p: dict) -> dict:
     from jax.sharding import Mesh, NamedSharding
 
     import optimizers
-    from optimizers.routing import permute_ids, route_peak
+    from optimizers import permute_ids
 
     from .hlo import step_collective_bytes
 
@@ -85,23 +72,23 @@ def child(p: dict) -> dict:
                 "peak_to_device_max": int(np.max(peaks))}
 
     load = {"block": shard_load(raw), "permuted": shard_load(perm)}
-    # Per batch, the most distinct ids one device sends one shard (raw, permuted): sizes slots, counts reroutes.
-    batch_peaks = {p_: [route_peak(x, S, V // S, S) for x in xs] for p_, xs in ((False, raw), (True, perm))}
-    # Per batch, the most distinct ids one device holds: sizes the column exchange, counts its reroutes.
-    column_peaks = [route_peak(x, S, V, 1) for x in raw]
     results = []
     for name in p["optimizers"]:
         opt = optimizers.create(name)
         runs, info = {}, {}
         for var, (layout, routing, cap, permuted, sampled) in VARIANTS.items():
-            kw = {} if layout is None else dict(mesh=mesh, table_axis="table", layout=layout)
+            kw = {} if layout is None else dict(mesh=mesh, table_axis="table", table_layout=layout)
             if routing:
                 kw["routing"] = routing
             if cap:
                 kw["route_capacity"] = cap
-            if sampled:
-                kw["route_peak"] = max((column_peaks if layout == "column" else batch_peaks[permuted])[:SAMPLED])
             ctx = optimizers.AsyncEmbContext(V, D, B, **kw)
+            ids = perm if permuted else raw
+            # Per batch, the peak the layout sizes its slots from (the most distinct ids one device sends one
+            # row shard, or holds: the column exchange): the first ones size the slots, the rest count reroutes.
+            peaks = [ctx.layout.sample_peak(ctx, x) for x in ids]
+            if sampled:
+                ctx = dataclasses.replace(ctx, route_peak=max(peaks[:SAMPLED]))
             # One device: the table committed to it like the state and the batches, so the step's first output
             # (committed) is called with the same argument shardings as the table it was compiled for.
             one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -111,7 +98,6 @@ def child(p: dict) -> dict:
             table = jax.jit(lambda: jnp.zeros((V, D), jnp.float32), out_shardings=sh(ctx.table_spec()))()
             state = opt.init(V, D)
             state = jax.tree.map(put, state, ctx.state_specs(state))
-            ids = perm if permuted else raw
             # As the train step has them: ids and per-token gradients split over the batch; a layout that wants
             # them elsewhere (replicated ids for a whole-batch dedupe, width slices) pays for moving them here.
             P = jax.sharding.PartitionSpec
@@ -139,20 +125,19 @@ def child(p: dict) -> dict:
                 return out[0]
 
             runs[var] = run
-            info[var] = (ctx, traffic, holder, traffic_rerouted)
+            info[var] = (ctx, traffic, holder, traffic_rerouted, peaks)
         times = common.interleaved(runs, p["rounds"], p["warmup"])
         for var, (layout, routing, cap, permuted, sampled) in VARIANTS.items():
-            ctx, traffic, holder, traffic_rerouted = info[var]
+            ctx, traffic, holder, traffic_rerouted, peaks = info[var]
             outs = holder["out"]
             valid = all(bool(o[1]) for o in outs)
             refused = max(int(o[3]) for o in outs)
             # Steps whose ids overflowed some device's slots for one shard (routed in further rounds of the same slots).
-            peaks = column_peaks if layout == "column" else batch_peaks[permuted]
             rerouted = sum(k > ctx.route_slots for k in peaks[p["warmup"]:]) if ctx.counts_routes else 0
             rows = [np.asarray(o[2]) for o in outs if o[2] is not None and np.ndim(o[2]) and np.size(o[2]) > 1]
             st = common.stats(times[var])
             base = "single-perm" if permuted else "single"
-            minimum = minimum_bytes(layout, D, S, unique_dev, unique, row_stats="rowwise" in name)
+            minimum = ctx.layout.min_collective_bytes(ctx, unique_dev, unique, row_stats="rowwise" in name)
             results.append({
                 "optimizer": name, "variant": var, "layout": layout or "single", "routing": routing,
                 "route_capacity": cap, "permuted": permuted, "sampled": sampled,

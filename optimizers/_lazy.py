@@ -45,4 +45,5 @@ else:
     optax = Deferred("optax")
 
     def P(*axes: Any):  # noqa: N802 - jax.sharding.PartitionSpec, built on first call
+        """``jax.sharding.PartitionSpec(*axes)``, importing JAX on the first call."""
         return jax.sharding.PartitionSpec(*axes)

@@ -14,11 +14,15 @@ from .hparams import hparam
 
 
 class AdagradRows(NamedTuple):
+    """Per-element Adagrad state: the running sum of squared gradients."""
+
     accum: jax.Array  # [rows, width] f32
 
 
 @dataclasses.dataclass(frozen=True)
 class AsyncAdagrad(FusedEmbOptimizer):
+    """Element-wise Adagrad (Duchi, Hazan & Singer, 2011) on the touched rows, fused."""
+
     learning_rate: float = hparam(0.05, "step size", low=0.0, low_open=True)
     eps: float = hparam(1e-10, "added to sqrt(accumulator): keeps the step finite for a zero gradient",
                         low=0.0, low_open=True)
@@ -27,9 +31,11 @@ class AsyncAdagrad(FusedEmbOptimizer):
                                  "touches, once per update (untouched rows do not decay)", low=0.0)
 
     def init_rows(self, num_rows: int, width: int) -> AdagradRows:
+        """Every accumulator at ``initial_accumulator_value``."""
         return AdagradRows(jnp.full((num_rows, width), self.initial_accumulator_value, jnp.float32))
 
     def update_rows(self, rows, state: AdagradRows, grad, rc: RowContext):
+        """``accum += g**2``; ``row -= lr * (g / (sqrt(accum) + eps) + weight_decay * row)``."""
         accum = state.accum + grad * grad
         step = grad / (jnp.sqrt(accum) + self.eps) + self.weight_decay * rows
         return rows - self.learning_rate * step, AdagradRows(accum)

@@ -17,6 +17,8 @@ from .hparams import hparam
 
 
 class AdamRows(NamedTuple):
+    """Per-row Adam state: both moments per element and the row's own update count."""
+
     mu: jax.Array  # [rows, width] f32
     nu: jax.Array  # [rows, width] f32
     count: jax.Array  # [rows] int32, updates this row has received
@@ -24,6 +26,8 @@ class AdamRows(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class AsyncAdam(FusedEmbOptimizer):
+    """Lazy Adam (Kingma & Ba, 2015) with decoupled weight decay (AdamW), per touched row, fused."""
+
     learning_rate: float = hparam(1e-3, "step size", low=0.0, low_open=True)
     b1: float = hparam(0.9, "decay of the first-moment (mean) estimate", low=0.0, high=1.0, high_open=True)
     b2: float = hparam(0.999, "decay of the second-moment estimate", low=0.0, high=1.0, high_open=True)
@@ -34,10 +38,12 @@ class AsyncAdam(FusedEmbOptimizer):
                                  low=0.0)
 
     def init_rows(self, num_rows: int, width: int) -> AdamRows:
+        """Zero moments and update counts."""
         return AdamRows(jnp.zeros((num_rows, width), jnp.float32), jnp.zeros((num_rows, width), jnp.float32),
                         jnp.zeros((num_rows,), jnp.int32))
 
     def update_rows(self, rows, state: AdamRows, grad, rc: RowContext):
+        """One Adam step of each touched row, bias-corrected with the row's own update count."""
         count = state.count + 1
         mu = self.b1 * state.mu + (1.0 - self.b1) * grad
         nu = self.b2 * state.nu + (1.0 - self.b2) * grad * grad

@@ -21,12 +21,16 @@ from .hparams import hparam
 
 
 class RowwiseAdagradRows(NamedTuple):
+    """Per-row state: one accumulator and the update count at the row's last touch."""
+
     accum: jax.Array  # [rows] f32
     last_step: jax.Array  # [rows] int32, update count when the row was last touched
 
 
 @dataclasses.dataclass(frozen=True)
 class AsyncRowwiseAdagrad(FusedEmbOptimizer):
+    """Row-wise Adagrad (Duchi et al., 2011; one accumulator per row as FBGEMM/TorchRec), fused."""
+
     learning_rate: float = hparam(0.1, "step size", low=0.0, low_open=True)
     eps: float = hparam(1e-10, "added to sqrt(accumulator): keeps the step finite for a zero gradient",
                         low=0.0, low_open=True)
@@ -40,13 +44,16 @@ class AsyncRowwiseAdagrad(FusedEmbOptimizer):
 
     @property
     def decay(self) -> float:
+        """The accumulator's decay per update, from ``half_life_steps`` (1: none)."""
         return math.exp(-math.log(2.0) / self.half_life_steps) if self.half_life_steps > 0 else 1.0
 
     def init_rows(self, num_rows: int, width: int) -> RowwiseAdagradRows:
+        """Accumulators at ``initial_accumulator_value``, last touch at update 0."""
         return RowwiseAdagradRows(jnp.full((num_rows,), self.initial_accumulator_value, jnp.float32),
                                   jnp.zeros((num_rows,), jnp.int32))
 
     def update_rows(self, rows, state: RowwiseAdagradRows, grad, rc: RowContext):
+        """Decay the accumulator, add the row's mean g**2, step every element by the same adaptive scale."""
         if self.decay == 1.0:
             factor = 1.0
         elif self.lazy_decay:

@@ -14,17 +14,21 @@ from .hparams import hparam
 
 
 class SGDRows(NamedTuple):
-    pass
+    """SGD keeps no per-row state."""
 
 
 @dataclasses.dataclass(frozen=True)
 class AsyncSGD(FusedEmbOptimizer):
+    """Plain SGD (Robbins & Monro, 1951) on the touched rows, with lazy L2 weight decay, fused."""
+
     learning_rate: float = hparam(0.1, "step size", low=0.0, low_open=True)
     weight_decay: float = hparam(0.0, "decay of a row, times the learning rate, applied lazily: only to the rows an update "
                                  "touches, once per update (untouched rows do not decay)", low=0.0)
 
     def init_rows(self, num_rows: int, width: int) -> SGDRows:
+        """No state."""
         return SGDRows()
 
     def update_rows(self, rows, state: SGDRows, grad, rc: RowContext):
+        """``row -= lr * (g + weight_decay * row)``."""
         return rows - self.learning_rate * (grad + self.weight_decay * rows), state

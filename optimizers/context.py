@@ -1,23 +1,10 @@
-"""The per-table handle an embedding optimizer works through: sizes, and how the table is laid out.
+"""The per-table handle an embedding optimizer works through: sizes, the mesh, and the table's layout.
 
-``AsyncEmbContext`` carries the static facts of one table (rows, width, tokens per batch, the static number
-of unique ids) and, when the table is sharded, the mesh, the table axis and the layout:
-
-- ``row``: each table shard owns a contiguous block of ``rows // shards`` rows (``P(table_axis, None)``);
-- ``column``: each shard owns ``width // shards`` columns of every row (``P(None, table_axis)``), as the
-  seed design does. Each device dedupes its own tokens; the ids go to every shard of its table group
-  (all-gather) and each shard returns (lookup) or receives (update) only its width slice of those rows
-  (all-to-all), so nothing per token crosses devices. Only the first ``slots_for(tokens)`` of a device's
-  sorted distinct ids are exchanged: ``route_capacity`` times ``route_peak``, the most distinct ids one
-  device held in sampled train batches (``runner.build.route_peaks``); the update record keeps its size.
-  Without a ``route_peak`` the whole buffer is exchanged. A device with more distinct ids follows
-  ``route_overflow``: ``REROUTE`` exchanges every device's whole buffer that step, ``STOP`` reads zeros for
-  the ids past it and refuses the update.
-
-In the row layout ids are routed (``routing="alltoall"``, the default; ``optimizers/routing.py``): each
-device dedupes its own tokens' ids, an all-to-all over the table axis sends each shard only the ids it owns
-(at most ``route_slots`` per destination), the owner gathers or updates only those rows. ``"gather"`` is the
-older path: every shard sees every id of its data group.
+``AsyncEmbContext`` carries the static facts of one table (its stored rows, width, tokens per batch, the
+static number of unique ids) and, when the table is sharded, the mesh, the table axis and the config words
+that pick its layout (``table_layout``, ``routing``). ``ctx.layout`` is the layout they select from
+``optimizers.layouts.REGISTRY`` (``optimizers.layouts.select``): every layout question (specs, capacity,
+lookup, update, metrics) goes to it; see ``optimizers/layouts/`` for what each one does.
 
 ``gradient_update_start`` records its results on the context so ``gradient_update_done`` can return them;
 make a fresh context (``ctx.fresh()``) for every traced step.
@@ -25,72 +12,89 @@ make a fresh context (``ctx.fresh()``) for every traced step.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import P, jax
+from .layouts import ROUTE_CAPACITY, ROUTE_MIN_SLOTS, Layout, RouteOverflow, Routing, TableLayout, coerce, select
+from .record import num_unique_for
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-ROW = "row"
-COLUMN = "column"
-ALLTOALL = "alltoall"
-GATHER = "gather"
-REROUTE = "reroute"  # a step whose ids overflow their slots routes the rest in further rounds (column: all at once)
-STOP = "stop"  # ids without a slot read zeros and the update is refused: the runner stops the run
-ROUTE_MIN_SLOTS = 64  # per-destination slots never fall below this (small batches route exactly)
-
-
-def num_unique_for(tokens_per_batch: int, vocab: int) -> int:
-    """Static size of the unique-id buffer: every distinct id fits, plus one padding slot."""
-    return min(tokens_per_batch, vocab) + 1
+__all__ = ["AsyncEmbContext", "num_unique_for"]
 
 
 @dataclasses.dataclass(eq=False)
 class AsyncEmbContext:
-    vocab: int  # rows of the table as stored (padded rows included); also the out-of-range padding id
+    """One table's static facts and layout, as the fused update and the lookups see them.
+
+    Attributes:
+        stored_rows: rows of the table as stored (padded rows included); also the out-of-range padding id.
+        emb_width: the width of a row.
+        tokens_per_batch: ids of one table per train batch (its update record's per-token rows).
+        mesh: the device mesh, or None (one device).
+        table_axis: the mesh axis the table is sharded over; None = replicated.
+        table_layout: how a sharded table is split (``TableLayout``, or its word).
+        routing: how the row layout's ids reach their owners (``Routing``, or its word).
+        route_capacity: per-destination slots, a multiple of ``route_peak`` or else of the even share.
+        route_min_slots: per-destination slots never fall below this.
+        route_peak: the most distinct ids one device sent one shard in sampled train batches (column layout:
+            the most one device held); when given, slots are ``route_capacity`` times it.
+        route_overflow: what a step with more ids for one shard (column: one device) than its slots does.
+        layout: the ``Layout`` the words select (not an argument).
+    """
+
+    stored_rows: int
     emb_width: int
     tokens_per_batch: int
     mesh: Mesh | None = None
-    table_axis: str | None = None  # mesh axis the table is sharded over; None = replicated
-    layout: str = ROW
-    routing: str = ALLTOALL  # row layout: "alltoall" (ids routed to their owners) or "gather"
-    route_capacity: float = 2.0  # per-destination slots: a multiple of route_peak, or else of the even share
+    table_axis: str | None = None
+    table_layout: TableLayout = TableLayout.row
+    routing: Routing = Routing.alltoall
+    route_capacity: float = ROUTE_CAPACITY
     route_min_slots: int = ROUTE_MIN_SLOTS
-    # The most distinct ids one device sent one shard in sampled train batches (``routing.route_peak``); when
-    # given, slots are ``route_capacity`` times it instead of times the even share of the device's tokens.
-    # Column layout: the most distinct ids one device held; its exchange is ``route_capacity`` times it.
     route_peak: int | None = None
-    route_overflow: str = REROUTE  # what a step with more ids for one shard (column: one device) than its slots does
+    route_overflow: RouteOverflow = RouteOverflow.reroute
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
+    layout: Layout = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.table_layout = coerce(TableLayout, self.table_layout)
+        self.routing = coerce(Routing, self.routing)
+        self.route_overflow = coerce(RouteOverflow, self.route_overflow)
+        self.layout = select(self.table_layout, self.routing, self.table_shards)
 
     @property
     def num_unique(self) -> int:
-        return num_unique_for(self.tokens_per_batch, self.vocab)
+        """Static size of the whole batch's unique-id buffer."""
+        return num_unique_for(self.tokens_per_batch, self.stored_rows)
 
     @property
     def table_shards(self) -> int:
+        """Shards of the table axis (1 when the table is replicated)."""
         if self.mesh is None or self.table_axis is None:
             return 1
         return int(self.mesh.shape[self.table_axis])
 
     @property
     def sharded(self) -> bool:
+        """Whether the table is split over more than one shard."""
         return self.table_shards > 1
 
     @property
     def shard_width(self) -> int:
-        return self.emb_width // self.table_shards if self.layout == COLUMN else self.emb_width
+        """Columns one shard holds."""
+        return self.layout.shard_width(self)
 
     @property
     def shard_rows(self) -> int:
-        return self.vocab // self.table_shards if self.layout == ROW else self.vocab
+        """Rows one shard holds."""
+        return self.layout.shard_rows(self)
 
     @property
     def routed(self) -> bool:
-        """Row layout with ids routed to their owning shard by all-to-all."""
-        return self.sharded and self.layout == ROW and self.routing == ALLTOALL
+        """Ids are routed to their owning shard by all-to-all (the routed row layout)."""
+        return self.layout.routes_to_owners
 
     @property
     def batch_axes(self) -> tuple[str, ...]:
@@ -105,7 +109,7 @@ class AsyncEmbContext:
     @property
     def local_unique(self) -> int:
         """Static size of a device's own unique-id buffer (its tokens' distinct ids plus one padding slot)."""
-        return num_unique_for(self.local_tokens, self.vocab)
+        return num_unique_for(self.local_tokens, self.stored_rows)
 
     @property
     def route_slots(self) -> int:
@@ -113,37 +117,17 @@ class AsyncEmbContext:
         return self.slots_for(self.local_tokens)
 
     def slots_for(self, tokens: int, exact: bool = False) -> int:
-        """C for a device holding ``tokens`` ids: ``route_capacity`` times the measured ``route_peak`` (scaled to
-        ``tokens``), or without one, times the even share of its ids (tokens / shards); at least
-        ``route_min_slots``, at most what can ever be needed (its distinct ids, or the rows one shard owns);
-        ``exact``: that most, so nothing can overflow.
-
-        Column layout: C is how many of the device's distinct ids (the first C of its sorted unique buffer) it
-        exchanges, ``route_capacity`` times ``route_peak`` (the most distinct ids one device held in the sampled
-        batches, scaled to ``tokens``), at least ``route_min_slots``, at most its distinct ids (``min(tokens,
-        vocab)``, the unique buffer less its padding slot). Without a ``route_peak`` there is no even share to
-        guess from: C is that most (the whole buffer is exchanged, nothing can overflow)."""
-        if self.layout == COLUMN:
-            most = max(1, min(tokens, self.vocab))
-            if exact or self.route_peak is None:
-                return most
-        else:
-            most = max(1, min(tokens, self.vocab, self.shard_rows))
-            if exact:
-                return most
-        return max(1, min(most, max(math.ceil(self.route_capacity * self.slot_base(tokens)), self.route_min_slots)))
+        """C for a device holding ``tokens`` ids (``Layout.slots_for``); ``exact``: room for every id."""
+        return self.layout.slots_for(self, tokens, exact)
 
     def slot_base(self, tokens: int) -> float:
-        """What ``route_capacity`` multiplies: ``route_peak`` scaled to ``tokens``, or the even share (row
-        layout; the column layout without a peak: every distinct id ``tokens`` can hold)."""
-        if self.route_peak is not None:
-            return self.route_peak * tokens / max(1, self.local_tokens)
-        return min(tokens, self.vocab) / (1 if self.layout == COLUMN else self.table_shards)
+        """What ``route_capacity`` multiplies for a device holding ``tokens`` ids (``Layout.slot_base``)."""
+        return self.layout.slot_base(self, tokens)
 
     def column_capped_for(self, tokens: int) -> bool:
         """A sharded column table whose exchange for a device holding ``tokens`` ids (``slots_for``) is smaller
         than its distinct ids can be: a step with more may overflow it (``route_overflow`` says what then happens)."""
-        return self.sharded and self.layout == COLUMN and self.slots_for(tokens) < self.slots_for(tokens, exact=True)
+        return self.sharded and self.layout.capped_for(self, tokens)
 
     @property
     def column_capped(self) -> bool:
@@ -154,19 +138,19 @@ class AsyncEmbContext:
     def per_device_record(self) -> bool:
         """Each device dedupes only its own tokens, for its lookup and its update record (``make_update``):
         the routed row layout and the column layout. Their ids then travel between devices deduplicated."""
-        return self.routed or (self.sharded and self.layout == COLUMN)
+        return self.layout.per_device_record
 
     @property
     def reroutes(self) -> bool:
         """A routed step whose ids overflow their slots routes the rest in further rounds of the same slots
         (``REROUTE``); a column step whose ids overflow its exchange exchanges every device's whole unique buffer."""
-        return self.route_overflow == REROUTE
+        return self.route_overflow == RouteOverflow.reroute
 
     @property
     def counts_routes(self) -> bool:
         """Its lookup and update report ``(overflow, peak)`` and refused ids (``emb/route_*/<table>``): the routed
-        row layout and the sharded column layout."""
-        return self.per_device_record
+        row layout and the sharded column layout (``Layout.metrics``)."""
+        return bool(self.layout.metrics)
 
     def owner_slots_for(self, tokens: int) -> int:
         """Static size of the unique-row buffer an owning shard dedupes received ids into when each device
@@ -177,7 +161,7 @@ class AsyncEmbContext:
     @property
     def record_unique(self) -> int:
         """Static size of an update record's ``unique_tokens`` for this context (``make_update``): the batch's
-        distinct ids (``num_unique``), or, routed, every device's own (``mesh.size`` blocks of
+        distinct ids (``num_unique``), or, per device, every device's own (``mesh.size`` blocks of
         ``local_unique``, one per device, split like the batch). The two sizes differ whenever the mesh has
         more than one device, so a record says which kind it is (``local_record``)."""
         return self.mesh.size * self.local_unique if self.per_device_record else self.num_unique
@@ -193,35 +177,25 @@ class AsyncEmbContext:
         return self.owner_slots_for(self.local_tokens)
 
     def fresh(self) -> "AsyncEmbContext":
+        """A copy with no recorded results, for one traced step."""
         return dataclasses.replace(self, results={})
 
     # --- partition specs of the table, its state and the update (used by the runner and shard_map) ---
     def table_spec(self) -> P:
-        if not self.sharded:
-            return P()
-        return P(self.table_axis, None) if self.layout == ROW else P(None, self.table_axis)
+        """The table's ``PartitionSpec`` (``Layout.table_spec``)."""
+        return self.layout.table_spec(self)
 
     def state_leaf_spec(self, leaf: Any) -> P:
-        """Per-row state follows its table: rows split (row layout) or width split (column layout).
-
-        Per-row scalars (an accumulator, a step count) are replicated over the table axis in the column
-        layout, where every shard holds every row.
-        """
-        ndim = len(getattr(leaf, "shape", ()))
-        if not self.sharded or ndim == 0:
-            return P()
-        if self.layout == ROW:
-            return P(self.table_axis, *([None] * (ndim - 1)))
-        if ndim >= 2:
-            return P(None, self.table_axis, *([None] * (ndim - 2)))
-        return P()
+        """One optimizer-state leaf's ``PartitionSpec``: per-row state follows its table (``Layout.state_leaf_spec``)."""
+        return self.layout.state_leaf_spec(self, leaf)
 
     def state_specs(self, state: Any) -> Any:
+        """``state_leaf_spec`` of every leaf of ``state``."""
         return jax.tree.map(self.state_leaf_spec, state)
 
     def grads_spec(self) -> P:
-        """The deferred update's per-token gradients: full rows split over the batch (routed row layout and
-        column layout: each device's own tokens) or full rows (gather row layout)."""
+        """The deferred update's per-token gradients: full rows split over the batch (per-device records) or
+        full rows (a record of the whole batch)."""
         if self.per_device_record:
             return P(self.batch_axes, None)
         return P()

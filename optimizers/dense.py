@@ -11,16 +11,21 @@ import dataclasses
 
 from ._lazy import jax, jnp, optax
 from .context import AsyncEmbContext
-from .fused import update_token_ids
+from .record import update_token_ids
 from .hparams import hparam
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 
 
 class OptaxEmbOptimizer(AsyncEmbOptimizer):
+    """Base of the dense baselines: an optax transformation over the whole table, sync mode only (it has no
+    fused update: ``supports_async_emb`` is false)."""
+
     def transform(self) -> optax.GradientTransformation:  # pragma: no cover - abstract
+        """The optax transformation applied to the dense table gradient."""
         raise NotImplementedError
 
     def init(self, num_rows: int, width: int):
+        """The transformation's state for a ``num_rows`` x ``width`` float32 table."""
         return self.transform().init(jax.ShapeDtypeStruct((num_rows, width), jnp.float32))
 
     def apply_dense(self, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state):
@@ -66,6 +71,7 @@ class Adam(OptaxEmbOptimizer):
     weight_decay: float = hparam(0.0, "decoupled decay of every row, times the learning rate", low=0.0)
 
     def transform(self):
+        """``optax.adamw`` with these hyperparameters."""
         return optax.adamw(self.learning_rate, self.b1, self.b2, self.eps, weight_decay=self.weight_decay)
 
 
@@ -78,4 +84,5 @@ class Adagrad(OptaxEmbOptimizer):
     eps: float = hparam(1e-7, "added to sqrt(accumulator)", low=0.0, low_open=True)
 
     def transform(self):
+        """``optax.adagrad`` with these hyperparameters."""
         return optax.adagrad(self.learning_rate, self.initial_accumulator_value, self.eps)

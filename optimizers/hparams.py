@@ -23,12 +23,15 @@ INF = math.inf
 
 
 class Range(NamedTuple):
+    """A hyperparameter's valid interval; each end closed unless its ``*_open`` flag is set."""
+
     low: float = -INF
     high: float = INF
     low_open: bool = False  # True: the low end itself is not allowed (x > low)
     high_open: bool = False  # True: the high end itself is not allowed (x < high)
 
     def contains(self, x: float) -> bool:
+        """Whether ``x`` is a real number (not a bool, not NaN) inside the interval."""
         if not isinstance(x, (int, float)) or isinstance(x, bool) or math.isnan(x):
             return False
         above = x > self.low if self.low_open else x >= self.low

@@ -20,6 +20,7 @@ NO_FUSED_UPDATE = (
 
 
 def no_fused_update_message(opt_or_cls: Any) -> str:
+    """The error for an optimizer (or class) used with ``use_async_emb`` that has no fused table update."""
     cls = opt_or_cls if isinstance(opt_or_cls, type) else type(opt_or_cls)
     return NO_FUSED_UPDATE.format(name=cls.__name__)
 

@@ -19,6 +19,7 @@ FUSED = tuple(name for name in REGISTRY if name.startswith("async_"))
 
 
 def create(name: str, **hparams):
+    """The optimizer registered as ``name``, built with ``hparams``; a ValueError naming the known ones."""
     try:
         cls = REGISTRY[name]
     except KeyError:

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from optimizers import AsyncEmbContext, routing
+from optimizers import AsyncEmbContext
 
 from . import budget, preflight
 from .config import ROUTE_SAMPLE_BATCHES, TableConfig
@@ -77,7 +77,7 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
     if unknown:
         raise PreflightError(f"model.tables names {unknown}, which this data source does not use; "
                                        f"its tables are {sorted(needs)}")
-    shards = plan.table_shards if plan is not None and plan.layout == "row" and cfg.mesh.pad_vocab else 1
+    shards = plan.table_shards if plan is not None and plan.layout.splits_rows and cfg.mesh.pad_vocab else 1
     specs = {}
     for name, (id_range, tokens) in needs.items():
         t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
@@ -109,12 +109,8 @@ def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: di
             spec, ctx = specs[n], contexts[n]
             raw = np.asarray(ids[n]).astype(np.int32)
             rows = np.asarray(stored_rows(spec, raw))
-            rows = np.where((raw < 0) | (raw >= spec.vocab), ctx.vocab, rows)
-            if ctx.routed:
-                peak = routing.route_peak(rows, ctx.mesh.size, ctx.shard_rows, ctx.table_shards)
-            else:  # column layout: every shard holds every row; one "shard" of all of them
-                peak = routing.route_peak(rows, ctx.mesh.size, ctx.vocab, 1)
-            peaks[n] = max(peaks[n], peak)
+            rows = np.where((raw < 0) | (raw >= spec.vocab), ctx.stored_rows, rows)
+            peaks[n] = max(peaks[n], ctx.layout.sample_peak(ctx, rows))
     return peaks
 
 
@@ -190,7 +186,7 @@ def build_run(cfg: DictConfig) -> RunParts:
         axes = resolve_axes(cfg.mesh.axes, available)
     except ValueError as e:
         raise PreflightError(str(e)) from None
-    plan = MeshPlan(axes, cfg.mesh.table_axis, cfg.mesh.table_layout)
+    plan = MeshPlan(axes, cfg.mesh.table_axis, cfg.mesh.table_layout, cfg.mesh.routing)
     specs = table_specs(cfg, task, plan)
     preflight.check_mesh(plan, available, cfg.trainer.batch_size, specs, cfg.async_emb.enabled,
                          cfg.mesh.pad_vocab)
@@ -198,9 +194,9 @@ def build_run(cfg: DictConfig) -> RunParts:
     mesh = build_mesh(plan)
     B = cfg.trainer.batch_size
     contexts = {n: AsyncEmbContext(s.rows, s.width, B * s.tokens_per_example, mesh=mesh,
-                                   table_axis=plan.table_axis, layout=plan.layout, routing=str(cfg.mesh.routing),
+                                   table_axis=plan.table_axis, table_layout=plan.table_layout, routing=plan.routing,
                                    route_capacity=float(cfg.mesh.route_capacity),
-                                   route_overflow=str(cfg.mesh.route_overflow)) for n, s in specs.items()}
+                                   route_overflow=cfg.mesh.route_overflow) for n, s in specs.items()}
     model = task.make_model(specs, cfg.model)
     peaks = route_peaks(task, model, specs, contexts, B)
     contexts = {n: dataclasses.replace(c, route_peak=peaks.get(n)) for n, c in contexts.items()}

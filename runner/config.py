@@ -10,14 +10,13 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 import optimizers
-from optimizers.hparams import hparam
+from optimizers import ROUTE_CAPACITY, Choice, RouteOverflow, Routing, TableLayout, hparam
 
 # Sane caps, declared once: the preflight refuses a value outside its field's range before anything runs.
 MAX_IDS = 10**8  # ids / rows of a generated data source or a table
@@ -26,33 +25,6 @@ MAX_SEED = 2**32 - 1
 MAX_CPU_DEVICES = 4096  # virtual CPU devices: creating many more takes minutes
 ROUTE_SAMPLE_BATCHES = 8  # train batches whose ids size the routed row layout's slots and the column layout's
 # exchange (runner.build.route_peaks)
-
-
-class Choice(str, Enum):
-    """A setting that takes one of a few words. As the type of a schema field, OmegaConf refuses any other word
-    when the config is composed (``Invalid value 'x', expected one of [a, b]``, with the key). A member is a
-    ``str`` equal to its word, and ``str()`` and f-strings give the word, so code compares it with strings."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-
-class TableLayout(Choice):
-    row = "row"  # each table shard owns a block of rows
-    column = "column"  # each table shard owns a slice of every row
-
-
-class Routing(Choice):
-    alltoall = "alltoall"  # row layout: each device's distinct ids go to their owning shard by all-to-all
-    gather = "gather"  # row layout: every shard sees every id of its data group (the older path)
-
-
-class RouteOverflow(Choice):
-    reroute = "reroute"  # a step with more ids for one shard than its slots routes the rest in further rounds
-    stop = "stop"  # such ids read zeros, the step's embedding update is refused and the run stops
 
 
 class TableDType(Choice):
@@ -127,7 +99,7 @@ class MeshConfig:
     # values follow the id). Checkpoints store rows in this order: a resume must keep the value they record.
     permute_ids: bool = False
     route_capacity: float = hparam(
-        1.2, "row layout, alltoall routing: slots for the ids one device sends each table shard per step, as a "
+        ROUTE_CAPACITY, "row layout, alltoall routing: slots for the ids one device sends each table shard per step, as a "
         f"multiple of the most it sent one shard in the first {ROUTE_SAMPLE_BATCHES} train batches (sampled before "
         "compiling; never below 64 slots); column layout: distinct ids one device exchanges per step, as a multiple "
         "of the most one device held in those batches; raise it if emb/route_overflow is often above 0", low=0.0,

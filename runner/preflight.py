@@ -13,10 +13,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from optimizers import OptaxEmbOptimizer, supports_async_emb
-from optimizers.context import COLUMN, ROW
-from optimizers.hparams import Range, problems, ranges
-from optimizers.protocol import no_fused_update_message
+from optimizers import OptaxEmbOptimizer, Range, no_fused_update_message, problems, ranges, supports_async_emb
 
 from . import config as schemas
 from .core.mesh import MeshPlan
@@ -299,11 +296,11 @@ def check_mesh(plan: MeshPlan, available: int, batch_size: int, tables: Mapping[
     if n <= 1:
         return
     for name, spec in tables.items():
-        if plan.layout == COLUMN and spec.width % n:
+        if plan.layout.splits_width and spec.width % n:
             raise PreflightError(
                 f"table '{name}': emb_width={spec.width} does not shard evenly over the {n} '{plan.table_axis}' "
                 f"shards of the column layout; use a width that is a multiple of {n} or mesh.table_layout=row")
-        if plan.layout == ROW and spec.vocab % n and not pad_vocab:
+        if plan.layout.splits_rows and spec.vocab % n and not pad_vocab:
             raise PreflightError(
                 f"table '{name}': vocab={spec.vocab} rows do not divide over the {n} '{plan.table_axis}' shards "
                 f"of the row layout; set mesh.pad_vocab=true (pads to {-(-spec.vocab // n) * n} rows) or use a "

@@ -291,13 +291,13 @@ class Checkpoints:
     def _refit(self, state: Any, meta: Mapping[str, Any], where: Path) -> Any:
         """The deferred updates as this run makes them: their ids re-padded for this run's padded row
         counts and, when the checkpoint's record is of another kind (per device on a routed row layout, or
-        of the whole batch; ``optimizers.fused.record_token_ids``), rebuilt from its tokens' ids. A record
+        of the whole batch; ``optimizers.record_token_ids``), rebuilt from its tokens' ids. A record
         naming a padding row (an id in ``[vocab, rows)``, which no run writes: ids outside the vocab become
         the padding id ``rows``) is refused, on any mesh: re-padded it would be dropped or land in another
         padding row, kept it would write one."""
         if not state.pending:
             return state
-        from optimizers.fused import record_for, record_token_ids  # noqa: PLC0415
+        from optimizers import record_for, record_token_ids  # noqa: PLC0415
 
         pending = dict(state.pending)
         for n, upd in pending.items():
@@ -313,7 +313,7 @@ class Checkpoints:
                     f"taken, or written by another program. Move {where} away to resume from the checkpoint "
                     f"before it, or start a new run: checkpoint.resume=never with another checkpoint.dir or "
                     f"trainer.run_id.")
-            if unique.shape != (ctx.record_unique,) or old["rows"] != ctx.vocab:
+            if unique.shape != (ctx.record_unique,) or old["rows"] != ctx.stored_rows:
                 unique, seg = record_for(ctx, record_token_ids(unique, seg, old["rows"]))
             specs = ctx.update_specs()
             place = lambda x, spec: jax.make_array_from_callback(  # noqa: E731

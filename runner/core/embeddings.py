@@ -1,18 +1,10 @@
 """Embedding tables: their specs, initialisation and (sharded) lookup.
 
-Lookups never materialise a full table on any device. With the table sharded over the mesh's table axis:
-- ``row`` layout (default, ``routing="alltoall"``): each device dedupes its own ids and an all-to-all sends
-  each shard only the ids it owns; the owner gathers those rows and a second all-to-all returns them
-  (``optimizers/routing.py``);
-- ``row`` layout, ``routing="gather"``: ids are all-gathered over the table axis, each shard gathers the rows it owns (zeros
-  elsewhere), and a reduce-scatter returns every device its own tokens' full rows;
-- ``column`` layout: each device dedupes its own ids; the first ``ctx.slots_for(n)`` of them (sized from
-  the sampled peak of distinct ids one device holds, ``runner.build.route_peaks``) are all-gathered over the
-  table axis, each shard gathers its width slice of every row, and an all-to-all rebuilds full rows for each
-  device's own tokens (a step with more distinct ids on some device is exchanged again whole, or with
-  ``route_overflow="stop"`` reads zeros for them and stops the run).
+Lookups never materialise a full table on any device. How ids reach their rows is the table's layout's
+business (``ctx.layout.lookup``; one module per layout under ``optimizers/layouts/``): one gather on one
+device, ids routed to their owning row shard, ids gathered over the table axis, or width slices exchanged.
 
-With ``TableSpec.permute_ids`` (``mesh.permute_ids``) id ``i`` is stored in row ``routing.permute_ids(i, vocab)``
+With ``TableSpec.permute_ids`` (``mesh.permute_ids``) id ``i`` is stored in row ``optimizers.permute_ids(i, vocab)``
 instead of row ``i``, so the hot (small) ids of a Zipf distribution spread over the row shards. The relabelling
 happens once, in ``TrainProgram.table_ids`` (``stored_rows``): everything after it (lookup, update records,
 row statistics) works on stored rows. Initial values are drawn per id, not per row, so a permuted table starts
@@ -29,8 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from optimizers import AsyncEmbContext, routing
-from optimizers.fused import compiler_options, hash2d
+from optimizers import AsyncEmbContext, compiler_options, hash2d, permute_ids, unpermute_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +35,7 @@ class TableSpec:
     rows: int  # stored rows: vocab padded up so row shards divide evenly
     dtype: str = "float32"
     init_scale: float = 0.05
-    permute_ids: bool = False  # id i lives in row routing.permute_ids(i, vocab) (mesh.permute_ids)
+    permute_ids: bool = False  # id i lives in row optimizers.permute_ids(i, vocab) (mesh.permute_ids)
 
 
 def stored_rows(spec: TableSpec, ids: jax.Array, mesh: Mesh | None = None, split: bool = True) -> jax.Array:
@@ -58,7 +49,7 @@ def stored_rows(spec: TableSpec, ids: jax.Array, mesh: Mesh | None = None, split
     ids = jnp.asarray(ids).astype(jnp.int32)
     if not spec.permute_ids:
         return ids
-    relabel = functools.partial(routing.permute_ids, vocab=spec.vocab)
+    relabel = functools.partial(permute_ids, vocab=spec.vocab)
     if mesh is None or mesh.size == 1:
         return relabel(ids)
     where = P(tuple(mesh.axis_names)) if split else P()
@@ -95,7 +86,7 @@ def _fill_block(spec: TableSpec, seed: jax.Array, shape: tuple[int, int], row0, 
     def body(i, block):
         off = jnp.minimum(i * chunk, n_rows - chunk)  # the last chunk overlaps its predecessor (same values)
         rows = row0 + off + jnp.arange(chunk)
-        ids = routing.unpermute_ids(rows, spec.vocab) if spec.permute_ids else rows  # values follow the id
+        ids = unpermute_ids(rows, spec.vocab) if spec.permute_ids else rows  # values follow the id
         vals = normal_block(seed, ids, cols) * spec.init_scale
         vals = jnp.where(((rows > 0) & (rows < spec.vocab))[:, None], vals, 0)  # padding row 0, padded rows
         return lax.dynamic_update_slice_in_dim(block, vals.astype(dtype), off, 0)
@@ -155,38 +146,8 @@ def lookup_counted(ctx: AsyncEmbContext, table: jax.Array, ids: jax.Array, exact
     rows); with ``"stop"`` they read zeros. Both 0 on other layouts. ``with_dedupe`` (per-device records only): also
     each device's dedupe of its own ids, padding id 0 left out, as ``make_update`` builds it (unique ids
     ``[mesh.size * local_unique]`` and segment ids, both split over the batch), to reuse for the update."""
-    ids = jnp.where((ids >= 0) & (ids < ctx.vocab), ids, ctx.vocab)  # ctx.vocab: stored rows, out of range
-    none = jnp.zeros((), jnp.int32)
+    ids = jnp.where((ids >= 0) & (ids < ctx.stored_rows), ids, ctx.stored_rows)  # stored rows: out of range
     if with_dedupe and not ctx.per_device_record:
         raise ValueError("lookup_counted(with_dedupe=True) needs a per-device record (routed row layout or column "
                          "layout)")
-    if not ctx.sharded:
-        return table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32), (none, none)
-    mesh, axis = ctx.mesh, ctx.table_axis
-    batch_axes = tuple(mesh.axis_names)
-    if ctx.per_device_record:  # each device dedupes its own ids: the routed row layout, the column layout
-        def per_device(table_shard, ids_local):
-            if not ctx.routed:  # column layout: ids past the exchange, and distinct ids, of this device
-                rows, (overflow, peak), *dd = routing.column_lookup_local(ctx, table_shard, ids_local, exact,
-                                                                          with_dedupe)
-                return rows, *dd, (lax.psum(overflow, batch_axes), lax.pmax(peak, batch_axes))
-            rows, b, *dd = routing.routed_lookup_local(ctx, table_shard, ids_local, exact, with_dedupe)
-            if exact:  # room for every id: nothing overflows
-                return rows, *dd, (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-            return rows, *dd, (b.overflow, b.peak)  # already over the whole mesh
-
-        dd_specs = ((P(batch_axes), P(batch_axes)),) if with_dedupe else ()
-        rows, *dd, (overflow, peak) = jax.shard_map(
-            per_device, mesh=mesh, in_specs=(ctx.table_spec(), P(batch_axes, None)),
-            out_specs=(P(batch_axes, None, None), *dd_specs, (P(), P())), check_vma=False)(table, ids)
-        return rows, (overflow, peak), *dd
-
-    def local(table_shard, ids_local):
-        group_ids = lax.all_gather(ids_local, axis, axis=0, tiled=True)  # this data group's ids
-        local_ids = group_ids - lax.axis_index(axis) * ctx.shard_rows
-        owned = (local_ids >= 0) & (local_ids < ctx.shard_rows)
-        rows = table_shard.at[jnp.where(owned, local_ids, ctx.shard_rows)].get(mode="fill", fill_value=0)
-        return lax.psum_scatter(rows.astype(jnp.float32), axis, scatter_dimension=0, tiled=True)
-
-    return jax.shard_map(local, mesh=mesh, in_specs=(ctx.table_spec(), P(batch_axes, None)),
-                         out_specs=P(batch_axes, None, None), check_vma=False)(table, ids), (none, none)
+    return ctx.layout.lookup(ctx, table, ids, exact, with_dedupe)

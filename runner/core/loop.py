@@ -206,7 +206,7 @@ ROUTE_KEYS = ("emb/route_overflow/", "emb/route_peak/", "emb/route_refused/")
 
 def _route_slots(ctx: Any) -> str:
     """How many ids a routed table's devices exchange and where the number comes from, for the overflow message."""
-    if ctx.layout == "column":
+    if ctx.layout.splits_width:
         basis = (f"{ctx.route_capacity:g} x {ctx.route_peak}, the most distinct ids one device held in the sampled "
                  f"batches" if ctx.route_peak is not None else f"every distinct id of its {ctx.local_tokens} tokens")
         return (f"mesh.route_capacity={ctx.route_capacity:g} lets each device exchange {ctx.route_slots} distinct "
@@ -222,7 +222,7 @@ def route_overflow_message(program: TrainProgram, name: str, overflow: int, refu
     """Why a run stopped on ids the row layout's all-to-all routing (or the column layout's exchange) had no room
     for, and what to raise."""
     ctx = program.contexts[name]
-    column = ctx.layout == "column"
+    column = ctx.layout.splits_width
     held = "distinct ids" if column else "distinct ids for one shard"
     fits = (f" One device had {peak} {held}: mesh.route_capacity="
             f"{peak / ctx.slot_base(ctx.local_tokens):.2f} or more fits that batch." if peak > ctx.route_slots else "")
@@ -250,7 +250,7 @@ def route_overflow_message(program: TrainProgram, name: str, overflow: int, refu
 def route_reroute_note(program: TrainProgram, name: str, overflow: int, peak: int, where: str) -> str:
     """The one line a run prints the first time a table's ids overflowed their slots and were rerouted."""
     ctx = program.contexts[name]
-    if ctx.layout == "column":
+    if ctx.layout.splits_width:
         return (f"note: table '{name}' at {where}: {overflow} distinct ids (summed over devices) were past what their "
                 f"device exchanges with the other column shards ({peak} distinct ids on one device, "
                 f"{_route_slots(ctx)}); the step exchanged every device's whole buffer of ids instead, so nothing "

@@ -14,17 +14,26 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from optimizers import Layout, Routing, TableLayout, select
+
 DATA = "data"
 TABLE = "table"
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshPlan:
-    """The resolved mesh: axis names and sizes (no -1 left), the table axis and its layout."""
+    """The resolved mesh: axis names and sizes (no -1 left), the table axis and the words of its layout
+    (``mesh.table_layout``, ``mesh.routing``); ``layout`` is the layout they select."""
 
     axes: tuple[tuple[str, int], ...]
     table_axis: str | None
-    layout: str
+    table_layout: TableLayout | str = TableLayout.row
+    routing: Routing | str = Routing.alltoall
+
+    @property
+    def layout(self) -> Layout:
+        """The tables' layout on this mesh (``optimizers.select``: the one-device layout for one shard)."""
+        return select(self.table_layout, self.routing, self.table_shards)
 
     @property
     def axis_names(self) -> tuple[str, ...]:

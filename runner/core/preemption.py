@@ -27,6 +27,7 @@ class Preemption:
             self.previous = signal.signal(signal.SIGTERM, lambda signum, frame: self.flag.set())
 
     def requested(self, step: int) -> bool:
+        """Whether the run stops after ``step``: every process gives the same answer for the same step."""
         if self.multi:
             from jax.experimental import multihost_utils  # noqa: PLC0415
 
@@ -34,6 +35,7 @@ class Preemption:
         return self.flag.is_set()
 
     def close(self) -> None:
+        """Put back the SIGTERM handler that was there before (one process)."""
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
             self.previous = None

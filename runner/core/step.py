@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from optimizers import AsyncEmbContext, AsyncEmbGradientUpdate, empty_update, supports_async_emb
-from optimizers.fused import compiler_options, dedupe
+from optimizers import (AsyncEmbContext, AsyncEmbGradientUpdate, compiler_options, dedupe, empty_update,
+                        supports_async_emb)
 
 from . import mesh as mesh_lib
 from .failures import traced
@@ -141,7 +141,7 @@ class TrainProgram:
         for n, raw in self.model.table_ids(batch).items():
             raw = raw.astype(jnp.int32)
             bad[n] = (raw < 0) | (raw >= self.tables[n].vocab)
-            ids[n] = jnp.where(bad[n], self.contexts[n].vocab, stored_rows(self.tables[n], raw, self.mesh))
+            ids[n] = jnp.where(bad[n], self.contexts[n].stored_rows, stored_rows(self.tables[n], raw, self.mesh))
         return ids, bad
 
     def train_step(self, state: TrainState, batch: Mapping[str, jax.Array], args: Mapping[str, jax.Array] | None = None):
@@ -155,7 +155,7 @@ class TrainProgram:
         # dedupes its own tokens in its lookup, which is also its update record): for them one global dedupe
         # feeds the diagnostics (distinct ids, stale rows), on logged steps only.
         routed = {n for n in ids if ctxs[n].per_device_record}  # per-device records (routed row, column)
-        dedup = {n: dedupe(ids[n], ctxs[n].vocab, ctxs[n].num_unique) for n in ids if n not in routed}
+        dedup = {n: dedupe(ids[n], ctxs[n].stored_rows, ctxs[n].num_unique) for n in ids if n not in routed}
         diag = {n: jax.lax.cond(detail, partial(_diagnostics, ids[n], ctxs[n]), lambda p: (jnp.int32(-1),) * 2,
                                 state.pending.get(n) if self.async_emb else None) for n in sorted(routed)}
         looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n], with_dedupe=n in routed) for n in ids}
@@ -168,7 +168,7 @@ class TrainProgram:
             gate = sum(e.reshape(-1)[0] for e in embs.values())
             for n, upd in state.pending.items():
                 metrics[f"emb/stale_rows/{n}"] = diag[n][1] if n in routed else jax.lax.cond(
-                    detail, partial(_overlap, vocab=ctxs[n].vocab), lambda *_: jnp.int32(-1), dedup[n][0], upd)
+                    detail, partial(_overlap, rows=ctxs[n].stored_rows), lambda *_: jnp.int32(-1), dedup[n][0], upd)
                 tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
 
         (loss, outputs), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
@@ -197,7 +197,7 @@ class TrainProgram:
             "emb/grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
             "emb/valid_step": jnp.all(jnp.stack([a[1] for a in applied.values()])) if applied else jnp.array(False),
             "emb/unique_rows": jnp.where(detail | (not routed), sum(
-                diag[n][0] if n in routed else jnp.sum(dedup[n][0] < ctxs[n].vocab) for n in ids), -1),
+                diag[n][0] if n in routed else jnp.sum(dedup[n][0] < ctxs[n].stored_rows) for n in ids), -1),
             "dense/grad_norm": dense_norm,
             "dense/learning_rate": self.dense.schedule(args)(state.step),
             "outputs": outputs,
@@ -372,15 +372,15 @@ class StepFn:
 def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: AsyncEmbGradientUpdate | None):
     """A routed table's (distinct ids of the batch, rows it reads that still have a pending update, or -1
     without one), from one dedupe of the whole batch (run on logged steps only)."""
-    unique = dedupe(ids, ctx.vocab, ctx.num_unique)[0]
-    stale = _overlap(unique, pending, ctx.vocab, per_device=True) if pending is not None else jnp.int32(-1)
-    return jnp.sum(unique < ctx.vocab).astype(jnp.int32), stale
+    unique = dedupe(ids, ctx.stored_rows, ctx.num_unique)[0]
+    stale = _overlap(unique, pending, ctx.stored_rows, per_device=True) if pending is not None else jnp.int32(-1)
+    return jnp.sum(unique < ctx.stored_rows).astype(jnp.int32), stale
 
 
-def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, vocab: int, per_device: bool = False) -> jax.Array:
+def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, rows: int, per_device: bool = False) -> jax.Array:
     """Rows this batch reads that still have a pending (not yet applied) update. ``per_device``: the
     record holds each device's own sorted ids (routed), sorted together here (repeats do no harm)."""
     p = jnp.sort(pending.unique_tokens) if per_device else pending.unique_tokens
     pos = jnp.clip(jnp.searchsorted(p, unique, method="scan"), 0, p.shape[0] - 1)
-    hit = (p[pos] == unique) & (unique < vocab) & pending.pending
+    hit = (p[pos] == unique) & (unique < rows) & pending.pending
     return jnp.sum(hit).astype(jnp.int32)

@@ -16,8 +16,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 
 import optimizers
-from optimizers import context
-from optimizers.fused import compiler_options, rounding_bits, stochastic_round_bf16
+from optimizers import TableLayout, compiler_options
+from optimizers.rounding import rounding_bits, stochastic_round_bf16
 from tests.optimizers.reference import reference_for
 from tests.optimizers.test_contract import CASES, CTX, TOKENS, VOCAB, WIDTH, batch, build_update, case_id
 
@@ -148,12 +148,12 @@ def test_rounding_depends_on_row_column_and_update_count():
     assert 0.4 < (a != b).mean() < 0.6  # another update count: fresh bits
 
 
-@pytest.mark.parametrize("layout", [context.ROW, context.COLUMN])
+@pytest.mark.parametrize("layout", [TableLayout.row, TableLayout.column])
 @pytest.mark.parametrize("name", ["async_rowwise_adagrad", "async_adam"])
 def test_sharded_bf16_equals_unsharded_bit_for_bit(name, layout):
     opt = optimizers.create(name, learning_rate=0.01)
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "table"))
-    sctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout)
+    sctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", table_layout=layout)
     table0 = np.random.default_rng(0).normal(size=(VOCAB, WIDTH)).astype(BF16)
     one, many = bf16_step(opt), bf16_step(opt, sctx)
     t1, s1 = jnp.asarray(table0), opt.init(VOCAB, WIDTH)  # both runs donate: each gets its own buffers

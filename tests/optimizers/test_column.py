@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 
 import optimizers
-from optimizers import context, routing
+from optimizers import RouteOverflow, TableLayout, routing
 from runner.core.embeddings import lookup_counted
 from tests.optimizers.test_routing import sgd_reference
 
@@ -23,7 +23,7 @@ DEVICES, PER_DEVICE = 8, 6
 def column_ctx(**kw):
     mesh = Mesh(np.array(jax.devices()), ("table",))
     return optimizers.AsyncEmbContext(VOCAB, WIDTH, DEVICES * PER_DEVICE, mesh=mesh, table_axis="table",
-                                      layout=context.COLUMN, **kw)
+                                      table_layout=TableLayout.column, **kw)
 
 
 def test_the_exchange_is_the_sampled_peak_times_the_capacity_clamped_to_the_buffer():
@@ -83,7 +83,7 @@ def test_an_overflowing_column_step_exchanges_every_buffer_and_matches_dense_sgd
 
 
 def test_with_stop_an_overflowing_column_update_is_refused_whole_and_counted():
-    ctx = column_ctx(route_capacity=1.0, route_peak=2, route_min_slots=1, route_overflow=context.STOP)
+    ctx = column_ctx(route_capacity=1.0, route_peak=2, route_min_slots=1, route_overflow=RouteOverflow.stop)
     opt = optimizers.create("async_sgd", learning_rate=0.1)
     ids, grads = spread_batch()
     ids[:PER_DEVICE] = 1  # device 0 holds one distinct id: within its 2; the 7 others hold 5 each
@@ -103,13 +103,13 @@ def test_with_stop_an_overflowing_column_update_is_refused_whole_and_counted():
     np.testing.assert_array_equal(rows[first], want[first])
     assert not rows[~first].any()
 
-    roomy = column_ctx(route_capacity=1.0, route_peak=5, route_min_slots=1, route_overflow=context.STOP)
+    roomy = column_ctx(route_capacity=1.0, route_peak=5, route_min_slots=1, route_overflow=RouteOverflow.stop)
     table, valid, refused = column_step(roomy, opt, table0, update)
     assert bool(valid) and int(refused) == 0
     np.testing.assert_allclose(np.asarray(table), sgd_reference(table0, ids, grads, 0.1), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("policy", [context.REROUTE, context.STOP])
+@pytest.mark.parametrize("policy", [RouteOverflow.reroute, RouteOverflow.stop])
 def test_a_column_step_within_its_exchange_moves_only_c_ids(policy):
     """The compiled update's all-to-all carries C rows' width slices, not the whole buffer (with ``reroute``, on a
     step that does not overflow: the cheaper branch of its conditional)."""

@@ -4,7 +4,9 @@ Each case in ``CASES`` runs through the same checks against the independent nump
 ``reference.py``: parity of touched rows and their state, untouched rows and state bit-for-bit unchanged,
 the global norm of the deduped gradient, padding tokens ignored, non-finite steps skipped, updates whose
 result is not finite refused, and non-pending updates ignored. A new optimizer gets all of them by adding
-one line to ``CASES`` (and its reference).
+one line to ``CASES`` (and its reference). Every check runs on every table layout in the registry
+(``optimizers.layouts.REGISTRY``: one device, and the sharded ones on a 2x4 ('data', 'table') mesh of CPU
+devices), so a new layout gets them all by registering itself.
 
 The library runs as the runner runs it: ``make_update``, then ``gradient_update_start`` /
 ``gradient_update_done`` under one ``jax.jit`` per case with the table and state donated.
@@ -17,8 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding
 
 import optimizers
+from optimizers.layouts import REGISTRY, Routing
 from tests.optimizers.reference import REFERENCES, reference_for
 
 VOCAB, WIDTH, BATCH, SEQ = 32, 8, 4, 6
@@ -64,17 +68,47 @@ def fused_step(opt, ctx):
 
 CTX = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS)
 build_update = jax.jit(functools.partial(optimizers.make_update, CTX))
+LAYOUTS = [pytest.param(name, id=name) for name in REGISTRY]  # every registered layout, by name
 
 
 @functools.lru_cache(maxsize=None)
-def _library(name: str, hp: tuple):
+def context(layout: str = "single") -> optimizers.AsyncEmbContext:
+    """The contract's table on ``layout``: one device, or split over the 'table' axis of a 2x4 mesh."""
+    want = REGISTRY[layout]
+    if want.table_layout is None:
+        ctx = CTX
+    else:
+        mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "table"))
+        ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table",
+                                         table_layout=want.table_layout, routing=want.routing or Routing.alltoall)
+    assert ctx.layout is want, f"the words of {layout} select {ctx.layout}"
+    return ctx
+
+
+@functools.lru_cache(maxsize=None)
+def updater(layout: str = "single"):
+    """``make_update`` for ``layout``'s context, jitted."""
+    return build_update if layout == "single" else jax.jit(functools.partial(optimizers.make_update, context(layout)))
+
+
+@functools.lru_cache(maxsize=None)
+def _library(name: str, hp: tuple, layout: str):
     opt = optimizers.create(name, **dict(hp))
-    return opt, fused_step(opt, CTX)
+    return opt, fused_step(opt, context(layout))
 
 
-def library(case):
+def library(case, layout: str = "single"):
     name, hp = case
-    return _library(name, tuple(sorted(hp.items())))
+    return _library(name, tuple(sorted(hp.items())), layout)
+
+
+def placed(ctx, table, state):
+    """Table and state laid out as ``ctx``'s layout keeps them (as they are on one device)."""
+    if not ctx.sharded:
+        return table, state
+    named = lambda spec: NamedSharding(ctx.mesh, spec)  # noqa: E731
+    return (jax.device_put(table, named(ctx.table_spec())),
+            jax.device_put(state, jax.tree.map(named, ctx.state_specs(state))))
 
 
 def initial_table(seed: int = 0) -> np.ndarray:
@@ -103,17 +137,19 @@ def leaves(state) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in state.rows._asdict().items()}
 
 
-def run(case, steps, seed=0):
-    """Run ``steps`` through the library and the reference, checking the contract after every step.
+def run(case, steps, seed=0, layout="single"):
+    """Run ``steps`` through the library (on ``layout``) and the reference, checking the contract after every
+    step.
 
     Each step is ``(ids, grads, pending)``, or ``"empty"`` for ``optimizers.empty_update``. Returns the
     per-step ``(norm, valid)`` the library reported.
     """
     name, _ = case
-    opt, step = library(case)
+    opt, step = library(case, layout)
+    ctx, make = context(layout), updater(layout)
     table0 = initial_table(seed)
     ref = reference_for(name, opt, table0)
-    table, state = jnp.asarray(table0), opt.init(VOCAB, WIDTH)
+    table, state = placed(ctx, jnp.asarray(table0), opt.init(VOCAB, WIDTH))
     assert set(leaves(state)) == set(ref.state), "library and reference state leaves differ"
     for key, leaf in leaves(state).items():
         np.testing.assert_allclose(leaf, ref.state[key], rtol=1e-6, err_msg=f"initial {key}")
@@ -121,11 +157,11 @@ def run(case, steps, seed=0):
     reported = []
     for i, s in enumerate(steps):
         if isinstance(s, str) and s == "empty":
-            update = optimizers.empty_update(CTX)
+            update = optimizers.empty_update(ctx)
             ids, grads, pending = np.zeros(TOKENS, np.int32), np.zeros((TOKENS, WIDTH), np.float32), False
         else:
             ids, grads, pending = s
-            update = build_update(ids, grads, pending)
+            update = make(ids, grads, pending)
         before_table, before_state = np.array(table), leaves(state)
 
         table, state, norm, valid = step(table, state, update)
@@ -170,24 +206,27 @@ def test_every_fused_optimizer_has_a_case_and_a_reference():
 
 
 @pytest.mark.parametrize("case", PARAMS)
-def test_matches_reference(case):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_matches_reference(case, layout):
     steps = finite_steps(6)
     steps[3] = (*batch(np.random.default_rng(7), out_of_range=True), True)
-    reported = run(case, steps)
+    reported = run(case, steps, layout=layout)
     assert all(valid for _, valid in reported)
 
 
 @pytest.mark.parametrize("case", PARAMS)
-def test_padding_tokens_are_ignored(case):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_padding_tokens_are_ignored(case, layout):
     """Padding and out-of-range tokens carry huge or NaN gradients; the step still applies, unaffected."""
     steps = finite_steps(2, seed=2, out_of_range=True, pad_grad=1e6) + \
         finite_steps(2, seed=3, out_of_range=True, pad_grad=np.nan)
-    reported = run(case, steps)
+    reported = run(case, steps, layout=layout)
     assert all(valid and np.isfinite(norm) for norm, valid in reported)
 
 
 @pytest.mark.parametrize("case", PARAMS)
-def test_non_finite_step_is_skipped(case):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_non_finite_step_is_skipped(case, layout):
     steps = finite_steps(6, seed=4)
     for i, bad in ((1, np.nan), (3, np.inf), (4, -np.inf)):
         ids, grads, _ = steps[i]
@@ -195,18 +234,19 @@ def test_non_finite_step_is_skipped(case):
         grads = grads.copy()
         grads[tuple(token)][1] = bad
         steps[i] = (ids, grads, True)
-    reported = run(case, steps)  # checks the skipped steps leave everything bit-for-bit unchanged
+    reported = run(case, steps, layout=layout)  # checks the skipped steps leave everything bit-for-bit unchanged
     assert [valid for _, valid in reported] == [True, False, True, False, False, True]
     assert all(not np.isfinite(reported[i][0]) for i in (1, 3, 4))
 
 
 @pytest.mark.parametrize("case", PARAMS)
-def test_non_pending_update_changes_nothing(case):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_non_pending_update_changes_nothing(case, layout):
     steps = finite_steps(4, seed=5)
     steps.insert(1, "empty")
     ids, grads, _ = steps[3]
     steps.insert(3, (ids, grads, False))  # a real gradient, but nothing pending
-    reported = run(case, steps)
+    reported = run(case, steps, layout=layout)
     assert [valid for _, valid in reported] == [True, False, True, False, True, True]
 
 
@@ -221,7 +261,8 @@ POISON = {
 
 
 @pytest.mark.parametrize("case", PARAMS)
-def test_update_with_non_finite_result_is_refused(case):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_update_with_non_finite_result_is_refused(case, layout):
     """A finite gradient whose rows or state come out non-finite writes nothing and is reported not valid;
     the steps around it apply as usual (the reference refuses the same step, from float32's range alone)."""
     name, hp = case
@@ -239,7 +280,7 @@ def test_update_with_non_finite_result_is_refused(case):
     b, t = np.argwhere((ids > 0) & (ids != fresh))[0]
     grads[b, t, 0] = 2.0**30  # finite norm, but lr * g overflows float32 for SGD
     steps[1] = (ids, grads, True)
-    reported = run(poisoned, steps)  # checks the refused step leaves table and state bit-for-bit unchanged
+    reported = run(poisoned, steps, layout=layout)  # checks the refused step leaves table and state bit-for-bit unchanged
     assert [valid for _, valid in reported] == [True, False, True, True]
     assert np.isfinite(reported[1][0]), "the gradient itself was finite: only the result was refused"
 

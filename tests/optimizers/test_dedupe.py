@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import optimizers
-from optimizers import context, fused
+from optimizers import record
 
-dedupe = jax.jit(fused.dedupe, static_argnums=(1, 2, 3, 4))
+dedupe = jax.jit(record.dedupe, static_argnums=(1, 2, 3, 4))
 
 
 def expected(ids: np.ndarray, vocab: int, pad_id: int | None):
@@ -19,7 +19,7 @@ def expected(ids: np.ndarray, vocab: int, pad_id: int | None):
     if pad_id is not None:
         valid &= flat != pad_id
     distinct = np.unique(flat[valid])
-    size = context.num_unique_for(flat.size, vocab)
+    size = record.num_unique_for(flat.size, vocab)
     unique = np.full(size, vocab, np.int64)
     unique[: distinct.size] = distinct
     segments = np.where(valid, np.searchsorted(distinct, flat), -1)
@@ -48,7 +48,7 @@ def draw(kind: str, tokens: int, vocab: int, rng) -> np.ndarray:
 def test_dedupe_matches_np_unique(kind, tokens, vocab, pad_id, method):
     rng = np.random.default_rng(tokens * vocab)
     ids = draw(kind, tokens, vocab, rng).reshape(4, -1).astype(np.int32)
-    size = context.num_unique_for(tokens, vocab)
+    size = record.num_unique_for(tokens, vocab)
     unique, segments = dedupe(jnp.asarray(ids), vocab, size, pad_id, method)
 
     want_unique, want_segments = expected(ids, vocab, pad_id)
@@ -64,7 +64,7 @@ def test_every_id_distinct_fills_the_buffer():
     """tokens >= vocab and every id present (no padding id): all vocab slots used, one padding slot left."""
     vocab = 12
     ids = np.random.default_rng(0).permutation(np.concatenate([np.arange(vocab), np.arange(vocab)]))
-    size = context.num_unique_for(ids.size, vocab)
+    size = record.num_unique_for(ids.size, vocab)
     assert size == vocab + 1
     unique, segments = dedupe(jnp.asarray(ids, jnp.int32), vocab, size, None)
     np.testing.assert_array_equal(np.asarray(unique), np.append(np.arange(vocab), vocab))
@@ -72,13 +72,13 @@ def test_every_id_distinct_fills_the_buffer():
 
 
 def test_num_unique_for_fits_every_distinct_id_plus_padding():
-    assert context.num_unique_for(5, 100) == 6
-    assert context.num_unique_for(200, 10) == 11
+    assert record.num_unique_for(5, 100) == 6
+    assert record.num_unique_for(200, 10) == 11
 
 
 def test_make_update_and_empty_update_share_shapes():
     """A pending and a non-pending update have the same shapes, so one compiled step serves both."""
-    ctx = optimizers.AsyncEmbContext(vocab=20, emb_width=3, tokens_per_batch=12)
+    ctx = optimizers.AsyncEmbContext(stored_rows=20, emb_width=3, tokens_per_batch=12)
     ids = np.array([[0, 3, 3, 7], [19, 0, 3, 25], [1, 1, 2, -4]], np.int32)
     grads = np.arange(12 * 3, dtype=np.float32).reshape(3, 4, 3)
     update = optimizers.make_update(ctx, ids, grads)
@@ -100,14 +100,14 @@ def test_packed_keys_never_overflow(vocab):
     vocabulary, out of range and padding still come out exactly as np.unique says, on either side of the line."""
     tokens = 1024
     fits = (vocab + 1) * tokens - 1 <= 2**31 - 1
-    assert optimizers.fused.dedupe_method(tokens, vocab) == ("packed" if fits else "search")
+    assert optimizers.record.dedupe_method(tokens, vocab) == ("packed" if fits else "search")
     rng = np.random.default_rng(vocab)
     ids = np.concatenate([rng.integers(vocab - 40, vocab + 3, size=tokens - 24), [0] * 8, [-1] * 8,
                           rng.integers(1, 50, size=8)]).astype(np.int32)
-    unique, segments = dedupe(jnp.asarray(ids), vocab, context.num_unique_for(tokens, vocab), 0, None)
+    unique, segments = dedupe(jnp.asarray(ids), vocab, record.num_unique_for(tokens, vocab), 0, None)
     want_unique, want_segments = expected(ids, vocab, 0)
     np.testing.assert_array_equal(np.asarray(unique), want_unique)
     np.testing.assert_array_equal(np.asarray(segments), want_segments)
     if not fits:
         with pytest.raises(ValueError, match="needs \\(vocab \\+ 1\\) \\* tokens <= 2\\*\\*31"):
-            dedupe(jnp.asarray(ids), vocab, context.num_unique_for(tokens, vocab), 0, "packed")
+            dedupe(jnp.asarray(ids), vocab, record.num_unique_for(tokens, vocab), 0, "packed")

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 
 import optimizers
-from optimizers import context, routing
+from optimizers import RouteOverflow, TableLayout, routing
 from runner.core.embeddings import lookup_counted
 from tests.optimizers.test_contract import fused_step
 
@@ -47,8 +47,8 @@ def skewed(tokens):
 def test_overflow_is_counted_and_the_update_refused_when_the_policy_is_stop():
     mesh = table_mesh()
     tokens = 24  # 3 per device
-    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", layout=context.ROW,
-                                     route_capacity=1.0, route_min_slots=1, route_overflow=context.STOP)
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", table_layout=TableLayout.row,
+                                     route_capacity=1.0, route_min_slots=1, route_overflow=RouteOverflow.stop)
     assert ctx.routed and ctx.route_slots == 1
     opt = optimizers.create("async_sgd", learning_rate=0.1)
     ids, grads = skewed(tokens)
@@ -192,7 +192,7 @@ def test_lookup_of_a_larger_batch_than_the_train_batch_reads_every_row():
 def test_make_update_on_the_routed_layout_dedupes_each_devices_own_tokens():
     """Routed: ``mesh.size`` blocks of ``local_unique`` ids, one per device's tokens, each token's segment id
     into its own block; host-side ``record_token_ids`` reads either kind back and ``record_for`` rebuilds it."""
-    from optimizers.fused import record_for, record_token_ids
+    from optimizers import record_for, record_token_ids
 
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "table"))
     tokens = 8 * 6
@@ -225,14 +225,14 @@ def test_make_update_on_the_routed_layout_dedupes_each_devices_own_tokens():
         record_token_ids(np.zeros(49, np.int32), seg, VOCAB)
 
 
-@pytest.mark.parametrize("layout", [context.ROW, context.COLUMN])
+@pytest.mark.parametrize("layout", [TableLayout.row, TableLayout.column])
 def test_the_lookups_dedupe_without_the_padding_id_is_make_updates(layout):
     """The routed row and the column train step reuse their lookup's per-device dedupe (which keeps id 0, the
     padding row) as the update record: with 0 dropped it equals ``make_update``'s, padding tokens -1, with or
     without a 0; and the rows it reads are the table's."""
     mesh = table_mesh()
     tokens = 8 * 5
-    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", layout=layout)
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table", table_layout=layout)
     assert ctx.per_device_record
     table0 = np.random.default_rng(2).normal(size=(VOCAB, WIDTH)).astype(np.float32)
     table = jax.device_put(table0, NamedSharding(mesh, ctx.table_spec()))

@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 
 import optimizers
-from optimizers import context
+from optimizers import Routing, TableLayout
 from tests.optimizers.test_contract import CASES, CTX, DRAWN, POISON, TOKENS, VOCAB, WIDTH, batch, build_update, \
     case_id, fused_step, initial_table, library
 
@@ -67,7 +67,7 @@ def unsharded_run(case):
     return out
 
 
-@pytest.mark.parametrize("layout", [context.ROW, context.COLUMN])
+@pytest.mark.parametrize("layout", [TableLayout.row, TableLayout.column])
 # make test-fast: the 2x4 (data x table) and 8 (table only) meshes; make test adds 4x2 (a second data x table shape)
 @pytest.mark.parametrize("mesh_name", [m if m != "4x2" else pytest.param(m, marks=pytest.mark.slow) for m in MESHES])
 @pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES if c[1]])
@@ -81,7 +81,7 @@ def test_sharded_equals_unsharded(case, mesh_name, layout):
 def test_routed_update_accepts_a_record_of_the_whole_batch(case):
     """A record built for one device (replicated ids, e.g. restored from one device's run) applied on the
     routed row layout: each device re-derives its tokens' ids; the same result as one device."""
-    _check_sharded(case, "2x4", context.ROW, whole_batch_records=True)
+    _check_sharded(case, "2x4", TableLayout.row, whole_batch_records=True)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES[:3:2]])
@@ -90,7 +90,7 @@ def test_a_capped_column_exchange_equals_unsharded(case):
     where every device has at most 2 take the small exchange, steps where one has 3 exchange every device's
     whole buffer (rerouted); both equal one device, the rule's full-width row sums (row-wise Adagrad) included."""
     kw = dict(route_peak=2, route_capacity=1.0, route_min_slots=1)
-    ctx = _check_sharded(case, "2x4", context.COLUMN, whole_batch_records=False, **kw)
+    ctx = _check_sharded(case, "2x4", TableLayout.column, whole_batch_records=False, **kw)
     assert ctx.column_capped and ctx.route_slots == 2
     distinct = [max(np.sum(u < VOCAB) for u in np.split(np.asarray(r.unique_tokens), 8)) for r in updates_for(ctx)]
     assert {d > 2 for d in distinct} == {True, False}  # both branches were taken
@@ -115,15 +115,15 @@ def unsharded_dense_run(name):
 
 
 @pytest.mark.parametrize("name", sorted(DENSE))
-@pytest.mark.parametrize("layout, routing", [(context.ROW, context.ALLTOALL), (context.ROW, context.GATHER),
-                                             (context.COLUMN, context.ALLTOALL)], ids=["row", "row-gather", "column"])
+@pytest.mark.parametrize("layout, routing", [(TableLayout.row, Routing.alltoall), (TableLayout.row, Routing.gather),
+                                             (TableLayout.column, Routing.alltoall)], ids=["row", "row-gather", "column"])
 def test_dense_baseline_sharded_equals_unsharded(name, layout, routing):
     """The plain optax baselines on 2x4 shards, fed the records the train step makes for the layout (per device
     on the routed row and the column layout, the whole batch's on the gather row layout): table, state, norm and
     valid equal one device's run step for step (the NaN and the empty step refused), the table and state
     split as the layout splits them."""
     opt, mesh = DENSE[name], MESHES["2x4"]()
-    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout,
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", table_layout=layout,
                                      routing=routing)
     records = updates_for(ctx)
     assert all(ctx.local_record(u) == ctx.per_device_record for u in records)
@@ -157,7 +157,7 @@ def steps_match(step, table, state, records, want, label):
 def _check_sharded(case, mesh_name, layout, whole_batch_records, **kw):
     name, hp = case
     mesh = MESHES[mesh_name]()
-    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout, **kw)
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", table_layout=layout, **kw)
     records = updates() if whole_batch_records else updates_for(ctx)
     if ctx.routed:
         assert all(ctx.local_record(u) != whole_batch_records for u in records)
@@ -195,14 +195,14 @@ def poisoned_updates():
     return [jax.tree.map(np.asarray, build_update(ids, g, True)) for ids, g in raw]
 
 
-@pytest.mark.parametrize("layout", [context.ROW, context.COLUMN])
+@pytest.mark.parametrize("layout", [TableLayout.row, TableLayout.column])
 @pytest.mark.parametrize("name", sorted(POISON))
 def test_refusal_of_a_non_finite_result_is_one_decision_on_every_shard(name, layout):
     """Only one row shard (row layout) or every column shard holds the non-finite result; every shard
     refuses the whole update: table and state bit-for-bit unchanged, valid false, like one device."""
     opt = optimizers.create(name, **POISON[name])
     mesh = MESHES["2x4"]()
-    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", layout=layout)
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", table_layout=layout)
     sharded, single = fused_step(opt, ctx), fused_step(opt, CTX)
     state = opt.init(VOCAB, WIDTH)
     table = jax.device_put(jnp.asarray(initial_table()), NamedSharding(mesh, ctx.table_spec()))
@@ -227,11 +227,11 @@ def test_the_rule_run_chunk_by_chunk_changes_nothing(case, monkeypatch):
     """The routed owner runs the rule over its owned rows in chunks of ``RULE_CHUNK`` rows, skipping chunks of
     padding only. With chunks of 2 rows (several per step, the last part padding) table, state, norm and
     valid equal one device's step for step on 2x4 row shards (one device does not chunk: checked too)."""
-    from optimizers import fused
+    from optimizers.layouts import row_routed
 
     name, hp = case
     want = unsharded_run((name, tuple(sorted(hp.items()))))  # chunk 256: one chunk at this size
-    monkeypatch.setattr(fused, "RULE_CHUNK", 2)
+    monkeypatch.setattr(row_routed, "RULE_CHUNK", 2)
     opt = optimizers.create(name, **hp)
     mesh = MESHES["2x4"]()
     ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table")
@@ -249,7 +249,7 @@ def test_the_rule_run_chunk_by_chunk_changes_nothing(case, monkeypatch):
 def test_chunked_rule_on_a_bfloat16_table_is_bit_identical(monkeypatch):
     """bfloat16 table (f32 state, stochastic rounding keyed by row id): the routed owner's rule in 2-row
     chunks writes the same bits as in one pass."""
-    from optimizers import fused
+    from optimizers.layouts import row_routed
 
     mesh = MESHES["2x4"]()
     ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table")
@@ -257,7 +257,7 @@ def test_chunked_rule_on_a_bfloat16_table_is_bit_identical(monkeypatch):
     records = updates_for(ctx)
 
     def run(chunk):
-        monkeypatch.setattr(fused, "RULE_CHUNK", chunk)
+        monkeypatch.setattr(row_routed, "RULE_CHUNK", chunk)
         step = fused_step(opt, ctx)
         table = jax.device_put(jnp.asarray(initial_table(), jnp.bfloat16), NamedSharding(mesh, ctx.table_spec()))
         state = jax.device_put(opt.init(VOCAB, WIDTH),

@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from optimizers.fused import record_token_ids
+from optimizers import record_token_ids
 from runner.app import run
 from runner.build import build
 from runner.checkpoint import open_checkpoints

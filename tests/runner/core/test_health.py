@@ -206,7 +206,7 @@ def test_lookup_reads_zeros_for_out_of_range_ids(layout):
     plan = LAYOUTS[layout]
     mesh = build_mesh(plan) if plan else None
     ctx = AsyncEmbContext(rows, width, 32, mesh=mesh, table_axis=plan.table_axis if plan else None,
-                          layout=plan.layout if plan else "row")
+                          table_layout=plan.table_layout if plan else "row")
     table = np.arange(rows * width, dtype=np.float32).reshape(rows, width) + 1
     ids = np.array([[-1, -16, 3, 16], [20, 15, 0, -5]] * 4, np.int32)
     sharding = jax.sharding.NamedSharding(mesh, ctx.table_spec()) if mesh else None

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from optimizers.routing import permute_ids
+from optimizers import permute_ids
 from runner.build import build
 from runner.checkpoint import meta as ckpt_meta
 from runner.core.embeddings import in_id_order, stored_rows

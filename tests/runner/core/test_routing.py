@@ -136,7 +136,7 @@ def test_a_column_table_with_a_tiny_capacity_reroutes_notes_it_once_and_learns_t
     cfg = compose_config([*COLUMN, "mesh.route_capacity=0.1"])
     program, task, _ = build(cfg)
     ctx = program.contexts["items"]
-    assert ctx.layout == "column" and ctx.route_peak > 64 and ctx.route_slots == 64 and ctx.column_capped
+    assert ctx.table_layout == "column" and ctx.route_peak > 64 and ctx.route_slots == 64 and ctx.column_capped
     tracker, lines = Recorder(), []
     got = loop.train(program, task, cfg.trainer, tracker, log=lines.append)
     assert all(r["emb/route_overflow/items"] > 0 and r["emb/route_refused/items"] == 0 for r in tracker.rows[:3])
@@ -173,7 +173,7 @@ def test_route_peaks_of_a_column_table_is_the_most_distinct_ids_one_device_held_
         for step in range(ROUTE_SAMPLE_BATCHES):
             ids = np.asarray(program.model.table_ids({k: np.asarray(v) for k, v in task.batch(step, B).items()})[name])
             for block in np.split(ids.reshape(B, -1), 8):  # the batch split over the 8 devices
-                want = max(want, len(set(block.ravel().tolist()) & set(range(ctx.vocab))))
+                want = max(want, len(set(block.ravel().tolist()) & set(range(ctx.stored_rows))))
         assert ctx.route_peak == want, name
         # 1.2 x it, at least 64, at most a device's tokens or the table's rows (authors: 51)
-        assert ctx.route_slots == min(max(math.ceil(1.2 * want), 64), ctx.local_tokens, ctx.vocab), name
+        assert ctx.route_slots == min(max(math.ceil(1.2 * want), 64), ctx.local_tokens, ctx.stored_rows), name

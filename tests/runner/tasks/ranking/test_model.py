@@ -32,7 +32,7 @@ def test_table_ids_are_the_raw_ids_and_out_of_range_ones_are_masked():
     rows, bad = program.table_ids({k: jnp.asarray(v) for k, v in b.items()})
     np.testing.assert_array_equal(np.asarray(bad["users"])[:, 0], [True] * 3 + [False] * 29)
     # they read the out-of-range row (zeros), never a real row such as 299, 1 or 100
-    assert (np.asarray(rows["users"])[:3, 0] == program.contexts["users"].vocab).all()
+    assert (np.asarray(rows["users"])[:3, 0] == program.contexts["users"].stored_rows).all()
     for name in ("items", "authors"):
         assert not np.asarray(bad[name]).any()
 

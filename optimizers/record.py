@@ -1,0 +1,190 @@
+"""Dedupe and the update record: a batch's ids and per-token gradients as an ``AsyncEmbGradientUpdate``.
+
+A record holds the batch's sorted distinct ids (static size, padded with the out-of-range id, the table's
+stored row count), each token's index into them and the per-token gradients, not yet summed. On a layout
+whose devices each dedupe their own tokens (``Layout.per_device_record``) the record is per device: one
+block of distinct ids per device, split over the mesh like the batch. ``segment_sum`` sums a record's
+gradients into its unique rows in float32; the host-side helpers (``record_token_ids``, ``record_for``)
+move a saved record between meshes and layouts.
+"""
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from ._lazy import P, jax, jnp
+from .protocol import AsyncEmbGradientUpdate
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .context import AsyncEmbContext
+
+
+def num_unique_for(tokens_per_batch: int, rows: int) -> int:
+    """Static size of the unique-id buffer: every distinct id fits, plus one padding slot."""
+    return min(tokens_per_batch, rows) + 1
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def dedupe_method(num_tokens: int, vocab: int) -> str:
+    """``"packed"`` when every (id, position) pair fits one int32 key, else ``"search"``."""
+    return "packed" if (vocab + 1) * max(num_tokens, 1) - 1 <= _INT32_MAX else "search"
+
+
+def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
+           method: str | None = None) -> tuple[jax.Array, jax.Array]:
+    """Static-size unique of a batch's ids.
+
+    Returns ``(unique_tokens [num_unique], segment_ids [n])``: sorted distinct ids padded with ``vocab``
+    (out of range, so scatters drop it), and each token's index into them, -1 for padding tokens
+    (``pad_id``) and ids outside ``[0, vocab)``. Both methods do one keys-only sort and find run starts
+    (``jnp.unique(return_inverse=True)`` lowers to a two-operand sort, about 3x slower on XLA:CPU):
+
+    - ``"search"``: sort the ids, then a scan ``searchsorted`` maps each token to its run;
+    - ``"packed"`` (when ``(vocab + 1) * n`` fits in int32, e.g. small tables): sort ``id * n + position``,
+      so each sorted key also says which token it came from and one scatter writes the segment ids
+      (about 25% faster at 16K tokens). The default picks it whenever it fits; results are identical.
+    """
+    ids = ids.reshape(-1).astype(jnp.int32)
+    n = ids.shape[0]
+    method = method or dedupe_method(n, vocab)
+    valid = (ids >= 0) & (ids < vocab)
+    if pad_id is not None:
+        valid &= ids != pad_id
+    keys = jnp.where(valid, ids, vocab)
+    if method == "packed":
+        if dedupe_method(n, vocab) != "packed":
+            raise ValueError(f"dedupe method 'packed' needs (vocab + 1) * tokens <= 2**31: vocab={vocab}, tokens={n}")
+        packed = jnp.sort(keys * n + jnp.arange(n, dtype=jnp.int32))
+        s = packed // n
+        position = packed - s * n
+    elif method == "search":
+        s = jnp.sort(keys)
+    else:
+        raise ValueError(f"unknown dedupe method {method!r} (packed or search)")
+    starts = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
+    run = jnp.cumsum(starts) - 1
+    slot = jnp.where(starts, run, num_unique)
+    unique = jnp.full((num_unique,), vocab, jnp.int32).at[slot].set(s, mode="drop", unique_indices=True)
+    if method == "packed":
+        seg = jnp.zeros((n,), jnp.int32).at[position].set(run.astype(jnp.int32), unique_indices=True)
+    else:
+        seg = jnp.searchsorted(unique, keys, method="scan").astype(jnp.int32)
+    return unique, jnp.where(valid, seg, -1)
+
+
+def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending: Any = True,
+                pad_id: int | None = 0) -> AsyncEmbGradientUpdate:
+    """Build the update record for one table from the batch's ids and per-token gradients.
+
+    Routed (row layout, ``routing="alltoall"``) and column layout (``ctx.per_device_record``): each device
+    dedupes only its own tokens (the batch split over every mesh axis, as the train step holds it) inside
+    ``jax.shard_map``; ``unique_tokens`` is then
+    ``mesh.size`` sorted blocks of ``ctx.local_unique``, one per device, and each token's segment id indexes
+    its own device's block. No device sees another's ids. Otherwise one dedupe of the whole batch."""
+    grads = grads.reshape(-1, grads.shape[-1])
+    if ctx.per_device_record:
+        axes = ctx.batch_axes
+        local = jax.shard_map(lambda i: dedupe(i, ctx.stored_rows, ctx.local_unique, pad_id), mesh=ctx.mesh,
+                              in_specs=P(axes), out_specs=(P(axes), P(axes)), check_vma=False)
+        unique, seg = local(ids.reshape(-1))
+    else:
+        unique, seg = dedupe(ids, ctx.stored_rows, ctx.num_unique, pad_id)
+    return AsyncEmbGradientUpdate(unique, grads, seg, jnp.asarray(pending, bool))
+
+
+def empty_update(ctx: AsyncEmbContext, dtype: Any = "float32") -> AsyncEmbGradientUpdate:
+    """A non-pending update of the right shapes (the first async step, or after a flush)."""
+    return AsyncEmbGradientUpdate(
+        jnp.full((ctx.record_unique,), ctx.stored_rows, jnp.int32),
+        jnp.zeros((ctx.tokens_per_batch, ctx.emb_width), dtype),
+        jnp.full((ctx.tokens_per_batch,), -1, jnp.int32),
+        jnp.zeros((), bool),
+    )
+
+
+def update_token_ids(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate) -> jax.Array:
+    """Each token's id ``[tokens]`` in an update record of either kind (``ctx.local_record``), ``ctx.stored_rows`` for
+    the tokens it drops: of a per-device record each device reads its own block (split over the batch, as
+    ``make_update`` built it), of a record of the whole batch the replicated ids. Traced; ``record_token_ids``
+    is the host-side twin."""
+    if not ctx.local_record(update):
+        return token_ids(ctx, update.unique_tokens, update.segment_ids)
+    split = P(ctx.batch_axes)
+    return jax.shard_map(functools.partial(token_ids, ctx), mesh=ctx.mesh, in_specs=(split, split),
+                         out_specs=split, check_vma=False)(update.unique_tokens, update.segment_ids)
+
+
+def record_token_ids(unique: Any, segment_ids: Any, rows: int) -> "np.ndarray":
+    """Host-side (numpy): each token's id in an update record of either kind, -1 for tokens it dropped.
+
+    ``rows``: the table's stored rows when the record was made (its padding id). A record of the whole
+    batch holds ``num_unique_for(T, rows)`` ids; a per-device record of ``m`` devices holds ``m`` blocks of
+    ``num_unique_for(T / m, rows)`` (strictly more for every m > 1), so its size says which it is."""
+    import numpy as np  # noqa: PLC0415
+
+    unique, seg = np.asarray(unique), np.asarray(segment_ids).reshape(-1)
+    tokens, size = seg.size, unique.size
+    blocks = next((m for m in range(1, tokens + 1) if tokens % m == 0 and m * num_unique_for(tokens // m, rows) == size),
+                  None)
+    if blocks is None:
+        raise ValueError(f"an update record of {tokens} tokens cannot hold {size} unique ids (rows={rows})")
+    start = (np.arange(tokens) // (tokens // blocks)) * (size // blocks)
+    return np.where(seg >= 0, unique[np.clip(start + seg, 0, size - 1)], -1).astype(np.int32)
+
+
+def record_for(ctx: AsyncEmbContext, token_ids: Any) -> tuple["np.ndarray", "np.ndarray"]:
+    """Host-side (numpy): ``(unique_tokens, segment_ids)`` of ``ctx``'s kind of record (``make_update``'s)
+    for tokens' ids (-1: dropped), e.g. a restored deferred update moved to another mesh or layout."""
+    import numpy as np  # noqa: PLC0415
+
+    tok = np.asarray(token_ids).reshape(-1)
+    blocks = ctx.mesh.size if ctx.per_device_record else 1
+    size = ctx.record_unique // blocks
+    n = tok.size // blocks
+    unique = np.full((ctx.record_unique,), ctx.stored_rows, np.int32)
+    seg = np.full((tok.size,), -1, np.int32)
+    for b in range(blocks):
+        t = tok[b * n:(b + 1) * n]
+        valid = (t >= 0) & (t < ctx.stored_rows)
+        u = np.unique(t[valid])
+        if u.size > size - 1:
+            raise ValueError(f"{u.size} distinct ids do not fit an update record of {size} slots")
+        unique[b * size:b * size + u.size] = u
+        seg[b * n:(b + 1) * n] = np.where(valid, np.searchsorted(u, t), -1)
+    return unique, seg
+
+
+def segment_sum(grads: jax.Array, segment_ids: jax.Array, num_unique: int) -> jax.Array:
+    """fp32 sum of per-token gradients into their unique rows; padding tokens (-1) are dropped."""
+    seg = jnp.where(segment_ids < 0, num_unique, segment_ids)
+    return jax.ops.segment_sum(grads.astype(jnp.float32), seg, num_segments=num_unique)
+
+
+def token_ids(ctx: AsyncEmbContext, unique: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """Per-token ids from an update record's (unique ids, segment ids); padding tokens get ``ctx.stored_rows``."""
+    return jnp.where(segment_ids < 0, ctx.stored_rows, unique.at[jnp.maximum(segment_ids, 0)].get(
+        mode="fill", fill_value=ctx.stored_rows))
+
+
+def without_padding_id(unique: jax.Array, seg: jax.Array, rows: int, pad_id: int = 0):
+    """A dedupe that kept ``pad_id`` (the smallest id: the first entry when present) -> the same dedupe
+    without it (``dedupe(..., pad_id=pad_id)``): it is dropped, the rest shift down, padding tokens get -1.
+    ``rows``: the padding id of the unique buffer (the table's stored rows)."""
+    has = unique[0] == pad_id
+    unique = jnp.where(has, jnp.concatenate([unique[1:], jnp.full((1,), rows, unique.dtype)]), unique)
+    seg = jnp.where((seg < 0) | (has & (seg == 0)), -1, seg - has.astype(seg.dtype))
+    return unique, seg
+
+
+def device_record(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, local: bool):
+    """This device's (sorted unique ids, its tokens' segment ids): the record's own block when it is per device
+    (``local``), else re-derived from a record of the whole batch (replicated ids) and deduped here."""
+    if local:
+        return update.unique_tokens, update.segment_ids
+    n = update.segment_ids.shape[0]
+    ids = token_ids(ctx, update.unique_tokens, update.segment_ids)
+    return dedupe(ids, ctx.stored_rows, num_unique_for(n, ctx.stored_rows), pad_id=None)

@@ -1,0 +1,158 @@
+"""Gather -> per-row rule -> gate -> in-place scatter over a table's unique touched rows: the part of the
+fused update every layout shares (``Layout.update`` brings each shard its rows and their summed gradients).
+
+The cost follows the rows a batch touches, never the vocabulary: nothing here builds a table-sized temporary,
+and the scatter writes into the (donated) table buffer. A bfloat16 table's new rows are rounded
+stochastically (``optimizers.rounding``); an update whose gradient, new rows or new state is not finite, or
+that was not pending, writes nothing at all.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+from ._lazy import jax, jnp, lax
+from .rounding import rounding_bits, stochastic_round_bf16
+
+if TYPE_CHECKING:
+    from .context import AsyncEmbContext
+
+
+class EmbOptState(NamedTuple):
+    """An embedding optimizer's state: per-row leaves (leading dim = table rows) and an update count."""
+
+    rows: Any
+    count: jax.Array  # int32: number of valid updates applied
+
+
+class RowContext(NamedTuple):
+    """What a per-row rule may use besides its rows, state and gradient."""
+
+    step: jax.Array  # int32, 1-based count of this update
+    emb_width: int  # full width of a row, even when this shard holds a slice of it
+    width_sum: Callable[[jax.Array], jax.Array]  # sum over the full width (reduced across width shards)
+    grad_sq_sum: Callable[[], jax.Array]  # [rows]: sum of grad**2 over the full width (shared with the norm)
+
+
+class Touched(NamedTuple):
+    """The unique rows one shard updates: ``ids`` (global row ids, the table's stored row count for padding),
+    ``local`` (their rows in this shard), ``owned`` (whether this shard holds each one) and ``grads`` (their
+    fp32 gradient sums, ``[rows, shard width]``)."""
+
+    ids: jax.Array
+    local: jax.Array
+    owned: jax.Array
+    grads: jax.Array
+
+
+def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Array, state: EmbOptState,
+               gate: jax.Array, pending: jax.Array, chunk: int | None = None, lost: jax.Array | None = None,
+               live: tuple[int, jax.Array] | None = None):
+    """Norm, gather, rule, gate, scatter for ``touched``'s unique rows (global ``ids``; ``local`` in this
+    shard, valid where ``owned``) with their summed gradients; returns ``(table, state, norm, valid,
+    rows_updated [1])``. Runs per shard inside ``jax.shard_map`` on a sharded table (the sums it needs across
+    shards are collectives over ``ctx.table_axis``), or on one device. ``chunk``: the owned rows come first (the rest is
+    padding); the rule runs on ``chunk`` rows at a time, only as many chunks as hold owned rows. ``lost``
+    (int32): rows of this update this shard could not hold; any, summed over the shards, refuse it whole, and
+    the sum is returned after the other results. ``live`` (column layout): ``(k, whole)``: unless ``whole``
+    (a bool every device agrees on), only the first ``k`` rows can be owned, so the width sums (a psum over the
+    table axis) move those rows only."""
+    ids, local, owned, g = touched
+    axis = ctx.table_axis if ctx.sharded else None
+    row_sq = jnp.sum(g * g, axis=-1)  # one pass over g serves the norm and any rule that needs sum(g**2)
+    sq = jnp.sum(row_sq)  # summed over the shards below, with the rule's check: each summed its rows or columns
+
+    n_local = table.shape[0]
+    local = jnp.where(owned, local, n_local)  # out of range: gathers fill, scatters drop
+
+    def across_width(s):
+        if axis is None or not ctx.layout.splits_width:
+            return s
+        if live is None or live[0] >= s.shape[0]:
+            return lax.psum(s, axis)
+        k, whole = live  # the rows past k are padding unless whole: their sums are zeros there
+        return lax.cond(whole, lambda: lax.psum(s, axis),
+                        lambda: jnp.pad(lax.psum(s[:k], axis), ((0, s.shape[0] - k),) + ((0, 0),) * (s.ndim - 1)))
+
+    def width_sum(x):
+        return across_width(jnp.sum(x, axis=-1))
+
+    step = state.count + 1
+
+    def rule(local, ids, g, row_sq, owned):
+        """New rows (float32, or rounded to the table's bfloat16) and state for these rows, and how many of
+        the owned ones hold a non-finite value (as stored)."""
+        rows = table.at[local].get(mode="fill", fill_value=0, unique_indices=True).astype(jnp.float32)
+        row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True),
+                                 state.rows)
+        rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq))
+        new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
+        if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
+            cols = jnp.arange(table.shape[1], dtype=jnp.int32)
+            if axis is not None and ctx.layout.splits_width:
+                cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
+            new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
+        # The gate covers the rule's output: an update whose new rows or state would not be finite (as
+        # stored) writes nothing. Every shard counts its own non-finite touched rows; a psum decides for all.
+        bad = _non_finite_rows(new_rows.astype(table.dtype), owned)
+        for leaf, new_leaf in zip(jax.tree.leaves(state.rows), jax.tree.leaves(new_row_state)):
+            bad = bad + _non_finite_rows(jnp.asarray(new_leaf).astype(leaf.dtype), owned)
+        return new_rows, new_row_state, bad
+
+    if chunk is None or chunk >= local.shape[0]:
+        new_rows, new_row_state, bad = rule(local, ids, g, row_sq, owned)
+    else:
+        # Owned rows come first (sorted unique ids, padding last): the rule runs chunk by chunk over them only,
+        # so its cost follows the rows this shard really updates, not the static buffer (mostly padding).
+        n = local.shape[0]
+        total = -(-n // chunk) * chunk
+        pad = lambda x, v: jnp.concatenate([x, jnp.full((total - n, *x.shape[1:]), v, x.dtype)])  # noqa: E731
+        local, ids, g, row_sq, owned = (pad(local, n_local), pad(ids, ctx.stored_rows), pad(g, 0), pad(row_sq, 0),
+                                        pad(owned, False))
+        shapes = jax.eval_shape(lambda: rule(local[:chunk], ids[:chunk], g[:chunk], row_sq[:chunk], owned[:chunk]))
+        out0 = jax.tree.map(lambda s: jnp.zeros((total, *s.shape[1:]), s.dtype), shapes[:2])
+        chunks = -(-jnp.sum(owned).astype(jnp.int32) // chunk)  # chunks that hold owned rows
+
+        def body(carry):
+            i, out, bad = carry
+            at = i * chunk
+            part = lambda x: lax.dynamic_slice_in_dim(x, at, chunk)  # noqa: E731
+            r, st, b = rule(part(local), part(ids), part(g), part(row_sq), part(owned))
+            out = jax.tree.map(lambda o, v: lax.dynamic_update_slice_in_dim(o, v, at, 0), out, (r, st))
+            return i + 1, out, bad + b
+
+        _, (new_rows, new_row_state), bad = lax.while_loop(lambda c: c[0] < chunks, body,
+                                                           (jnp.int32(0), out0, jnp.zeros((), jnp.int32)))
+    # Invalid or not ours: an index past the end (n_local or n_local + 1, after the gate), nothing is written.
+    scatter = lambda a, v: a.at[write].set(v.astype(a.dtype), mode="drop", unique_indices=True)  # noqa: E731
+    refused = jnp.zeros((), jnp.int32) if lost is None else lost
+    if axis is not None:  # one all-reduce for all three (counts as float32: exact below 2**24 rows a step)
+        sq, bad, refused = lax.psum(jnp.stack([sq, bad.astype(jnp.float32), refused.astype(jnp.float32)]), axis)
+        bad, refused = bad.astype(jnp.int32), refused.astype(jnp.int32)
+    norm = jnp.sqrt(sq)
+    valid = jnp.isfinite(norm) & pending & (bad == 0) & (refused == 0)
+    write = jnp.where(valid & owned, local, n_local + _gate_bit(gate))
+    table = scatter(table, new_rows)
+    new_state = EmbOptState(jax.tree.map(scatter, state.rows, new_row_state),
+                            jnp.where(valid, step, state.count))
+    rows_updated = jnp.sum(valid & owned).astype(jnp.int32).reshape(1)
+    out = (table, new_state, norm, valid, rows_updated)
+    return out if lost is None else (*out, refused)
+
+
+def _gate_bit(gate: jax.Array) -> jax.Array:
+    """0 or 1 (the gate's sign bit): data the scatter's indices can depend on without changing them.
+
+    XLA:CPU turns optimization barriers into control edges that its copy insertion does not honour: a
+    write whose only link to an earlier read of the table is a barrier gets a whole-table copy. Making
+    the out-of-range index a scatter drops depend on the gate's value keeps the write in place.
+    """
+    bits = lax.bitcast_convert_type(jnp.ravel(jnp.asarray(gate))[0].astype(jnp.float32), jnp.uint32)
+    return (bits >> 31).astype(jnp.int32)
+
+
+def _non_finite_rows(x: jax.Array, owned: jax.Array) -> jax.Array:
+    """int32: how many of the rows this shard owns hold a non-finite value (integer leaves never do)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros((), jnp.int32)
+    finite = jnp.isfinite(x).reshape(x.shape[0], -1).all(axis=1) if x.ndim > 1 else jnp.isfinite(x)
+    return jnp.sum(owned & ~finite).astype(jnp.int32)
