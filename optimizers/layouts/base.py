@@ -77,11 +77,20 @@ class Layout:
         ``route_peak`` (scaled to ``tokens``), or without one times the even share of its ids (tokens /
         shards); at least ``route_min_slots``, at most what can ever be needed (its distinct ids, or the rows
         one shard owns); ``exact``: that most, so nothing can overflow."""
-        most = max(1, min(tokens, ctx.stored_rows, ctx.shard_rows))
-        if exact:
+        most = self.most_slots(ctx, tokens)
+        if exact or self.exchanges_all(ctx):
             return most
         return max(1, min(most, max(math.ceil(ctx.route_capacity * self.slot_base(ctx, tokens)),
                                     ctx.route_min_slots)))
+
+    def most_slots(self, ctx: AsyncEmbContext, tokens: int) -> int:
+        """The most slots a device holding ``tokens`` ids can ever need: its distinct ids, or the rows one
+        shard owns."""
+        return max(1, min(tokens, ctx.stored_rows, ctx.shard_rows))
+
+    def exchanges_all(self, ctx: AsyncEmbContext) -> bool:
+        """Whether every slot ``most_slots`` allows is always exchanged (no capacity to apply)."""
+        return False
 
     def slot_base(self, ctx: AsyncEmbContext, tokens: int) -> float:
         """What ``route_capacity`` multiplies: ``route_peak`` scaled to ``tokens``, or the even share."""

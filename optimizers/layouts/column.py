@@ -12,7 +12,6 @@ refuses the update.
 from __future__ import annotations
 
 import functools
-import math
 from typing import TYPE_CHECKING, Any
 
 from .._lazy import P, jax, jnp, lax
@@ -46,17 +45,16 @@ class Column(Layout):
         ndim = len(getattr(leaf, "shape", ()))
         return P(None, ctx.table_axis, *([None] * (ndim - 2))) if ndim >= 2 else P()
 
-    def slots_for(self, ctx: AsyncEmbContext, tokens: int, exact: bool = False) -> int:
-        """How many of a device's distinct ids (the first C of its sorted unique buffer) it exchanges:
-        ``route_capacity`` times ``route_peak`` (the most distinct ids one device held in the sampled batches,
-        scaled to ``tokens``), at least ``route_min_slots``, at most its distinct ids (``min(tokens, rows)``,
-        the unique buffer less its padding slot). Without a ``route_peak`` there is no even share to guess
-        from: C is that most (the whole buffer is exchanged, nothing can overflow)."""
-        most = max(1, min(tokens, ctx.stored_rows))
-        if exact or ctx.route_peak is None:
-            return most
-        return max(1, min(most, max(math.ceil(ctx.route_capacity * self.slot_base(ctx, tokens)),
-                                    ctx.route_min_slots)))
+    def most_slots(self, ctx: AsyncEmbContext, tokens: int) -> int:
+        """Its distinct ids (``min(tokens, rows)``, the unique buffer less its padding slot): every shard holds
+        every row, so no shard's row count bounds them. Slots are ``route_capacity`` times ``route_peak`` (the
+        most distinct ids one device held in the sampled batches, scaled to ``tokens``), at least
+        ``route_min_slots``, at most this."""
+        return max(1, min(tokens, ctx.stored_rows))
+
+    def exchanges_all(self, ctx: AsyncEmbContext) -> bool:
+        """Without a ``route_peak`` there is no even share to guess from: the whole buffer is exchanged."""
+        return ctx.route_peak is None
 
     def slot_base(self, ctx: AsyncEmbContext, tokens: int) -> float:
         """``route_peak`` scaled to ``tokens``, or every distinct id ``tokens`` can hold."""
