@@ -229,3 +229,20 @@ def test_a_peer_that_never_joins_ends_process_0(tmp_path):
     text = (tmp_path / "p0.out").read_text()
     assert code != 0
     assert "process 0 of 2 joining at 127.0.0.1" in text and "DEADLINE_EXCEEDED" in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_coordinator_port_in_use_is_a_clear_error_of_process_0(tmp_path):
+    import socket
+
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "runner", "distributed=local", "distributed.process_id=0",
+                               "distributed.num_processes=2", f"distributed.coordinator_address=127.0.0.1:{port}",
+                               f"hydra.run.dir={tmp_path}", *TINY], cwd=ROOT, env=ENV, capture_output=True,
+                              text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: distributed=local: process 0 could not serve the coordination service on port {port} (it " \
+           f"exited with code" in proc.stderr and "is the port in use?); pick a free port in " \
+           "distributed.coordinator_address" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
