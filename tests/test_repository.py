@@ -34,3 +34,25 @@ def test_run_outputs_are_ignored_and_the_gitkeep_is_not():
     ignored = git("check-ignore", "--no-index", *RUN_OUTPUTS).stdout.splitlines()
     assert ignored == RUN_OUTPUTS
     assert git("check-ignore", "--no-index", "outputs/.gitkeep").returncode == 1  # 1: not ignored
+
+
+HEADED = sorted(p for group in ("experiment", "hparams_search", "debug", "model")
+                for p in (ROOT / "conf" / group).glob("*.yaml") if group != "model" or p.stem in ("ranking", "sequential"))
+
+
+@pytest.mark.parametrize("path", HEADED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_runnable_config_opens_with_run_takes_expect_and_at_most_three_lines_of_why(path):
+    """The config header form of the docs: the command, how long it takes, what it should reach, then at most
+    three lines of why (search histories live in docs/results/)."""
+    lines = path.read_text().splitlines()
+    if lines and lines[0].startswith("# @package"):
+        lines = lines[1:]
+    header = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    assert [h.split(":")[0] for h in header[:3]] == ["# Run", "# Takes", "# Expect"], header[:3]
+    assert header[0].startswith("# Run:    python -m runner "), header[0]
+    assert all(len(h.split(":", 1)[1].strip()) > 0 for h in header[:3]), header[:3]
+    assert len(header) <= 6, f"{len(header) - 3} lines of why after Run/Takes/Expect; at most 3"
