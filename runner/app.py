@@ -1,7 +1,6 @@
 """compose -> validate -> build -> train -> return the objective. ``runner.__main__`` calls ``run``."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -73,7 +72,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
             say(note)
         # Several processes: a failure ends this one now, clearly; an embedding optimizer's failure is one message.
-        with distributed.fail_fast(tracker), failures.named(program), _preemption() as preemption:
+        with distributed.fail_fast(tracker), failures.named(program), Preemption() as preemption:
             result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt, preemption=preemption)
             if cfg.distributed.dump_state:
                 distributed.dump_state(result["state"], out / "final_state.npz")
@@ -115,15 +114,6 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     # A sweep gets the objective of the state selected on validation when the run selects, else the final one's.
     objective = s.get(f"best/{name}", s.get(name))
     return float(objective) if objective is not None else float("nan")
-
-
-@contextlib.contextmanager
-def _preemption():
-    p = Preemption()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def _epochs(b: budget.Budget, steps: int) -> str:

@@ -31,6 +31,7 @@ from jax._src.distributed import global_state  # the settings jax.distributed ru
 from .core.mesh import MeshPlan
 from .core.placement import fetch
 from .errors import DistributedError
+from .launch import free_port
 
 log = logging.getLogger("runner")
 
@@ -92,7 +93,7 @@ def initialize(d: Any) -> None:
     if pid == 0:
         _serve(d, address, n)
         # JAX starts a service in process 0 as well: bound to a port of its own, nobody connects to it
-        kwargs["coordinator_bind_address"] = f"127.0.0.1:{_free_port()}"
+        kwargs["coordinator_bind_address"] = f"127.0.0.1:{free_port()}"
     else:
         _wait_for_coordinator(d, address, pid)
     try:
@@ -166,12 +167,6 @@ def _serve(d: Any, address: str, n: int) -> None:
     except OSError as e:
         raise DistributedError(f"distributed={d.kind}: process 0 could not serve the coordination service on "
                                f"port {port} ({e}); pick a free port in distributed.coordinator_address") from None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_coordinator(d: Any, address: str, pid: int) -> None:

@@ -248,11 +248,7 @@ class Checkpoints:
         msg = f"step {step} ({_summary(e)})"
         what = "left in place (not this run's checkpoint.dir)"
         if own:
-            dest = self.directory / "_corrupt" / f"{step}"
-            n = 0
-            while dest.exists():
-                n += 1
-                dest = self.directory / "_corrupt" / f"{step}.{n}"
+            dest = trash.vacant(self.directory / "_corrupt" / f"{step}")
             what = f"moved to {dest}"
             if jax.process_index() == 0:
                 dest.parent.mkdir(parents=True, exist_ok=True)

@@ -119,10 +119,7 @@ def _set_aside_metrics(path: Path) -> None:
     that died before its first checkpoint committed; appended to, its steps would repeat. They are moved aside."""
     if not (path.exists() and path.stat().st_size):
         return
-    dest, n = path.with_name(path.name + ".before-restart"), 0
-    while dest.exists():
-        n += 1
-        dest = path.with_name(f"{path.name}.before-restart.{n}")
+    dest = trash.vacant(path.with_name(path.name + ".before-restart"))
     os.replace(path, dest)
     log.warning("%s holds %d rows of an earlier launch that committed no checkpoint; moved to %s, this run starts "
                 "from step 0", path, len(dest.read_text().splitlines()), dest)

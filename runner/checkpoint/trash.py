@@ -40,13 +40,19 @@ def empty(directory: Path, *, report: bool = False) -> list[str]:
     return names
 
 
-def discard(step_dir: Path) -> None:
-    """Move a step out of its checkpoint directory (one rename), then remove it."""
-    dest = step_dir.parent / TRASH / step_dir.name
-    n = 0
+def vacant(path: Path) -> Path:
+    """``path``, or the first of ``path.1``, ``path.2``, ... that does not exist: where to move something
+    aside without overwriting what an earlier launch moved there."""
+    dest, n = path, 0
     while dest.exists():
         n += 1
-        dest = dest.with_name(f"{step_dir.name}.{n}")
+        dest = path.with_name(f"{path.name}.{n}")
+    return dest
+
+
+def discard(step_dir: Path) -> None:
+    """Move a step out of its checkpoint directory (one rename), then remove it."""
+    dest = vacant(step_dir.parent / TRASH / step_dir.name)
     dest.parent.mkdir(exist_ok=True)
     os.replace(step_dir, dest)
     _remove(dest)

@@ -34,6 +34,12 @@ class Preemption:
             return bool(multihost_utils.reached_preemption_sync_point(step))
         return self.flag.is_set()
 
+    def __enter__(self) -> "Preemption":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         """Put back the SIGTERM handler that was there before (one process)."""
         if self.previous is not None:
