@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._lazy import P, jax, jnp
 from .protocol import AsyncEmbGradientUpdate
+from .scopes import in_phase
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,6 +35,7 @@ def dedupe_method(num_tokens: int, vocab: int) -> str:
     return "packed" if (vocab + 1) * max(num_tokens, 1) - 1 <= _INT32_MAX else "search"
 
 
+@in_phase("dedupe")
 def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
            method: str | None = None) -> tuple[jax.Array, jax.Array]:
     """Static-size unique of a batch's ids.
@@ -158,6 +160,7 @@ def record_for(ctx: AsyncEmbContext, token_ids: Any) -> tuple["np.ndarray", "np.
     return unique, seg
 
 
+@in_phase("segment_sum")
 def segment_sum(grads: jax.Array, segment_ids: jax.Array, num_unique: int) -> jax.Array:
     """fp32 sum of per-token gradients into their unique rows; padding tokens (-1) are dropped."""
     seg = jnp.where(segment_ids < 0, num_unique, segment_ids)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from ._lazy import jax, jnp, lax
+from .scopes import in_phase
 
 if TYPE_CHECKING:
     from .context import AsyncEmbContext
@@ -30,6 +31,7 @@ class Buckets(NamedTuple):
     peak: jax.Array  # int32: the most ids bound for one shard (the capacity this batch needed)
 
 
+@in_phase("routing")
 def bucket(ctx: AsyncEmbContext, unique: jax.Array, slots: int | None = None, offset: jax.Array | int = 0) -> Buckets:
     """Bucket sorted unique ids (padded with ``ctx.stored_rows``) by owning row shard, ``slots`` (default
     ``ctx.route_slots``) per shard. ``offset`` (may be traced): the slots hold each shard's ids from that
@@ -50,6 +52,7 @@ def bucket(ctx: AsyncEmbContext, unique: jax.Array, slots: int | None = None, of
     return Buckets(send, slot, overflow, jnp.max(counts).astype(jnp.int32))
 
 
+@in_phase("routing")
 def rounds_needed(ctx: AsyncEmbContext, b: Buckets, slots: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(rounds, overflow, peak)`` over the whole mesh (one all-gather): the rounds of ``slots`` per shard
     that route every id of the most crowded (device, shard) pair (1 when nothing overflows), the ids past
@@ -59,6 +62,7 @@ def rounds_needed(ctx: AsyncEmbContext, b: Buckets, slots: int) -> tuple[jax.Arr
     return jnp.maximum(-(-peak // slots), 1), overflow, peak
 
 
+@in_phase("routing")
 def exchange(ctx: AsyncEmbContext, x: jax.Array) -> jax.Array:
     """``[shards, C, ...]`` -> ``[shards, C, ...]``: slot block k goes to table shard k; block k of the
     result came from table shard k (all-to-all over the table axis)."""
@@ -70,6 +74,13 @@ def data_axes(ctx: AsyncEmbContext) -> tuple[str, ...]:
     return tuple(a for a in ctx.batch_axes if a != ctx.table_axis and ctx.mesh.shape[a] > 1)
 
 
+@in_phase("routing")
+def gather_over_table(ctx: AsyncEmbContext, x: jax.Array) -> jax.Array:
+    """``[C, ...]`` -> ``[shards, C, ...]``: every table shard's ``x`` (all-gather over the table axis)."""
+    return lax.all_gather(x, ctx.table_axis, axis=0)
+
+
+@in_phase("routing")
 def gather_over_data(ctx: AsyncEmbContext, x: jax.Array) -> jax.Array:
     """An owner's received slots from every data group (the table is replicated over the data axes)."""
     axes = data_axes(ctx)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .._lazy import P, jax, jnp, lax
 from ..protocol import AsyncEmbGradientUpdate
 from ..record import dedupe, device_record, num_unique_for, segment_sum, without_padding_id
-from ..routing import exchange, gather_over_data, route_peak, to_tokens
+from ..routing import exchange, gather_over_data, gather_over_table, route_peak, to_tokens
 from ..row_update import Touched, write_rows
 from .base import ROUTE_METRICS, Layout, per_device_lookup, sharded_update
 from .choices import TableLayout
@@ -127,7 +127,7 @@ def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     distinct, overflow = past_exchange(ctx, unique, slots)
 
     def fetch(c: int) -> jax.Array:  # [U, width]: the first c unique ids' rows; the rest zeros
-        wanted = lax.all_gather(unique[:c], ctx.table_axis, axis=0)  # [shards, c]: every table-group device's ids
+        wanted = gather_over_table(ctx, unique[:c])  # [shards, c]: every table-group device's ids
         part = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)  # [shards, c, width / shards]
         got = exchange(ctx, part)  # [shards, c, width / shards]: block k is shard k's slice of my rows
         urows = jnp.moveaxis(got, 0, 1).reshape(c, -1)  # [c, width]: slices in column order
@@ -172,7 +172,7 @@ def _kernel(opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
         [S, width / shards]), padded to ``pad_to`` rows (ids ``ctx.stored_rows``, gradients 0)."""
         gc = jnp.moveaxis(g[:c].reshape(c, shards, width // shards), 1, 0)  # [shards, c, width / shards]
         g_in = gather_over_data(ctx, exchange(ctx, gc)).reshape(-1, width // shards)
-        rows_in = gather_over_data(ctx, lax.all_gather(unique[:c], ctx.table_axis, axis=0)).reshape(-1)
+        rows_in = gather_over_data(ctx, gather_over_table(ctx, unique[:c])).reshape(-1)
         s = owner_size(c)
         ids, oseg = dedupe(rows_in, ctx.stored_rows, s, pad_id=None)
         g_own = segment_sum(g_in, oseg, s)  # every device's gradient slice for each row
