@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ._lazy import jax, jnp, lax
 from .rounding import rounding_bits, stochastic_round_bf16
+from .scopes import phase
 
 if TYPE_CHECKING:
     from .context import AsyncEmbContext
@@ -58,8 +59,9 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
     table axis) move those rows only."""
     ids, local, owned, g = touched
     axis = ctx.table_axis if ctx.sharded else None
-    row_sq = jnp.sum(g * g, axis=-1)  # one pass over g serves the norm and any rule that needs sum(g**2)
-    sq = jnp.sum(row_sq)  # summed over the shards below, with the rule's check: each summed its rows or columns
+    with phase("gate"):  # one pass over g serves the norm and any rule that needs sum(g**2)
+        row_sq = _row_sums(g * g)
+        sq = _row_sums(row_sq)  # summed over the shards below, with the rule's check: each its rows or columns
 
     n_local = table.shape[0]
     local = jnp.where(owned, local, n_local)  # out of range: gathers fill, scatters drop
@@ -81,21 +83,24 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
     def rule(local, ids, g, row_sq, owned):
         """New rows (float32, or rounded to the table's bfloat16) and state for these rows, and how many of
         the owned ones hold a non-finite value (as stored)."""
-        rows = table.at[local].get(mode="fill", fill_value=0, unique_indices=True).astype(jnp.float32)
-        row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True),
-                                 state.rows)
-        rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq))
-        new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
-        if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
-            cols = jnp.arange(table.shape[1], dtype=jnp.int32)
-            if axis is not None and ctx.layout.splits_width:
-                cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
-            new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
+        with phase("gather"):
+            rows = table.at[local].get(mode="fill", fill_value=0, unique_indices=True).astype(jnp.float32)
+            row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True),
+                                     state.rows)
+        with phase("rule"):
+            rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq))
+            new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
+            if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
+                cols = jnp.arange(table.shape[1], dtype=jnp.int32)
+                if axis is not None and ctx.layout.splits_width:
+                    cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
+                new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
         # The gate covers the rule's output: an update whose new rows or state would not be finite (as
         # stored) writes nothing. Every shard counts its own non-finite touched rows; a psum decides for all.
-        bad = _non_finite_rows(new_rows.astype(table.dtype), owned)
-        for leaf, new_leaf in zip(jax.tree.leaves(state.rows), jax.tree.leaves(new_row_state)):
-            bad = bad + _non_finite_rows(jnp.asarray(new_leaf).astype(leaf.dtype), owned)
+        with phase("gate"):
+            bad = _non_finite_rows(new_rows.astype(table.dtype), owned)
+            for leaf, new_leaf in zip(jax.tree.leaves(state.rows), jax.tree.leaves(new_row_state)):
+                bad = bad + _non_finite_rows(jnp.asarray(new_leaf).astype(leaf.dtype), owned)
         return new_rows, new_row_state, bad
 
     if chunk is None or chunk >= local.shape[0]:
@@ -125,16 +130,18 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
     # Invalid or not ours: an index past the end (n_local or n_local + 1, after the gate), nothing is written.
     scatter = lambda a, v: a.at[write].set(v.astype(a.dtype), mode="drop", unique_indices=True)  # noqa: E731
     refused = jnp.zeros((), jnp.int32) if lost is None else lost
-    if axis is not None:  # one all-reduce for all three (counts as float32: exact below 2**24 rows a step)
-        sq, bad, refused = lax.psum(jnp.stack([sq, bad.astype(jnp.float32), refused.astype(jnp.float32)]), axis)
-        bad, refused = bad.astype(jnp.int32), refused.astype(jnp.int32)
-    norm = jnp.sqrt(sq)
-    valid = jnp.isfinite(norm) & pending & (bad == 0) & (refused == 0)
-    write = jnp.where(valid & owned, local, n_local + _gate_bit(gate))
-    table = scatter(table, new_rows)
-    new_state = EmbOptState(jax.tree.map(scatter, state.rows, new_row_state),
-                            jnp.where(valid, step, state.count))
-    rows_updated = jnp.sum(valid & owned).astype(jnp.int32).reshape(1)
+    with phase("gate"):
+        if axis is not None:  # one all-reduce for all three (counts as float32: exact below 2**24 rows a step)
+            sq, bad, refused = lax.psum(jnp.stack([sq, bad.astype(jnp.float32), refused.astype(jnp.float32)]), axis)
+            bad, refused = bad.astype(jnp.int32), refused.astype(jnp.int32)
+        norm = jnp.sqrt(sq)
+        valid = jnp.isfinite(norm) & pending & (bad == 0) & (refused == 0)
+    with phase("scatter"):
+        write = jnp.where(valid & owned, local, n_local + _gate_bit(gate))
+        table = scatter(table, new_rows)
+        new_state = EmbOptState(jax.tree.map(scatter, state.rows, new_row_state),
+                                jnp.where(valid, step, state.count))
+        rows_updated = jnp.sum(valid & owned).astype(jnp.int32).reshape(1)
     out = (table, new_state, norm, valid, rows_updated)
     return out if lost is None else (*out, refused)
 
@@ -148,6 +155,13 @@ def _gate_bit(gate: jax.Array) -> jax.Array:
     """
     bits = lax.bitcast_convert_type(jnp.ravel(jnp.asarray(gate))[0].astype(jnp.float32), jnp.uint32)
     return (bits >> 31).astype(jnp.int32)
+
+
+def _row_sums(x: jax.Array) -> jax.Array:
+    """Sums over the last axis as a product with ones (full float32 precision): on XLA:CPU a dot runs as one
+    fused kernel, where a reduce there materialises its input first and takes a few times longer."""
+    ones = jnp.ones((x.shape[-1],), jnp.float32)
+    return jnp.dot(x.astype(jnp.float32), ones, precision=lax.Precision.HIGHEST)
 
 
 def _non_finite_rows(x: jax.Array, owned: jax.Array) -> jax.Array:
