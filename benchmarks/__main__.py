@@ -129,8 +129,15 @@ def main(argv=None) -> int:
     p.add_argument("--only", action="append", choices=names, metavar="NAME",
                    help=f"run only this benchmark (repeatable): {', '.join(names)}")
     p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
+    p.add_argument("--compare", metavar="REF", help="time this tree's fused update against commit REF, alternately")
+    p.add_argument("--rounds", type=int, default=4, help="--compare: alternating rounds (default 4)")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # (internal) --quick's one process
     a = p.parse_args(argv)
+    if a.compare:
+        from .compare import compare  # noqa: PLC0415
+
+        compare(a.compare, a.rounds, a.quick)
+        return 0
     chosen = a.only or names
     if a.in_process:
         return run_here(chosen, a.quick, a.out)
