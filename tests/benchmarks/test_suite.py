@@ -144,3 +144,16 @@ def test_zipf_ids_are_in_range_and_skewed():
 
 def test_md_table():
     assert common.md_table(["a", "b"], [[1, "x"], [2, "y"]]) == "| a | b |\n|---|---|\n| 1 | x |\n| 2 | y |"
+
+
+@pytest.mark.slow
+def test_quick_suite_times_every_phase_of_each_variant(quick_results):
+    data = json.loads((quick_results / "phases.json").read_text())
+    from optimizers.scopes import PHASES
+
+    assert {r["variant"] for r in data["results"]} == {"one device", "row routed", "column"}
+    for r in data["results"]:
+        assert set(r["phase_ms"]) == {*PHASES, "other"} and all(v >= 0 for v in r["phase_ms"].values())
+        assert r["phase_ms"]["scatter"] > 0 and r["phase_ms"]["dedupe"] > 0, r
+        assert (r["phase_ms"]["routing"] > 0) == (r["variant"] != "one device"), r
+    assert "| async_rowwise_adagrad | row routed |" in (quick_results / "phases.md").read_text()
