@@ -6,7 +6,9 @@ variant with ``jax.profiler`` and charges every executed XLA op's self time (its
 inside it: a loop's body is charged to its own phases) to the phase its ``op_name`` metadata names in the
 compiled HLO; ops of no phase (building the record around the dedupe, moving the batch) are ``other``.
 Ops run concurrently on the CPU thread pool, so the phase times add up to more than the step's wall time:
-read the shares, and compare runs of this script with one another, not with the wall time.
+read the shares, and compare runs of this script with one another, not with the wall time. On the sharded
+layouts a collective's time includes waiting for the slowest device (the 8 virtual devices share 2 cores), so
+``routing`` and ``gate`` (whose all-reduce decides for every shard) also hold the other devices' skew.
 
 The step is the sharded benchmark's (``benchmarks/sharded.py``): the update record from the batch's ids and
 per-token gradients, then the fused update; V = 1M rows, D = 64, B = 16,384 Zipf(1.1) ids. ``one device``
