@@ -101,17 +101,16 @@ def permuted_tables(cfg: DictConfig, plan: MeshPlan | None, names: list[str]) ->
     return out
 
 
-def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None,
-                permuted: dict[str, bool] | None = None) -> dict[str, TableSpec]:
-    """Each table's rows, width and tokens per example; rows padded so row shards divide evenly. ``permuted``:
-    per table, whether its ids are permuted (default: ``permuted_tables``)."""
+def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, TableSpec]:
+    """Each table's rows, width and tokens per example; rows padded so row shards divide evenly; ids permuted
+    per ``permuted_tables``."""
     needs = task.tables()
     unknown = sorted(set(cfg.model.tables) - set(needs))
     if unknown:
         raise PreflightError(f"model.tables names {unknown}, which this data source does not use; "
                                        f"its tables are {sorted(needs)}")
     shards = plan.table_shards if plan is not None and plan.layout.splits_rows and cfg.mesh.pad_vocab else 1
-    permuted = permuted_tables(cfg, plan, list(needs)) if permuted is None else permuted
+    permuted = permuted_tables(cfg, plan, list(needs))
     specs = {}
     for name, (id_range, tokens) in needs.items():
         t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
