@@ -41,6 +41,22 @@ VARIANTS = {
 SAMPLED = 8  # batches whose ids size the slots, as runner.build.route_peaks does (the first ones)
 
 
+def runner_default(layout: str | None, routing: str | None, capacity: float | None, permuted: bool,
+                   sampled: bool) -> bool:
+    """Whether a variant is what the runner does with its default mesh settings on that layout
+    (``runner.config.MeshConfig``: its routing and ``route_capacity`` x the sampled peak, and ``permute_ids``,
+    whose ``auto`` permutes the ids exactly where rows are split over several shards)."""
+    from runner.config import MeshConfig, permute_ids_setting
+
+    m = MeshConfig()
+    setting = permute_ids_setting(m.permute_ids)
+    if permuted != (setting == "true" or (setting == "auto" and layout == "row")):
+        return False
+    if layout is None:  # one device: nothing to route or size
+        return True
+    return sampled and capacity == m.route_capacity and (layout != "row" or routing == str(m.routing))
+
+
 def child(p: dict) -> dict:
     common.set_cpu_devices(8)
     import jax
@@ -139,7 +155,8 @@ def child(p: dict) -> dict:
             base = "single-perm" if permuted else "single"
             minimum = ctx.layout.min_collective_bytes(ctx, unique_dev, unique, row_stats="rowwise" in name)
             results.append({
-                "optimizer": name, "variant": var, "layout": layout or "single", "routing": routing,
+                "optimizer": name, "variant": var, "default": runner_default(layout, routing, cap, permuted, sampled),
+                "layout": layout or "single", "routing": routing,
                 "route_capacity": cap, "permuted": permuted, "sampled": sampled,
                 "route_peak": ctx.route_peak if ctx.counts_routes else None, "step": st, "rows_per_s": unique / st["median"],
                 "vs_single": common.paired_ratio(times[base], times[var]), "valid": valid, "refused": refused,
@@ -184,14 +201,17 @@ def run(quick: bool, out: Path) -> dict:
                                          f"peak ({r['route_slots']} ids a device): collective bytes / analytic minimum",
                                          r["bytes_vs_minimum"], 1.5, "lower"))
     data = {"config": cfg, **res, "targets": targets}
-    head = ["optimizer", "variant", "step ms median (min-max)", "rows/s", "speed vs 1 device (x)",
+    from runner.config import MeshConfig
+
+    mesh = MeshConfig()  # the runner's default mesh settings, which the `runner default` column marks
+    head = ["optimizer", "variant", "runner default", "step ms median (min-max)", "rows/s", "speed vs 1 device (x)",
             "collective MB / device / step (kinds)", "x analytic minimum", "rows updated per shard max / mean",
             "slots per destination (column: ids a device exchanges)", "valid (refused)", "rerouted steps"]
     rows = []
     for r in res["results"]:
         b = r["collective_bytes"]
         kinds = ", ".join(f"{k} {v / 1e6:.3g}" for k, v in b.items() if v and k != "total")
-        rows.append([r["optimizer"], r["variant"], common.spread(r["step"]), f"{r['rows_per_s']:,.0f}",
+        rows.append([r["optimizer"], r["variant"], "yes" if r["default"] else "", common.spread(r["step"]), f"{r['rows_per_s']:,.0f}",
                      common.spread(r["vs_single"], 1, "{:.2f}"),
                      f"{b['total'] / 1e6:.3g} ({kinds})" if b["total"] else "-",
                      f"{r['bytes_vs_minimum']:.2f}" if r["bytes_vs_minimum"] else "-",
@@ -227,7 +247,11 @@ def run(quick: bool, out: Path) -> dict:
             f"routes the rest in further rounds of the same slots (`rerouted steps` counts the timed ones); `refused` counts "
             f"ids an update could not deliver (it was then refused whole). `column`: each device exchanges its "
             f"first 1.2 x the most distinct ids one device held in the first {SAMPLED} batches (the runner's "
-            f"sizing); a step where some device holds more exchanges every device's whole buffer.\n\n"
+            f"sizing); a step where some device holds more exchanges every device's whole buffer. `runner default`: "
+            f"the variant that is what the runner does with its default mesh settings on that layout (routing "
+            f"{mesh.routing}, slots `mesh.route_capacity` = {mesh.route_capacity:g} x the sampled peak, and "
+            f"`mesh.permute_ids=auto`, which permutes the ids on the row layout and not on one device or the "
+            f"column layout); `default` in the JSON.\n\n"
             + common.md_table(head, rows) + "\n\n" + common.md_table(
                 ["target", "measured", "wanted", ""], [common.target_row(t) for t in targets])
             + "\n\n![sharded](sharded.png)\n")

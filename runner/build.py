@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from typing import Any, NamedTuple
 
 import hydra
@@ -17,6 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from optimizers import AsyncEmbContext
 
 from . import budget, preflight
+from . import config as schemas
+from .checkpoint import meta as checkpoint_meta
 from .config import ROUTE_SAMPLE_BATCHES, TableConfig
 from .core.dense_optimizer import DenseOptimizer
 from .core.embeddings import TableSpec, stored_rows
@@ -24,6 +27,8 @@ from .core.mesh import MeshPlan, build_mesh, resolve_axes
 from .core.step import TrainProgram
 from .errors import PreflightError
 from .tasks import make_task
+
+log = logging.getLogger("runner")
 
 
 def apply_cpu_devices(cfg: DictConfig) -> None:
@@ -70,14 +75,42 @@ def emb_optimizers(cfg: DictConfig, table_names: list[str], configured: tuple | 
     return {name: overrides.get(name, default) for name in table_names}
 
 
+def permuted_tables(cfg: DictConfig, plan: MeshPlan | None, names: list[str]) -> dict[str, bool]:
+    """Per table, whether its ids are permuted (``TableSpec.permute_ids``), from ``mesh.permute_ids``: true or
+    false for every table; auto: as the checkpoint this run resumes records it (``meta.resumed_tables``; no key:
+    an older checkpoint, unpermuted), else where its rows are split over several shards (the row layout on a
+    table axis of more than one: hot Zipf ids would all land in the first shard), never on one device or the
+    column layout (every shard holds every row, so it would only cost time). A resume whose order differs
+    from a new run's is noted in one line."""
+    setting = schemas.permute_ids_setting(cfg.mesh.permute_ids)
+    if setting != "auto":
+        return dict.fromkeys(names, setting == "true")
+    split = plan is not None and plan.layout.splits_rows
+    fresh = dict.fromkeys(names, split)
+    resumed = checkpoint_meta.resumed_tables(cfg)
+    if resumed is None:
+        return fresh
+    where, recorded = resumed
+    out = {n: bool(recorded[n].get("permute_ids", False)) if isinstance(recorded.get(n), dict) else fresh[n]
+           for n in names}
+    kept = [n for n in names if out[n] != fresh[n]]
+    if kept and jax.process_index() == 0:
+        log.info("mesh.permute_ids=auto: resuming %s in the row order it was written in: the ids of %s are %s; a "
+                 "new run on this mesh would %s", where, ", ".join(kept), "unpermuted" if split else "permuted",
+                 "permute them to spread hot ids over the row shards" if split else "not permute them")
+    return out
+
+
 def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, TableSpec]:
-    """Each table's rows, width and tokens per example; rows padded so row shards divide evenly."""
+    """Each table's rows, width and tokens per example; rows padded so row shards divide evenly; ids permuted
+    per ``permuted_tables``."""
     needs = task.tables()
     unknown = sorted(set(cfg.model.tables) - set(needs))
     if unknown:
         raise PreflightError(f"model.tables names {unknown}, which this data source does not use; "
                                        f"its tables are {sorted(needs)}")
     shards = plan.table_shards if plan is not None and plan.layout.splits_rows and cfg.mesh.pad_vocab else 1
+    permuted = permuted_tables(cfg, plan, list(needs))
     specs = {}
     for name, (id_range, tokens) in needs.items():
         t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
@@ -88,7 +121,7 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
                 f"the table needs >= {id_range + 1} rows (row 0 is padding); raise it or set it to null")
         specs[name] = TableSpec(name, vocab, t.width or cfg.model.emb_width, tokens,
                                 rows=-(-vocab // shards) * shards, dtype=t.dtype, init_scale=t.init_scale,
-                                permute_ids=bool(cfg.mesh.permute_ids))
+                                permute_ids=permuted[name])
     return specs
 
 

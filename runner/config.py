@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -93,11 +93,12 @@ class MeshConfig:
     table_layout: TableLayout = TableLayout.row  # row: each shard owns a block of rows; column: a slice of the width
     pad_vocab: bool = True  # row layout: pad table rows up to a multiple of the table shards
     routing: Routing = Routing.alltoall  # row layout: how ids reach the shard that owns their row
-    # Store id i in row optimizers.routing.permute_ids(i, vocab) (a fixed bijection of [1, vocab), 0 stays), so
-    # the hot small ids of Zipf data spread over the row shards instead of all landing on the first one. Any
-    # layout (it only changes the load of the row layout); the same numbers are learned either way (initial
-    # values follow the id). Checkpoints store rows in this order: a resume must keep the value they record.
-    permute_ids: bool = False
+    # auto | true | false (permute_ids_setting). true: store id i in row optimizers.routing.permute_ids(i, vocab)
+    # (a fixed bijection of [1, vocab), 0 stays), so the hot small ids of Zipf data spread over the row shards
+    # instead of all landing on the first one; the same numbers are learned either way (initial values follow
+    # the id). auto: a new run permutes the tables whose rows are split over several shards (row layout), a
+    # resume keeps the order its checkpoint records (runner.build.permuted_tables). true/false must match it.
+    permute_ids: Union[bool, str] = "auto"
     route_capacity: float = hparam(
         ROUTE_CAPACITY, "row layout, alltoall routing: slots for the ids one device sends each table shard per step, as a "
         f"multiple of the most it sent one shard in the first {ROUTE_SAMPLE_BATCHES} train batches (sampled before "
@@ -108,6 +109,16 @@ class MeshConfig:
     # device) than its slots
     cpu_devices: Optional[int] = hparam(None, "virtual CPU devices to create before JAX starts; CPU only",
                                         low=1, high=MAX_CPU_DEVICES)
+
+
+PERMUTE_IDS = ("auto", "true", "false")  # the words of mesh.permute_ids
+
+
+def permute_ids_setting(value: Any) -> str | None:
+    """``mesh.permute_ids`` as one of ``PERMUTE_IDS`` (a bool, from ``mesh.permute_ids=true``, as its word), or
+    None for any other value."""
+    word = str(value).lower() if isinstance(value, bool) else value
+    return word if isinstance(word, str) and word in PERMUTE_IDS else None
 
 
 @dataclass

@@ -156,6 +156,9 @@ def check_config(cfg: DictConfig) -> None:
     errors += section_problems(cfg.trainer, schemas.TrainerConfig, "trainer.")
     errors += section_problems(cfg.dense_optimizer, schemas.DenseOptimizerConfig, "dense_optimizer.")
     errors += section_problems(cfg.mesh, schemas.MeshConfig, "mesh.")
+    if schemas.permute_ids_setting(cfg.mesh.get("permute_ids")) is None:
+        errors.append(f"mesh.permute_ids={cfg.mesh.get('permute_ids')!r} is not one of {', '.join(schemas.PERMUTE_IDS)} "
+                      f"(auto: permute the ids of row-sharded tables, resume a checkpoint in its own order)")
     model_schema = MODEL_SCHEMAS.get(cfg.model.get("name"))
     if model_schema is not None:
         errors += section_problems(cfg.model, model_schema, "model.")

@@ -73,8 +73,9 @@ def versions() -> dict[str, str]:
 
 
 def tables_of(program: Any) -> dict[str, dict[str, Any]]:
-    """Each table's facts a resume must match. ``permute_ids``: the stored rows are in the order of
-    ``mesh.permute_ids`` (a checkpoint from before the setting has no such key: unpermuted)."""
+    """Each table's facts a resume must match. ``permute_ids``: whether the stored rows are permuted
+    (``mesh.permute_ids`` as the run resolved it; a checkpoint from before the setting has no such key:
+    unpermuted)."""
     return {n: {"vocab": s.vocab, "rows": s.rows, "width": s.width, "dtype": s.dtype,
                 "optimizer": type(program.emb_optimizers[n]).__name__,
                 "tokens_per_batch": program.contexts[n].tokens_per_batch, "permute_ids": bool(s.permute_ids)}
@@ -153,7 +154,8 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
         if permuted != ours[name]["permute_ids"]:
             problems.append(f"table '{name}' permute_ids (mesh.permute_ids): the checkpoint has {permuted}, this "
                             f"config has {ours[name]['permute_ids']}; its rows are stored in that order, so "
-                            f"resume it with mesh.permute_ids={str(permuted).lower()}")
+                            f"resume it with mesh.permute_ids={str(permuted).lower()} or mesh.permute_ids=auto "
+                            f"(which follows the checkpoint)")
     if problems:
         raise PreflightError(incompatible(where, problems))
 
@@ -303,6 +305,36 @@ def check_writable(directory: Path) -> None:
         raise PreflightError(
             f"checkpoint.dir={directory} is not writable ({e.strerror or e}); point checkpoint.dir at a writable "
             f"directory with free space, or turn checkpoints off with checkpoint.interval=0") from None
+
+
+def directory_of(cfg: DictConfig) -> Path:
+    """``checkpoint.dir``, else ``outputs/checkpoints/<run id>``: where this run saves and ``resume=auto`` looks."""
+    return Path(cfg.checkpoint.dir or Path("outputs/checkpoints") / run_id(cfg)).absolute()
+
+
+def resumed_tables(cfg: DictConfig) -> tuple[str, dict[str, Any]] | None:
+    """(step directory, its meta ``tables``) of the checkpoint this run would resume from, read before the
+    tables are built (``mesh.permute_ids=auto`` follows the order it records), or None: a new run, or nothing
+    readable there (the restore reports why). The newest step whose meta reads, as the restore picks it."""
+    c = cfg.checkpoint
+    try:
+        if resume_path(cfg) is not None:
+            directory, steps = resume_source(Path(resume_path(cfg)))
+        elif str(c.resume) == "auto" and c.interval > 0 and directory_of(cfg).is_dir():
+            directory = directory_of(cfg)
+            steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit() and (p / "meta").is_dir()]
+        else:
+            return None
+    except PreflightError:
+        return None  # not a checkpoint: opening it says so
+    for step in sorted(steps, reverse=True):
+        try:
+            tables = json.loads((directory / str(step) / "meta" / "metadata").read_text())["tables"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(tables, Mapping):
+            return str(directory / str(step)), dict(tables)
+    return None
 
 
 def resume_source(path: Path) -> tuple[Path, list[int]]:

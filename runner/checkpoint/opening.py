@@ -34,7 +34,7 @@ def open_with_orbax(cfg: DictConfig, program, plan, output_dir: str | os.PathLik
     drills.check()
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every step of every save at INFO
     quiet.install_quiet_hooks()
-    directory = Path(c.dir or Path("outputs/checkpoints") / meta_lib.run_id(cfg)).absolute()
+    directory = meta_lib.directory_of(cfg)
     path = meta_lib.resume_path(cfg)
     source = None if path is None else meta_lib.resume_source(Path(path))  # before any thread
     data = None if data_file is None else data_lib.fingerprint(data_file)

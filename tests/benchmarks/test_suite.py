@@ -59,6 +59,10 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
         assert r["mesh"] == ("data=1" if r["devices"] == 1 else "data=1xtable=8"), r
     sharded = json.loads((out / "sharded.json").read_text())["results"]
     assert {r["layout"] for r in sharded} == {"single", "row", "column"}
+    # the runner's default mesh settings per layout: routed, 1.2 x the sampled peak, ids permuted on the row layout
+    assert {r["variant"] for r in sharded if r["default"] is True} == {"single", "row-a2a-perm", "column"}
+    assert all(r["default"] is False for r in sharded if r["variant"] not in ("single", "row-a2a-perm", "column"))
+    assert "| async_rowwise_adagrad | row-a2a-perm | yes |" in (out / "sharded.md").read_text()
     prec = json.loads((out / "precision.json").read_text())
     assert prec["memory_ratio_bf16_over_f32"] == 0.5
     assert {r["dtypes"]["items"] for r in prec["results"]} == {"float32", "bfloat16"}

@@ -76,6 +76,18 @@ def numpy_tree(tree):
     return jax.tree.map(lambda a: np.array(a), tree)
 
 
+def id_rows(spec, array) -> np.ndarray:
+    """The first ``spec.vocab`` rows of a stored table or per-row state leaf in id order (row i holds id i): as
+    stored, or under ``spec.permute_ids`` (``mesh.permute_ids``: the default on a row-sharded mesh) its rows
+    picked with ``optimizers.permute_ids``, for comparison with a one-device unpermuted run."""
+    from optimizers import permute_ids
+
+    a = np.asarray(array)
+    if not spec.permute_ids:
+        return a[: spec.vocab]
+    return a[np.asarray(permute_ids(np.arange(spec.vocab, dtype=np.int32), spec.vocab))]
+
+
 def batch_size(program) -> int:
     return program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
 

@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 from optimizers import FUSED
 from runner.build import build
 from tests.runner.support import compose_config
-from tests.runner.support import run_steps
+from tests.runner.support import id_rows, run_steps
 
 STEPS = 4
 MESHES = {
@@ -39,12 +39,13 @@ def assert_same_run(optimizer, mode, mesh):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     for name, table in state.tables.items():
         assert table.sharding.spec == EXPECTED_SPEC[mesh], (name, table.sharding.spec)
-        vocab = program.tables[name].vocab
+        spec = program.tables[name]  # row layout: ids permuted (mesh.permute_ids=auto), compared in id order
+        assert spec.permute_ids == mesh.endswith("-row"), name
         got, want = np.asarray(table), np.asarray(ref.tables[name])
-        np.testing.assert_allclose(got[:vocab], want[:vocab], rtol=1e-5, atol=1e-7)
-        assert not got[vocab:].any()  # padded rows stay zero
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a)[:vocab] if np.ndim(a) else a,
-                                                             np.asarray(b)[:vocab] if np.ndim(b) else b,
+        np.testing.assert_allclose(id_rows(spec, got), want[:spec.vocab], rtol=1e-5, atol=1e-7)
+        assert not got[spec.vocab:].any()  # padded rows stay zero
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(id_rows(spec, a) if np.ndim(a) else a,
+                                                             np.asarray(b)[:spec.vocab] if np.ndim(b) else b,
                                                              rtol=1e-5, atol=1e-7),
                      state.emb_states[name], ref.emb_states[name])
     return metrics
