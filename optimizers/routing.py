@@ -13,6 +13,7 @@ the hot ids of a Zipf distribution spread over the row shards.
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 from ._lazy import jax, jnp, lax
@@ -123,6 +124,12 @@ def _mixer(vocab: int):
     return n, bits, max(1, bits // 2)
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(relabel, vocab: int):
+    """``relabel`` (``_permute`` or ``_unpermute``) for ``vocab``, jitted."""
+    return jax.jit(functools.partial(relabel, vocab=vocab))
+
+
 def _walk(ids: jax.Array, vocab: int, step) -> jax.Array:
     """Cycle-walk ``ids`` in ``[1, vocab)`` (0 and ids outside stay): apply ``step`` to ``id - 1`` until it falls
     back into ``[0, vocab - 1)``."""
@@ -143,7 +150,13 @@ def permute_ids(ids: jax.Array, vocab: int) -> jax.Array:
     into ``[0, vocab - 1)`` (about two rounds), so the table keeps its size and no row is shared.
     ``unpermute_ids`` is its inverse. Its loop runs until every id of ``ids`` is placed: on ids split over a
     mesh, call it per device (inside ``jax.shard_map``; ``runner.core.embeddings.stored_rows`` does).
+    One compiled program per vocabulary and shape (called outside a trace, as on the host's sampled batches,
+    it is not dispatched op by op).
     """
+    return _compiled(_permute, vocab)(ids)
+
+
+def _permute(ids: jax.Array, vocab: int) -> jax.Array:
     mixer = _mixer(vocab)
     if mixer is None:
         return jnp.asarray(ids).astype(jnp.int32)
@@ -166,6 +179,10 @@ def unpermute_ids(rows: jax.Array, vocab: int) -> jax.Array:
     bit is recovered, the multiply by the multiplier's inverse modulo ``2**b``); walking the inverse cycle
     until it falls into ``[0, vocab - 1)`` undoes the cycle walk.
     """
+    return _compiled(_unpermute, vocab)(rows)
+
+
+def _unpermute(rows: jax.Array, vocab: int) -> jax.Array:
     mixer = _mixer(vocab)
     if mixer is None:
         return jnp.asarray(rows).astype(jnp.int32)

@@ -49,11 +49,17 @@ def stored_rows(spec: TableSpec, ids: jax.Array, mesh: Mesh | None = None, split
     ids = jnp.asarray(ids).astype(jnp.int32)
     if not spec.permute_ids:
         return ids
-    relabel = functools.partial(permute_ids, vocab=spec.vocab)
     if mesh is None or mesh.size == 1:
-        return relabel(ids)
+        return permute_ids(ids, spec.vocab)
+    return _relabel_per_device(spec.vocab, mesh, split)(ids)
+
+
+@functools.lru_cache(maxsize=None)
+def _relabel_per_device(vocab: int, mesh: Mesh, split: bool):
+    """``permute_ids`` run by each device on its block (``split``) or its copy of the ids, jitted once."""
     where = P(tuple(mesh.axis_names)) if split else P()
-    return jax.shard_map(relabel, mesh=mesh, in_specs=where, out_specs=where, check_vma=False)(ids)
+    return jax.jit(jax.shard_map(functools.partial(permute_ids, vocab=vocab), mesh=mesh, in_specs=where,
+                                 out_specs=where, check_vma=False))
 
 
 def in_id_order(spec: TableSpec, table: jax.Array, mesh: Mesh | None = None) -> jax.Array:

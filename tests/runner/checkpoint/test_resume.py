@@ -98,10 +98,10 @@ def copy_of(run_dir: Path, tmp: Path) -> Path:
     return tmp
 
 
-# make test-fast keeps the sharded async case, whose runs the resharded resume and the restores reuse
+# make test-fast keeps the sharded async case, whose runs the resharded resume and the restores reuse. Sync mode
+# (no deferred update in the checkpoint) runs on one device: its sharded state is the async case's less pending.
 @pytest.mark.parametrize("mesh, mode", [("2x4-row", "on"),
                                         pytest.param("single", "on", marks=pytest.mark.slow),
-                                        pytest.param("2x4-row", "off", marks=pytest.mark.slow),
                                         pytest.param("single", "off", marks=pytest.mark.slow)])
 def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
     straight, tmp = runs("straight", mode, mesh), copy_of(runs("stopped", mode, mesh), tmp_path)
