@@ -64,3 +64,56 @@ def test_the_benchmark_include_drops_the_title_and_the_load_average(checkout, tm
                                              "![step time](img/x.png)")
     with pytest.raises(Exception, match="python -m benchmarks --only missing"):
         hooks.benchmark_markdown("missing")
+
+
+def documented_runner_commands() -> list[tuple[str, list[str]]]:
+    """Every ``python -m runner ...`` (and the runner part of ``runner.launch ... -- ...``) in the code blocks of
+    the README and the guide and in the config headers, as (where, the words bash passes): ``$HOME`` expanded, other variables 0,
+    continued lines joined, comments cut; placeholders (``multirun/<date>/<time>``) skipped."""
+    import re
+    import shlex
+
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md")), *sorted((ROOT / "conf").rglob("*.yaml"))]
+    found = []
+    for path in sources:
+        lines, fenced = path.read_text().splitlines(), False
+        for i, line in enumerate(lines):
+            if path.suffix == ".md":
+                fenced = fenced != line.startswith("```")
+                text = line.strip() if fenced else ""
+            else:
+                text = line.lstrip("#").strip().removeprefix("Run:").strip() if line.startswith("#") else ""
+            if not text.startswith(("python -m runner", "WANDB_API_KEY=")) or "<" in text:
+                continue
+            j = i
+            while text.endswith("\\") and j + 1 < len(lines):  # a continued line
+                j += 1
+                text = text[:-1] + " " + lines[j].lstrip("#").strip()
+            command = text[text.index("runner"):].split(" #")[0].split("   (")[0]
+            words = shlex.split(re.sub(r"\$[A-Z_]+", "0", command.replace("$HOME", "/home/user")))  # $RANK: a number
+            module, words = words[0], words[1:]
+            if module == "runner.launch":
+                words = words[words.index("--") + 1:] if "--" in words else []
+            elif module != "runner":
+                continue
+            found.append((f"{path.relative_to(ROOT)}:{i + 1}", [w for w in words if w not in ("-m", "--multirun")]))
+    return found
+
+
+def test_every_documented_command_parses_and_composes():
+    """What a user copies from the docs into bash reaches Hydra as written: each override parses (bash passes
+    ``data.path=~/x`` with the ``~`` unexpanded, which Hydra's grammar refuses) and the config composes."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from tests.runner.support import compose_config
+
+    commands = documented_runner_commands()
+    assert len(commands) >= 30, commands
+    parser = OverridesParser.create()
+    for where, words in commands:
+        try:
+            parser.parse_overrides(words)  # a word Hydra's grammar refuses raises here
+            sweep = [w for w in words if "=" in w and "," in w.split("=", 1)[1] and not w.startswith("hydra.")]
+            compose_config([w.split(",")[0] if w in sweep else w for w in words if "=" in w], tiny=False)
+        except Exception as e:  # noqa: BLE001 - the command's place in the docs, then why
+            raise AssertionError(f"{where}: {' '.join(words)}: {e}") from None
