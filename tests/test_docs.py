@@ -68,12 +68,13 @@ def test_the_benchmark_include_drops_the_title_and_the_load_average(checkout, tm
 
 def documented_runner_commands() -> list[tuple[str, list[str]]]:
     """Every ``python -m runner ...`` (and the runner part of ``runner.launch ... -- ...``) in the code blocks of
-    the README and the guide and in the config headers, as (where, the words bash passes): ``$HOME`` expanded, other variables 0,
-    continued lines joined, comments cut; placeholders (``multirun/<date>/<time>``) skipped."""
+    the README and the guide and in the config headers, as (where, the words bash passes): ``$HOME`` expanded,
+    other variables 0, continued lines joined, comments cut; placeholders (``multirun/<date>/<time>``) skipped."""
     import re
     import shlex
 
-    sources = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md")), *sorted((ROOT / "conf").rglob("*.yaml"))]
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md")),
+               *sorted((ROOT / "conf").rglob("*.yaml"))]
     found = []
     for path in sources:
         lines, fenced = path.read_text().splitlines(), False
