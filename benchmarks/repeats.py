@@ -62,9 +62,10 @@ def main(argv=None) -> int:
         p.exit(2, f"python -m benchmarks.repeats: no benchmark results (<name>.json) in {', '.join(missing)}\n")
     rows = collect(a.dirs)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "repeats.md").write_text(report(rows, len(a.dirs)))
+    text = report(rows, len(a.dirs))
+    (a.out / "repeats.md").write_text(text)
     (a.out / "repeats.json").write_text(json.dumps({"runs": len(a.dirs), "targets": rows}, indent=1) + "\n")
-    print(report(rows, len(a.dirs)))
+    print(text)
     return 0
 
 
