@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .async_adagrad import AsyncAdagrad
 from .async_adam import AsyncAdam
+from .async_ftrl import AsyncFtrl
 from .async_rowwise_adagrad import AsyncRowwiseAdagrad
 from .async_sgd import AsyncSGD
 from .dense import Adagrad, Adam
@@ -12,6 +13,7 @@ REGISTRY: dict[str, type] = {
     "async_rowwise_adagrad": AsyncRowwiseAdagrad,
     "async_adagrad": AsyncAdagrad,
     "async_sgd": AsyncSGD,
+    "async_ftrl": AsyncFtrl,
     "adam": Adam,
     "adagrad": Adagrad,
 }

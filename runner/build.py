@@ -49,7 +49,7 @@ def _instantiate(node: DictConfig, key: str) -> Any:
         raise PreflightError(
             f"{key}={OmegaConf.to_container(node) if isinstance(node, DictConfig) else node!r} names no optimizer "
             f"class (_target_); pick one with +{group}=async_adam (or async_rowwise_adagrad, async_adagrad, "
-            f"async_sgd, adam, adagrad) or give {key}._target_=optimizers.AsyncAdam")
+            f"async_sgd, async_ftrl, adam, adagrad) or give {key}._target_=optimizers.AsyncAdam")
     try:
         return hydra.utils.instantiate(node)
     except Exception as e:  # noqa: BLE001 - InstantiationException, or whatever a user's __init__ raises

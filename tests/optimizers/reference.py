@@ -160,11 +160,51 @@ class SGDReference(Reference):
         self.table[rows] = x - self.lr * (grad + self.wd * x)
 
 
+class FtrlReference(Reference):
+    """FTRL-Proximal per coordinate, McMahan et al. (2013), Algorithm 1, with ``n**(-p)`` for ``sqrt(n)``
+    (``p = lr_power``) and ``beta`` as TensorFlow adds them; the l2 term of the denominator is ``2 * l2``
+    with ``tensorflow_l2`` (TensorFlow's convention), ``l2`` without (the paper's). At a row's first update
+    ``z`` is set to the value whose closed-form weights are the row's current values, so the first update
+    starts from them. The rule always runs on the paper's ``z``; with ``multiply_linear_by_learning_rate`` the
+    state holds ``learning_rate * z``, as the library stores it, and the weights must be the same."""
+
+    def __init__(self, table, *, learning_rate, lr_power, l1, l2, beta, initial_accumulator, tensorflow_l2,
+                 multiply_linear_by_learning_rate):
+        self.alpha, self.p, self.l1, self.beta = learning_rate, lr_power, l1, beta
+        self.l2 = 2.0 * l2 if tensorflow_l2 else l2
+        self.n0 = initial_accumulator
+        self.stored = learning_rate if multiply_linear_by_learning_rate else 1.0  # stored linear = this * z
+        super().__init__(table)
+
+    def init_state(self, num_rows, width):
+        return {"accum": np.full((num_rows, width), self.n0, np.float64), "linear": np.zeros((num_rows, width)),
+                "count": np.zeros(num_rows, np.int64)}
+
+    def weights(self, z, n):
+        """The closed form: 0 where |z| <= l1, else -(z - sign(z) l1) / ((beta + n**-p) / alpha + l2)."""
+        denom = (self.beta + n ** -self.p) / self.alpha + self.l2
+        return np.where(np.abs(z) <= self.l1, 0.0, -(z - np.sign(z) * self.l1) / denom)
+
+    def apply(self, rows, grad, step):
+        s = self.state
+        w, n, z = self.table[rows], s["accum"][rows], s["linear"][rows] / self.stored
+        fresh = s["count"][rows] == 0
+        denom = (self.beta + n ** -self.p) / self.alpha + self.l2
+        z = np.where(fresh[:, None], -(w * denom + np.sign(w) * self.l1), z)  # weights(z, n) == w
+        new_n = n + grad**2
+        sigma = (new_n ** -self.p - n ** -self.p) / self.alpha
+        z = z + grad - sigma * w
+        s["accum"][rows], s["linear"][rows] = new_n, z * self.stored
+        s["count"][rows] += 1
+        self.table[rows] = self.weights(z, new_n)
+
+
 REFERENCES: dict[str, type[Reference]] = {
     "async_adam": AdamReference,
     "async_rowwise_adagrad": RowwiseAdagradReference,
     "async_adagrad": AdagradReference,
     "async_sgd": SGDReference,
+    "async_ftrl": FtrlReference,
 }
 
 

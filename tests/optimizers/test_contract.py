@@ -40,6 +40,9 @@ CASES = [
     ("async_rowwise_adagrad", {}),
     ("async_adagrad", dict(learning_rate=0.1, eps=1e-8, initial_accumulator_value=0.2, weight_decay=0.05)),
     ("async_sgd", dict(learning_rate=0.2, weight_decay=0.1)),
+    ("async_ftrl", dict(learning_rate=0.3, lr_power=-0.5, l1=0.05, l2=0.1, beta=0.5, initial_accumulator=0.5)),
+    ("async_ftrl", dict(learning_rate=0.3, lr_power=-0.3, l1=0.05, l2=0.1, beta=0.0, initial_accumulator=0.2,
+                        tensorflow_l2=False, multiply_linear_by_learning_rate=True)),
 ]
 
 
@@ -251,12 +254,15 @@ def test_non_pending_update_changes_nothing(case, layout):
 
 
 # Hyperparameters under which a finite gradient makes the rule's result non-finite: eps=0 divides 0 by 0 on
-# a fresh row with a zero gradient; SGD's step overflows float32 for a gradient element of 2**30.
+# a fresh row with a zero gradient; SGD's step overflows float32 for a gradient element of 2**30, and so
+# does FTRL's n**(-lr_power) at lr_power=-4 (l1=0 keeps every weight non-zero, so no 0 * inf hides it).
 POISON = {
     "async_adam": dict(eps=0.0),
     "async_rowwise_adagrad": dict(eps=0.0, initial_accumulator_value=0.0),
     "async_adagrad": dict(eps=0.0, initial_accumulator_value=0.0),
     "async_sgd": dict(learning_rate=2.0**100, weight_decay=0.0),
+    # n**4 overflows float32 for a gradient element of 2**30 (n = 2**60); float64 holds it, and z's float32 does not
+    "async_ftrl": dict(lr_power=-4.0, l1=0.0),
 }
 
 

@@ -56,7 +56,8 @@ def assert_same_run(optimizer, mode, mesh):
 # every layout runs sync and async (the kernels are the same in both modes). Every optimizer on every layout, in
 # both modes, is the optimizers' own contract (tests/optimizers/test_sharded.py, in make test-fast too).
 OPTIMIZER = {("data8", "on"): "async_adam",
-             ("2x4-row", "on"): "async_adam", ("4x2-row", "off"): "async_rowwise_adagrad",
+             ("2x4-row", "on"): "async_adam", ("2x4-row", "off"): "async_ftrl",
+             ("4x2-row", "off"): "async_rowwise_adagrad",
              ("4x2-column", "on"): "async_adagrad", ("2x4-column", "off"): "async_sgd"}
 
 
