@@ -24,6 +24,7 @@ from .record import dedupe, empty_update, make_update, num_unique_for, record_fo
 from .registry import FUSED, REGISTRY, create
 from .rounding import hash2d, stochastic_round_bf16
 from .routing import permute_ids, route_peak, unpermute_ids
+from .schedules import Schedule, ScheduleKind
 from .xla import compiler_options
 
 __all__ = [
@@ -33,5 +34,5 @@ __all__ = [
     "record_token_ids", "FusedEmbOptimizer", "EmbOptState", "RowContext", "OptaxEmbOptimizer", "AsyncAdam",
     "AsyncRowwiseAdagrad", "AsyncAdagrad", "AsyncSGD", "AsyncFtrl", "Adam", "Adagrad", "REGISTRY", "FUSED", "create",
     "hparam", "Range", "problems", "ranges", "describe", "hash2d", "stochastic_round_bf16", "permute_ids",
-    "unpermute_ids", "route_peak", "compiler_options",
+    "unpermute_ids", "route_peak", "compiler_options", "Schedule", "ScheduleKind",
 ]

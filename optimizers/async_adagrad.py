@@ -11,6 +11,7 @@ from typing import NamedTuple
 from ._lazy import jax, jnp
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
+from .schedules import Schedule
 
 
 class AdagradRows(NamedTuple):
@@ -29,6 +30,8 @@ class AsyncAdagrad(FusedEmbOptimizer):
     initial_accumulator_value: float = hparam(0.1, "every element's accumulator before its first touch", low=0.0)
     weight_decay: float = hparam(0.0, "decay of a row, times the learning rate, applied lazily: only to the rows an update "
                                  "touches, once per update (untouched rows do not decay)", low=0.0)
+    schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
+        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
 
     def init_rows(self, num_rows: int, width: int) -> AdagradRows:
         """Every accumulator at ``initial_accumulator_value``."""
@@ -38,4 +41,4 @@ class AsyncAdagrad(FusedEmbOptimizer):
         """``accum += g**2``; ``row -= lr * (g / (sqrt(accum) + eps) + weight_decay * row)``."""
         accum = state.accum + grad * grad
         step = grad / (jnp.sqrt(accum) + self.eps) + self.weight_decay * rows
-        return rows - self.learning_rate * step, AdagradRows(accum)
+        return rows - rc.learning_rate * step, AdagradRows(accum)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from ._lazy import jax, jnp
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
+from .schedules import Schedule
 
 
 class AdamRows(NamedTuple):
@@ -36,6 +37,8 @@ class AsyncAdam(FusedEmbOptimizer):
     weight_decay: float = hparam(0.0, "decoupled (AdamW) decay of a row, times the learning rate, applied lazily: only to the rows an update "
                                  "touches, once per update (untouched rows do not decay)",
                                  low=0.0)
+    schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
+        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
 
     def init_rows(self, num_rows: int, width: int) -> AdamRows:
         """Zero moments and update counts."""
@@ -51,4 +54,4 @@ class AsyncAdam(FusedEmbOptimizer):
         mu_hat = mu / (1.0 - self.b1 ** t)
         nu_hat = nu / (1.0 - self.b2 ** t)
         step = mu_hat / (jnp.sqrt(nu_hat) + self.eps) + self.weight_decay * rows
-        return rows - self.learning_rate * step, AdamRows(mu, nu, count)
+        return rows - rc.learning_rate * step, AdamRows(mu, nu, count)

@@ -33,6 +33,7 @@ from typing import NamedTuple
 from ._lazy import jax, jnp
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
+from .schedules import Schedule
 
 
 class FtrlRows(NamedTuple):
@@ -61,6 +62,8 @@ class AsyncFtrl(FusedEmbOptimizer):
     multiply_linear_by_learning_rate: bool = dataclasses.field(default=False, metadata={
         "doc": "store learning_rate * z instead of z (TensorFlow's variant; the same weights at a constant "
                "learning rate)"})
+    schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
+        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
 
     def init_rows(self, num_rows: int, width: int) -> FtrlRows:
         """``n`` at ``initial_accumulator``, ``z`` at 0 (set from the row at its first touch), no updates."""
@@ -77,7 +80,7 @@ class AsyncFtrl(FusedEmbOptimizer):
 
     def update_rows(self, rows, state: FtrlRows, grad, rc: RowContext):
         """One FTRL-Proximal step per element of each touched row (module docstring)."""
-        lr, l1 = self.learning_rate, self.l1
+        lr, l1 = rc.learning_rate, self.l1
         l2 = 2.0 * self.l2 if self.tensorflow_l2 else self.l2
         root, new_n = self._root(state.accum), state.accum + grad * grad
         new_root = self._root(new_n)

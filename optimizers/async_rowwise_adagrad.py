@@ -18,6 +18,7 @@ from typing import NamedTuple
 from ._lazy import jax, jnp
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
+from .schedules import Schedule
 
 
 class RowwiseAdagradRows(NamedTuple):
@@ -41,6 +42,8 @@ class AsyncRowwiseAdagrad(FusedEmbOptimizer):
         "doc": "decay by the updates since the row's last touch, not once per touch"})
     weight_decay: float = hparam(0.0, "decay of a row, times the learning rate, applied lazily: only to the rows an update "
                                  "touches, once per update (untouched rows do not decay)", low=0.0)
+    schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
+        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
 
     @property
     def decay(self) -> float:
@@ -62,5 +65,5 @@ class AsyncRowwiseAdagrad(FusedEmbOptimizer):
             factor = jnp.float32(self.decay)
         accum = state.accum * factor + rc.grad_sq_sum() / rc.emb_width
         scale = 1.0 / (jnp.sqrt(accum) + self.eps)
-        new_rows = rows - self.learning_rate * (grad * scale[:, None] + self.weight_decay * rows)
+        new_rows = rows - rc.learning_rate * (grad * scale[:, None] + self.weight_decay * rows)
         return new_rows, RowwiseAdagradRows(accum, jnp.broadcast_to(rc.step, state.last_step.shape))

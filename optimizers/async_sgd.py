@@ -11,6 +11,7 @@ from typing import NamedTuple
 from ._lazy import jnp
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
+from .schedules import Schedule
 
 
 class SGDRows(NamedTuple):
@@ -24,6 +25,8 @@ class AsyncSGD(FusedEmbOptimizer):
     learning_rate: float = hparam(0.1, "step size", low=0.0, low_open=True)
     weight_decay: float = hparam(0.0, "decay of a row, times the learning rate, applied lazily: only to the rows an update "
                                  "touches, once per update (untouched rows do not decay)", low=0.0)
+    schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
+        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
 
     def init_rows(self, num_rows: int, width: int) -> SGDRows:
         """No state."""
@@ -31,4 +34,4 @@ class AsyncSGD(FusedEmbOptimizer):
 
     def update_rows(self, rows, state: SGDRows, grad, rc: RowContext):
         """``row -= lr * (g + weight_decay * row)``."""
-        return rows - self.learning_rate * (grad + self.weight_decay * rows), state
+        return rows - rc.learning_rate * (grad + self.weight_decay * rows), state

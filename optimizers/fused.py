@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ._lazy import jnp, lax
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 from .row_update import EmbOptState, RowContext
+from .schedules import ScheduleKind
 
 if TYPE_CHECKING:
     import jax
@@ -34,6 +35,16 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
     def update_rows(self, rows: jax.Array, state: Any, grad: jax.Array, rc: RowContext) -> tuple[jax.Array, Any]:
         """The rule: new float32 rows and state of the gathered touched rows, from their summed gradient."""
         raise NotImplementedError  # pragma: no cover - abstract
+
+    def learning_rate_at(self, count: jax.Array):
+        """The learning rate of update ``count`` (1-based): ``learning_rate`` times ``schedule(count)``
+        (``optimizers.schedules``); ``learning_rate`` itself, a Python float, when the schedule is constant or
+        there is none. The rules read it as ``RowContext.learning_rate``."""
+        lr = getattr(self, "learning_rate", None)
+        schedule = getattr(self, "schedule", None)
+        if lr is None or schedule is None or schedule.kind is ScheduleKind.constant:
+            return lr
+        return lr * schedule(count)
 
     def init(self, num_rows: int, width: int) -> EmbOptState:
         """The optimizer state of a ``num_rows`` x ``width`` table: ``init_rows`` and an update count of 0."""

@@ -64,13 +64,22 @@ def ranges(obj_or_cls: Any) -> dict[str, Range]:
 
 
 def problems(obj: Any, prefix: str = "") -> list[str]:
-    """One line per hyperparameter outside its range: ``<prefix><name>=<value> is outside <range>: <doc>``."""
+    """One line per hyperparameter outside its range: ``<prefix><name>=<value> is outside <range>: <doc>``;
+    a field that is itself such a dataclass (an optimizer's ``schedule``) is checked the same way under
+    ``<prefix><name>.``, with the lines of its own ``problems()`` method if it has one."""
     out = []
     fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
     for name, rng in ranges(obj).items():
         value = getattr(obj, name)
         if not rng.contains(value):
             out.append(f"{prefix}{name}={value!r} is outside {rng} ({fields[name].metadata['doc']})")
+    for name in fields:
+        value = getattr(obj, name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            inner = problems(value, f"{prefix}{name}.")
+            out += inner
+            if not inner and callable(getattr(value, "problems", None)):
+                out += [f"{prefix}{name}.{line}" for line in value.problems()]
     return out
 
 

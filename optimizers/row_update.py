@@ -32,6 +32,7 @@ class RowContext(NamedTuple):
     emb_width: int  # full width of a row, even when this shard holds a slice of it
     width_sum: Callable[[jax.Array], jax.Array]  # sum over the full width (reduced across width shards)
     grad_sq_sum: Callable[[], jax.Array]  # [rows]: sum of grad**2 over the full width (shared with the norm)
+    learning_rate: Any = None  # this update's learning rate: learning_rate times its schedule (a float if constant)
 
 
 class Touched(NamedTuple):
@@ -88,7 +89,8 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
             row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True),
                                      state.rows)
         with phase("rule"):
-            rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq))
+            lr = opt.learning_rate_at(step) if hasattr(opt, "learning_rate_at") else getattr(opt, "learning_rate", None)
+            rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq), lr)
             new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
             if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
                 cols = jnp.arange(table.shape[1], dtype=jnp.int32)

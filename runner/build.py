@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from optimizers import AsyncEmbContext
+from optimizers import AsyncEmbContext, Schedule, ScheduleKind
 
 from . import budget, preflight
 from . import config as schemas
@@ -50,8 +50,13 @@ def _instantiate(node: DictConfig, key: str) -> Any:
             f"{key}={OmegaConf.to_container(node) if isinstance(node, DictConfig) else node!r} names no optimizer "
             f"class (_target_); pick one with +{group}=async_adam (or async_rowwise_adagrad, async_adagrad, "
             f"async_sgd, async_ftrl, adam, adagrad) or give {key}._target_=optimizers.AsyncAdam")
+    schedule = node.get("schedule") if "schedule" in node else None
+    if schedule is not None:  # built here and given only to a class that has a schedule: a user's class need not
+        node = OmegaConf.masked_copy(node, [k for k in node if k != "schedule"])
     try:
-        return hydra.utils.instantiate(node)
+        return _with_schedule(hydra.utils.instantiate(node), schedule, key)
+    except PreflightError:
+        raise
     except Exception as e:  # noqa: BLE001 - InstantiationException, or whatever a user's __init__ raises
         cause = e.__cause__ or e
         reason = str(e).split(", set env var HYDRA_FULL_ERROR")[0].split("\nfull_key:")[0]
@@ -61,6 +66,22 @@ def _instantiate(node: DictConfig, key: str) -> Any:
         raise PreflightError(
             f"{key}._target_={target!r} cannot be built: {' '.join(reason.split())}. Fix {key}: a class path "
             f"such as optimizers.AsyncAdam (or optimizer=async_adam) and arguments its class accepts") from None
+
+
+def _with_schedule(opt: Any, node: DictConfig | None, key: str) -> Any:
+    """``opt`` with the learning-rate schedule ``node`` (an ``optimizers.Schedule``), if its class has a
+    ``schedule`` field; a class without one runs at its constant rate, and asking it for another is refused."""
+    if node is None:
+        return opt
+    schedule = Schedule(**{k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"})
+    if dataclasses.is_dataclass(opt) and "schedule" in {f.name for f in dataclasses.fields(opt)}:
+        return dataclasses.replace(opt, schedule=schedule)
+    if schedule.kind is not ScheduleKind.constant:
+        raise PreflightError(
+            f"{key}.schedule.kind={schedule.kind.value}: {type(opt).__name__} has no learning-rate schedule (no "
+            f"'schedule' field); use a fused optimizer (e.g. {key}=async_adam), give the class a schedule field "
+            f"(optimizers.Schedule) and read RowContext.learning_rate in its rule, or set {key}.schedule.kind=constant")
+    return opt
 
 
 def configured_optimizers(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
@@ -73,6 +94,14 @@ def emb_optimizers(cfg: DictConfig, table_names: list[str], configured: tuple | 
     """The default optimizer for every table, with per-table overrides from ``table_optimizers``."""
     default, overrides = configured or configured_optimizers(cfg)
     return {name: overrides.get(name, default) for name in table_names}
+
+
+def over_the_run(opt: Any, steps: int) -> Any:
+    """``opt`` with a schedule's ``decay_steps = 0`` read as the run's ``steps`` updates (``Schedule.over``)."""
+    schedule = getattr(opt, "schedule", None)
+    if dataclasses.is_dataclass(opt) and isinstance(schedule, Schedule):
+        return dataclasses.replace(opt, schedule=schedule.over(steps))
+    return opt
 
 
 def permuted_tables(cfg: DictConfig, plan: MeshPlan | None, names: list[str]) -> dict[str, bool]:
@@ -158,9 +187,11 @@ STEP_ARGUMENTS = ("trainer.steps", "trainer.log_interval", "dense_optimizer.lear
                   "dense_optimizer.warmup_steps", "dense_optimizer.end_learning_rate_ratio")
 
 
-def program_key(cfg: DictConfig, specs: dict[str, TableSpec], peaks: dict[str, int]) -> str:
+def program_key(cfg: DictConfig, specs: dict[str, TableSpec], peaks: dict[str, int],
+                opts: dict[str, Any] | None = None) -> str:
     """A digest of everything the train program is built from: the resolved config without
-    ``OUTSIDE_THE_PROGRAM`` and ``STEP_ARGUMENTS``, the tables (sized from the data) and the route peaks."""
+    ``OUTSIDE_THE_PROGRAM`` and ``STEP_ARGUMENTS``, the tables (sized from the data), the route peaks and the
+    embedding optimizers as built (a schedule over the whole run depends on ``trainer.steps``)."""
     c = OmegaConf.to_container(cfg, resolve=True)
     for path in OUTSIDE_THE_PROGRAM + STEP_ARGUMENTS:
         *parents, last = path.split(".")
@@ -168,7 +199,8 @@ def program_key(cfg: DictConfig, specs: dict[str, TableSpec], peaks: dict[str, i
         for part in parents:
             d = d.get(part) or {}
         d.pop(last, None)
-    material = json.dumps(c, sort_keys=True, default=str) + repr(sorted(specs.items())) + repr(sorted(peaks.items()))
+    material = (json.dumps(c, sort_keys=True, default=str) + repr(sorted(specs.items())) + repr(sorted(peaks.items()))
+                + repr(sorted((opts or {}).items())))
     return hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -202,14 +234,15 @@ def build_run(cfg: DictConfig) -> RunParts:
     preflight.check_config(cfg)  # every setting's range: before any data is generated or read
     budget.check(cfg.trainer)  # steps or epochs, not both
     configured = configured_optimizers(cfg)
-    preflight.check_optimizers(*configured)
+    default, overrides = configured  # a schedule's decay_steps=0 is the run's length, filled in below
+    preflight.check_optimizers(over_the_run(default, 1), {n: over_the_run(o, 1) for n, o in overrides.items()})
     preflight.check_devices(cfg, resolve_axes)  # before any device is created
     task = make_task(cfg)
     run_budget = budget.resolve(cfg, task)  # trainer.steps from trainer.epochs and the data size (and eval_interval)
     preflight.check_objective(cfg.trainer.objective, task)
     preflight.check_selection(cfg.trainer, task)
     names = list(task.tables())
-    opts = emb_optimizers(cfg, names, configured)
+    opts = {n: over_the_run(o, int(cfg.trainer.steps)) for n, o in emb_optimizers(cfg, names, configured).items()}
     preflight.check_values(cfg, opts, names)
     preflight.check_async(opts, cfg.async_emb.enabled)
 
@@ -235,7 +268,7 @@ def build_run(cfg: DictConfig) -> RunParts:
     contexts = {n: dataclasses.replace(c, route_peak=peaks.get(n)) for n, c in contexts.items()}
     program = TrainProgram(model, specs, contexts, opts, dense_optimizer(cfg), cfg.async_emb.enabled, mesh,
                            tuple(task.model_keys), detail_interval=int(cfg.trainer.log_interval),
-                           detail_last=int(cfg.trainer.steps), reuse_key=program_key(cfg, specs, peaks),
+                           detail_last=int(cfg.trainer.steps), reuse_key=program_key(cfg, specs, peaks, opts),
                            optimizer_keys={n: f"table_optimizers.{n}" if n in cfg.table_optimizers else "optimizer"
                                            for n in specs})
     return RunParts(program, task, plan, run_budget)

@@ -308,10 +308,16 @@ class Config:
 
 
 def optimizer_schema(cls: type) -> type:
-    """A Hydra schema for an optimizer dataclass: its fields plus ``_target_`` naming the class."""
+    """A Hydra schema for an optimizer dataclass: its fields plus ``_target_`` naming the class. A field that is
+    itself a dataclass (``schedule``) gets a schema of its own, with its ``_target_``, so Hydra builds it too."""
     hints = typing.get_type_hints(cls)
-    fields = [("_target_", str, field(default=f"optimizers.{cls.__name__}"))]
-    fields += [(f.name, hints[f.name], field(default=f.default)) for f in dataclasses.fields(cls)]
+    fields = [("_target_", str, field(default=f"{cls.__module__.split('.')[0]}.{cls.__name__}"))]
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(hints[f.name]):
+            inner = optimizer_schema(hints[f.name])
+            fields.append((f.name, inner, field(default_factory=inner)))
+        else:
+            fields.append((f.name, hints[f.name], field(default=f.default)))
     return dataclasses.make_dataclass(f"{cls.__name__}Config", fields)
 
 

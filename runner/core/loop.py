@@ -105,8 +105,8 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
             row.update(task.train_metrics(placement.gather_rows(program.mesh, logged_host, B), m["outputs"]))
             row["perf/examples_per_s"] = n_window * B / elapsed
             row["perf/step_time_ms"] = 1000 * elapsed / n_window
-            for name, opt in program.emb_optimizers.items():
-                row[f"emb/learning_rate/{name}"] = float(getattr(opt, "learning_rate", float("nan")))
+            for name, opt in program.emb_optimizers.items():  # the step reports a fused optimizer's (scheduled) one
+                row.setdefault(f"emb/learning_rate/{name}", float(getattr(opt, "learning_rate", float("nan"))))
         if (step + 1) % trainer.eval_interval == 0 and not done:  # its own schedule, not only on log steps
             t_eval = time.perf_counter()
             scored = peek(state)

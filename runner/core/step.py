@@ -205,6 +205,9 @@ class TrainProgram:
         for n, (norm, valid, rows) in applied.items():
             metrics[f"emb/grad_norm/{n}"] = norm
             metrics[f"emb/valid/{n}"] = valid
+            lr_at = getattr(self.emb_optimizers[n], "learning_rate_at", None)
+            if lr_at is not None:  # the learning rate the update applied in this step used (its schedule's value)
+                metrics[f"emb/learning_rate/{n}"] = jnp.asarray(lr_at(state.emb_states[n].count + 1), jnp.float32)
             if rows is not None and rows.shape[0] > 1:
                 metrics[f"emb/shard_rows_max/{n}"] = jnp.max(rows)
                 metrics[f"emb/shard_rows_mean/{n}"] = jnp.mean(rows.astype(jnp.float32))

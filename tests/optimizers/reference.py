@@ -44,12 +44,21 @@ def global_norm(summed: np.ndarray) -> float:
 
 
 class Reference:
-    """The shared part: table, state, step count, dedupe, norm and gating. Subclasses give the rule."""
+    """The shared part: table, state, step count, dedupe, norm and gating. Subclasses give the rule, with
+    ``self.lr``: the learning rate times the schedule's multiplier of the update being applied."""
 
-    def __init__(self, table):
+    base_lr = 0.0
+
+    def __init__(self, table, multiplier=None):
         self.table = np.array(table, np.float64)
         self.count = 0  # valid updates applied so far
+        self.multiplier = multiplier or (lambda t: 1.0)
+        self.scale = 1.0
         self.state = self.init_state(*self.table.shape)
+
+    @property
+    def lr(self) -> float:
+        return self.base_lr * self.scale
 
     @property
     def vocab(self) -> int:
@@ -70,6 +79,7 @@ class Reference:
             return norm, False, rows[:0]
         saved = self.table.copy(), {k: v.copy() for k, v in self.state.items()}, self.count
         self.count += 1
+        self.scale = self.multiplier(self.count)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # checked just below
             self.apply(rows, summed, self.count)
         if not self.stored_finite(rows):
@@ -88,7 +98,7 @@ class AdamReference(Reference):
     """Lazy Adam: per-row moments and per-row update counts for bias correction; decoupled weight decay."""
 
     def __init__(self, table, *, learning_rate, b1, b2, eps, weight_decay):
-        self.lr, self.b1, self.b2, self.eps, self.wd = learning_rate, b1, b2, eps, weight_decay
+        self.base_lr, self.b1, self.b2, self.eps, self.wd = learning_rate, b1, b2, eps, weight_decay
         super().__init__(table)
 
     def init_state(self, num_rows, width):
@@ -113,7 +123,7 @@ class RowwiseAdagradReference(Reference):
 
     def __init__(self, table, *, learning_rate, eps, initial_accumulator_value, half_life_steps, lazy_decay,
                  weight_decay):
-        self.lr, self.eps, self.init_accum = learning_rate, eps, initial_accumulator_value
+        self.base_lr, self.eps, self.init_accum = learning_rate, eps, initial_accumulator_value
         self.decay = 0.5 ** (1.0 / half_life_steps) if half_life_steps > 0 else 1.0
         self.lazy, self.wd = lazy_decay, weight_decay
         super().__init__(table)
@@ -134,7 +144,7 @@ class AdagradReference(Reference):
     """Element-wise Adagrad: ``accum += g**2``; decoupled weight decay."""
 
     def __init__(self, table, *, learning_rate, eps, initial_accumulator_value, weight_decay):
-        self.lr, self.eps, self.init_accum, self.wd = learning_rate, eps, initial_accumulator_value, weight_decay
+        self.base_lr, self.eps, self.init_accum, self.wd = learning_rate, eps, initial_accumulator_value, weight_decay
         super().__init__(table)
 
     def init_state(self, num_rows, width):
@@ -149,7 +159,7 @@ class AdagradReference(Reference):
 
 class SGDReference(Reference):
     def __init__(self, table, *, learning_rate, weight_decay):
-        self.lr, self.wd = learning_rate, weight_decay
+        self.base_lr, self.wd = learning_rate, weight_decay
         super().__init__(table)
 
     def init_state(self, num_rows, width):
@@ -170,11 +180,19 @@ class FtrlReference(Reference):
 
     def __init__(self, table, *, learning_rate, lr_power, l1, l2, beta, initial_accumulator, tensorflow_l2,
                  multiply_linear_by_learning_rate):
-        self.alpha, self.p, self.l1, self.beta = learning_rate, lr_power, l1, beta
+        self.base_lr, self.p, self.l1, self.beta = learning_rate, lr_power, l1, beta
         self.l2 = 2.0 * l2 if tensorflow_l2 else l2
         self.n0 = initial_accumulator
-        self.stored = learning_rate if multiply_linear_by_learning_rate else 1.0  # stored linear = this * z
+        self.multiply = multiply_linear_by_learning_rate  # the state holds alpha * z (this update's alpha)
         super().__init__(table)
+
+    @property
+    def alpha(self) -> float:
+        return self.lr
+
+    @property
+    def stored(self) -> float:
+        return self.alpha if self.multiply else 1.0
 
     def init_state(self, num_rows, width):
         return {"accum": np.full((num_rows, width), self.n0, np.float64), "linear": np.zeros((num_rows, width)),
@@ -208,6 +226,28 @@ REFERENCES: dict[str, type[Reference]] = {
 }
 
 
+def schedule_multiplier(kind: str, warmup_steps: int, decay_steps: int, end_ratio: float, step_every: int,
+                        step_factor: float):
+    """The learning-rate multiplier of the ``t``-th update (1-based), as ``optimizers.schedules`` documents it."""
+    def warm(t):
+        return min(1.0, t / warmup_steps)
+
+    def cos(t, start):
+        frac = min(max((t - start) / decay_steps, 0.0), 1.0)
+        return end_ratio + (1 - end_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+
+    return {"constant": lambda t: 1.0, "warmup": warm, "cosine": lambda t: cos(t, 0),
+            "step": lambda t: step_factor ** (t // step_every),
+            "warmup_cosine": lambda t: warm(t) if t <= warmup_steps else cos(t, warmup_steps)}[kind]
+
+
 def reference_for(name: str, opt, table) -> Reference:
-    """The reference of registry name ``name`` with ``opt``'s hyperparameters (a frozen config dataclass)."""
-    return REFERENCES[name](table, **dataclasses.asdict(opt))
+    """The reference of registry name ``name`` with ``opt``'s hyperparameters (a frozen config dataclass) and
+    its learning-rate schedule."""
+    hp = dataclasses.asdict(opt)
+    schedule = hp.pop("schedule", None)
+    ref = REFERENCES[name](table, **hp)
+    if schedule is not None:
+        schedule["kind"] = getattr(schedule["kind"], "value", schedule["kind"])
+        ref.multiplier = schedule_multiplier(**schedule)
+    return ref
