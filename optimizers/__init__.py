@@ -12,7 +12,9 @@ from . import layouts
 from .async_adagrad import AsyncAdagrad
 from .async_adam import AsyncAdam
 from .async_ftrl import AsyncFtrl
+from .async_partial_rowwise_adam import AsyncPartialRowwiseAdam
 from .async_rowwise_adagrad import AsyncRowwiseAdagrad
+from .async_rowwise_adagrad_momentum import AsyncRowwiseAdagradMomentum
 from .async_sgd import AsyncSGD
 from .context import AsyncEmbContext
 from .dense import Adagrad, Adam, OptaxEmbOptimizer
@@ -32,7 +34,8 @@ __all__ = [
     "AsyncEmbContext", "layouts", "Layout", "select", "Choice", "TableLayout", "Routing", "RouteOverflow",
     "ROUTE_CAPACITY", "make_update", "empty_update", "dedupe", "num_unique_for", "segment_sum", "record_for",
     "record_token_ids", "FusedEmbOptimizer", "EmbOptState", "RowContext", "OptaxEmbOptimizer", "AsyncAdam",
-    "AsyncRowwiseAdagrad", "AsyncAdagrad", "AsyncSGD", "AsyncFtrl", "Adam", "Adagrad", "REGISTRY", "FUSED", "create",
+    "AsyncRowwiseAdagrad", "AsyncAdagrad", "AsyncSGD", "AsyncFtrl", "AsyncPartialRowwiseAdam",
+    "AsyncRowwiseAdagradMomentum", "Adam", "Adagrad", "REGISTRY", "FUSED", "create",
     "hparam", "Range", "problems", "ranges", "describe", "hash2d", "stochastic_round_bf16", "permute_ids",
     "unpermute_ids", "route_peak", "compiler_options", "Schedule", "ScheduleKind",
 ]

@@ -2,19 +2,31 @@
 
 The algorithm is Adam (Kingma & Ba, 2015, "Adam: A Method for Stochastic Optimization") applied lazily, as
 TensorFlow's ``LazyAdamOptimizer`` and PyTorch's ``SparseAdam`` do for embeddings: only the rows a batch
-touches move their moments. Each row counts its own updates and bias-corrects with that count, so a row's
-trajectory equals ``optax.adam`` run on that row's own gradient stream. Weight decay is decoupled (AdamW,
-Loshchilov & Hutter, 2019) and applied to touched rows only, as they are touched.
+touches move their moments. ``bias_correction`` picks the count Adam's bias correction uses:
+
+- ``per_row`` (default): each row's own update count, so a row's trajectory equals ``optax.adam`` run on that
+  row's own gradient stream; a rarely seen row is corrected as fresh for its first touches.
+- ``global``: the table's update count, as TF LazyAdam, PyTorch SparseAdam and FBGEMM do: a row first
+  touched late in training gets (almost) no correction, so its first steps are ``1 - b1`` of a full step.
+
+Weight decay is decoupled (AdamW, Loshchilov & Hutter, 2019) and applied to touched rows only, as they are
+touched.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import NamedTuple
 
 from ._lazy import jax, jnp
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
 from .schedules import Schedule
+
+
+# Which update count Adam's bias correction uses (module docstring); "global" is a keyword, hence the call form.
+BiasCorrection = enum.Enum("BiasCorrection", [("per_row", "per_row"), ("global", "global")], type=str,
+                           module=__name__)
 
 
 class AdamRows(NamedTuple):
@@ -37,8 +49,16 @@ class AsyncAdam(FusedEmbOptimizer):
     weight_decay: float = hparam(0.0, "decoupled (AdamW) decay of a row, times the learning rate, applied lazily: only to the rows an update "
                                  "touches, once per update (untouched rows do not decay)",
                                  low=0.0)
+    bias_correction: BiasCorrection = dataclasses.field(default=BiasCorrection["per_row"], metadata={
+        "doc": "per_row: each row's own update count; global: the table's (TF LazyAdam, SparseAdam, FBGEMM)"})
     schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
         "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "bias_correction", BiasCorrection(self.bias_correction))
+        except ValueError:
+            raise ValueError(f"bias_correction {self.bias_correction!r} is not one of per_row, global") from None
 
     def init_rows(self, num_rows: int, width: int) -> AdamRows:
         """Zero moments and update counts."""
@@ -46,11 +66,12 @@ class AsyncAdam(FusedEmbOptimizer):
                         jnp.zeros((num_rows,), jnp.int32))
 
     def update_rows(self, rows, state: AdamRows, grad, rc: RowContext):
-        """One Adam step of each touched row, bias-corrected with the row's own update count."""
+        """One Adam step of each touched row, bias-corrected with the row's own or the table's update count."""
         count = state.count + 1
         mu = self.b1 * state.mu + (1.0 - self.b1) * grad
         nu = self.b2 * state.nu + (1.0 - self.b2) * grad * grad
-        t = count.astype(jnp.float32)[:, None]
+        per_row = self.bias_correction is BiasCorrection["per_row"]
+        t = count.astype(jnp.float32)[:, None] if per_row else jnp.asarray(rc.step, jnp.float32)
         mu_hat = mu / (1.0 - self.b1 ** t)
         nu_hat = nu / (1.0 - self.b2 ** t)
         step = mu_hat / (jnp.sqrt(nu_hat) + self.eps) + self.weight_decay * rows

@@ -4,7 +4,9 @@ from __future__ import annotations
 from .async_adagrad import AsyncAdagrad
 from .async_adam import AsyncAdam
 from .async_ftrl import AsyncFtrl
+from .async_partial_rowwise_adam import AsyncPartialRowwiseAdam
 from .async_rowwise_adagrad import AsyncRowwiseAdagrad
+from .async_rowwise_adagrad_momentum import AsyncRowwiseAdagradMomentum
 from .async_sgd import AsyncSGD
 from .dense import Adagrad, Adam
 
@@ -14,6 +16,8 @@ REGISTRY: dict[str, type] = {
     "async_adagrad": AsyncAdagrad,
     "async_sgd": AsyncSGD,
     "async_ftrl": AsyncFtrl,
+    "async_partial_rowwise_adam": AsyncPartialRowwiseAdam,
+    "async_rowwise_adagrad_momentum": AsyncRowwiseAdagradMomentum,
     "adam": Adam,
     "adagrad": Adagrad,
 }

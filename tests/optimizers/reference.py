@@ -97,8 +97,9 @@ class Reference:
 class AdamReference(Reference):
     """Lazy Adam: per-row moments and per-row update counts for bias correction; decoupled weight decay."""
 
-    def __init__(self, table, *, learning_rate, b1, b2, eps, weight_decay):
+    def __init__(self, table, *, learning_rate, b1, b2, eps, weight_decay, bias_correction="per_row"):
         self.base_lr, self.b1, self.b2, self.eps, self.wd = learning_rate, b1, b2, eps, weight_decay
+        self.global_count = getattr(bias_correction, "value", bias_correction) == "global"
         super().__init__(table)
 
     def init_state(self, num_rows, width):
@@ -108,7 +109,7 @@ class AdamReference(Reference):
     def apply(self, rows, grad, step):
         s = self.state
         s["count"][rows] += 1
-        t = s["count"][rows][:, None].astype(np.float64)
+        t = float(step) if self.global_count else s["count"][rows][:, None].astype(np.float64)
         s["mu"][rows] = self.b1 * s["mu"][rows] + (1 - self.b1) * grad
         s["nu"][rows] = self.b2 * s["nu"][rows] + (1 - self.b2) * grad**2
         mu_hat = s["mu"][rows] / (1 - self.b1**t)
@@ -217,12 +218,58 @@ class FtrlReference(Reference):
         self.table[rows] = self.weights(z, new_n)
 
 
+class PartialRowwiseAdamReference(Reference):
+    """FBGEMM's PARTIAL_ROWWISE_ADAM: first moment per element, second moment per row of mean(g**2); bias
+    correction by the row's update count, or the table's (``global``); decoupled weight decay."""
+
+    def __init__(self, table, *, learning_rate, b1, b2, eps, weight_decay, bias_correction):
+        self.base_lr, self.b1, self.b2, self.eps, self.wd = learning_rate, b1, b2, eps, weight_decay
+        self.global_count = getattr(bias_correction, "value", bias_correction) == "global"
+        super().__init__(table)
+
+    def init_state(self, num_rows, width):
+        return {"mu": np.zeros((num_rows, width)), "nu": np.zeros(num_rows), "count": np.zeros(num_rows, np.int64)}
+
+    def apply(self, rows, grad, step):
+        s = self.state
+        s["count"][rows] += 1
+        t = np.full(rows.size, float(step)) if self.global_count else s["count"][rows].astype(np.float64)
+        s["mu"][rows] = self.b1 * s["mu"][rows] + (1 - self.b1) * grad
+        s["nu"][rows] = self.b2 * s["nu"][rows] + (1 - self.b2) * np.mean(grad**2, axis=1)
+        mu_hat = s["mu"][rows] / (1 - self.b1 ** t[:, None])
+        nu_hat = s["nu"][rows] / (1 - self.b2 ** t)
+        x = self.table[rows]
+        self.table[rows] = x - self.lr * (mu_hat / (np.sqrt(nu_hat) + self.eps)[:, None] + self.wd * x)
+
+
+class RowwiseAdagradMomentumReference(Reference):
+    """Row-wise Adagrad feeding heavy-ball momentum: ``accum += mean(g**2)``, ``m = momentum * m + g /
+    (sqrt(accum) + eps)``, ``row -= lr * (m + weight_decay * row)``."""
+
+    def __init__(self, table, *, learning_rate, momentum, eps, initial_accumulator_value, weight_decay):
+        self.base_lr, self.beta, self.eps, self.init_accum, self.wd = (learning_rate, momentum, eps,
+                                                                       initial_accumulator_value, weight_decay)
+        super().__init__(table)
+
+    def init_state(self, num_rows, width):
+        return {"accum": np.full(num_rows, self.init_accum, np.float64), "momentum": np.zeros((num_rows, width))}
+
+    def apply(self, rows, grad, step):
+        s = self.state
+        s["accum"][rows] += np.mean(grad**2, axis=1)
+        s["momentum"][rows] = self.beta * s["momentum"][rows] + grad / (np.sqrt(s["accum"][rows]) + self.eps)[:, None]
+        x = self.table[rows]
+        self.table[rows] = x - self.lr * (s["momentum"][rows] + self.wd * x)
+
+
 REFERENCES: dict[str, type[Reference]] = {
     "async_adam": AdamReference,
     "async_rowwise_adagrad": RowwiseAdagradReference,
     "async_adagrad": AdagradReference,
     "async_sgd": SGDReference,
     "async_ftrl": FtrlReference,
+    "async_partial_rowwise_adam": PartialRowwiseAdamReference,
+    "async_rowwise_adagrad_momentum": RowwiseAdagradMomentumReference,
 }
 
 

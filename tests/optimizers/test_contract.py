@@ -43,6 +43,11 @@ CASES = [
     ("async_ftrl", dict(learning_rate=0.3, lr_power=-0.5, l1=0.05, l2=0.1, beta=0.5, initial_accumulator=0.5)),
     ("async_ftrl", dict(learning_rate=0.3, lr_power=-0.3, l1=0.05, l2=0.1, beta=0.0, initial_accumulator=0.2,
                         tensorflow_l2=False, multiply_linear_by_learning_rate=True)),
+    ("async_partial_rowwise_adam", dict(learning_rate=0.02, b1=0.8, b2=0.95, eps=1e-6, weight_decay=0.1)),
+    ("async_partial_rowwise_adam", dict(learning_rate=0.02, eps=1e-6, bias_correction="global")),
+    ("async_rowwise_adagrad_momentum", dict(learning_rate=0.05, momentum=0.8, eps=1e-8,
+                                            initial_accumulator_value=0.5, weight_decay=0.05)),
+    ("async_adam", dict(learning_rate=0.02, b1=0.8, b2=0.95, eps=1e-6, bias_correction="global")),
 ]
 
 
@@ -264,6 +269,8 @@ POISON = {
     "async_sgd": dict(learning_rate=2.0**100, weight_decay=0.0),
     # n**4 overflows float32 for a gradient element of 2**30 (n = 2**60); float64 holds it, and z's float32 does not
     "async_ftrl": dict(lr_power=-4.0, l1=0.0),
+    "async_partial_rowwise_adam": dict(eps=0.0),
+    "async_rowwise_adagrad_momentum": dict(eps=0.0, initial_accumulator_value=0.0),
 }
 
 

@@ -25,14 +25,21 @@ EXPECTED_SPEC = {"data8": P(), "2x4-row": P("table", None), "4x2-row": P("table"
                  "2x4-column": P(None, "table"), "4x2-column": P(None, "table")}
 
 
+def optimizer_overrides(optimizers) -> list[str]:
+    """``(default, "table=name", ...)`` as overrides: the default optimizer and per-table ones."""
+    default, *per_table = optimizers if isinstance(optimizers, tuple) else (optimizers,)
+    return [f"optimizer={default}"] + [f"+optimizer@table_optimizers.{t}={o}" for t, o in
+                                        (p.split("=") for p in per_table)]
+
+
 @functools.lru_cache(maxsize=None)
-def single_device(optimizer: str, mode: str):
-    program, data, _ = build(compose_config([f"optimizer={optimizer}", f"async_emb={mode}", "mesh=single"]))
+def single_device(optimizer, mode: str):
+    program, data, _ = build(compose_config([*optimizer_overrides(optimizer), f"async_emb={mode}", "mesh=single"]))
     return run_steps(program, data, STEPS)
 
 
 def assert_same_run(optimizer, mode, mesh):
-    program, data, plan = build(compose_config([f"optimizer={optimizer}", f"async_emb={mode}", *MESHES[mesh]]))
+    program, data, plan = build(compose_config([*optimizer_overrides(optimizer), f"async_emb={mode}", *MESHES[mesh]]))
     assert plan.num_devices == 8
     _, state, losses, metrics = run_steps(program, data, STEPS)
     _, ref, ref_losses, _ = single_device(optimizer, mode)
@@ -51,18 +58,25 @@ def assert_same_run(optimizer, mode, mesh):
     return metrics
 
 
-# Every mesh runs once and every layout in both modes, each with another of the fused optimizers, so that every
-# optimizer trains a table-sharded run through the whole train step (routed by default on the row layout) and
-# every layout runs sync and async (the kernels are the same in both modes). Every optimizer on every layout, in
-# both modes, is the optimizers' own contract (tests/optimizers/test_sharded.py, in make test-fast too).
+# Every mesh runs once and every layout in both modes, with the fused optimizers spread over them (a run's default
+# optimizer, and per-table ones: the ranking model's tables are users, items and authors), so that every optimizer
+# trains a table-sharded run through the whole train step (routed by default on the row layout) and every layout
+# runs sync and async (the kernels are the same in both modes). Every optimizer on every layout, in both modes, is
+# the optimizers' own contract (tests/optimizers/test_sharded.py, in make test-fast too).
 OPTIMIZER = {("data8", "on"): "async_adam",
-             ("2x4-row", "on"): "async_adam", ("2x4-row", "off"): "async_ftrl",
-             ("4x2-row", "off"): "async_rowwise_adagrad",
-             ("4x2-column", "on"): "async_adagrad", ("2x4-column", "off"): "async_sgd"}
+             ("2x4-row", "on"): ("async_adam", "users=async_ftrl", "authors=async_partial_rowwise_adam"),
+             ("4x2-row", "off"): ("async_rowwise_adagrad", "users=async_rowwise_adagrad_momentum"),
+             ("4x2-column", "on"): ("async_adagrad", "authors=async_ftrl"),
+             ("2x4-column", "off"): ("async_sgd", "users=async_partial_rowwise_adam")}
+
+
+def used(optimizers) -> set[str]:
+    default, *per_table = optimizers if isinstance(optimizers, tuple) else (optimizers,)
+    return {default} | {p.split("=")[1] for p in per_table}
 
 
 def test_every_fused_optimizer_trains_on_a_table_sharded_layout_and_every_layout_in_both_modes():
-    sharded = {o for (m, _), o in OPTIMIZER.items() if "-" in m}
+    sharded = set().union(*(used(o) for (m, _), o in OPTIMIZER.items() if "-" in m))
     assert sharded == set(FUSED), set(FUSED) - sharded
     assert {(m.split("-")[1], a) for m, a in OPTIMIZER if "-" in m} == {(layout, a) for layout in ("row", "column")
                                                                         for a in ("on", "off")}
