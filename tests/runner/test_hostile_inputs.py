@@ -155,6 +155,9 @@ OPTIMIZER = [
     (["optimizer=async_ftrl", "optimizer.l2=nan"], "optimizer.l2=nan is outside [0, inf)"),
     (["optimizer=async_ftrl", "optimizer.beta=-1"], "optimizer.beta=-1.0 is outside [0, inf)"),
     (["optimizer.schedule.kind=warmup"], "optimizer.schedule.warmup_steps=0 must be at least 1 for kind=warmup"),
+    (["optimizer.schedule.kind=warmup_cosine", "optimizer.schedule.warmup_steps=7"],
+     "optimizer.schedule.warmup_steps=7 is longer than the run (trainer.steps=6): the learning rate would never "
+     "reach optimizer.learning_rate; shorten the warmup or lengthen the run"),
     (["optimizer=async_sgd", f"optimizer._target_={__name__}.PlainSGD", "optimizer.schedule.kind=cosine"],
      "optimizer.schedule.kind=cosine: PlainSGD has no learning-rate schedule (no 'schedule' field); use a fused "
      "optimizer (e.g. optimizer=async_adam)"),
