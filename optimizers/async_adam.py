@@ -29,6 +29,20 @@ BiasCorrection = enum.Enum("BiasCorrection", [("per_row", "per_row"), ("global",
                            module=__name__)
 
 
+def as_bias_correction(value) -> BiasCorrection:
+    """``value`` (a word or the Enum) as a :data:`BiasCorrection`; a ValueError naming the choices otherwise."""
+    try:
+        return BiasCorrection(getattr(value, "value", value))
+    except ValueError:
+        raise ValueError(f"bias_correction {value!r} is not one of per_row, global") from None
+
+
+def bias_counts(kind: BiasCorrection, count: jax.Array, step: jax.Array) -> jax.Array:
+    """The float32 count each touched row's bias correction uses: its own ``count`` ([rows], per_row) or the
+    table's update ``step`` (a scalar, global)."""
+    return count.astype(jnp.float32) if kind is BiasCorrection["per_row"] else jnp.asarray(step, jnp.float32)
+
+
 class AdamRows(NamedTuple):
     """Per-row Adam state: both moments per element and the row's own update count."""
 
@@ -55,10 +69,7 @@ class AsyncAdam(FusedEmbOptimizer):
         "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
 
     def __post_init__(self):
-        try:
-            object.__setattr__(self, "bias_correction", BiasCorrection(self.bias_correction))
-        except ValueError:
-            raise ValueError(f"bias_correction {self.bias_correction!r} is not one of per_row, global") from None
+        object.__setattr__(self, "bias_correction", as_bias_correction(self.bias_correction))
 
     def init_rows(self, num_rows: int, width: int) -> AdamRows:
         """Zero moments and update counts."""
@@ -70,8 +81,8 @@ class AsyncAdam(FusedEmbOptimizer):
         count = state.count + 1
         mu = self.b1 * state.mu + (1.0 - self.b1) * grad
         nu = self.b2 * state.nu + (1.0 - self.b2) * grad * grad
-        per_row = self.bias_correction is BiasCorrection["per_row"]
-        t = count.astype(jnp.float32)[:, None] if per_row else jnp.asarray(rc.step, jnp.float32)
+        t = bias_counts(self.bias_correction, count, rc.step)
+        t = t[:, None] if t.ndim else t
         mu_hat = mu / (1.0 - self.b1 ** t)
         nu_hat = nu / (1.0 - self.b2 ** t)
         step = mu_hat / (jnp.sqrt(nu_hat) + self.eps) + self.weight_decay * rows

@@ -17,7 +17,7 @@ import dataclasses
 from typing import NamedTuple
 
 from ._lazy import jax, jnp
-from .async_adam import BiasCorrection
+from .async_adam import BiasCorrection, as_bias_correction, bias_counts
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
 from .schedules import Schedule
@@ -48,10 +48,7 @@ class AsyncPartialRowwiseAdam(FusedEmbOptimizer):
         "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
 
     def __post_init__(self):
-        try:
-            object.__setattr__(self, "bias_correction", BiasCorrection(self.bias_correction))
-        except ValueError:
-            raise ValueError(f"bias_correction {self.bias_correction!r} is not one of per_row, global") from None
+        object.__setattr__(self, "bias_correction", as_bias_correction(self.bias_correction))
 
     def init_rows(self, num_rows: int, width: int) -> PartialRowwiseAdamRows:
         """Zero moments and update counts."""
@@ -63,11 +60,7 @@ class AsyncPartialRowwiseAdam(FusedEmbOptimizer):
         count = state.count + 1
         mu = self.b1 * state.mu + (1.0 - self.b1) * grad
         nu = self.b2 * state.nu + (1.0 - self.b2) * (rc.grad_sq_sum() / rc.emb_width)
-        if self.bias_correction is BiasCorrection["per_row"]:
-            t = count.astype(jnp.float32)  # [rows]
-            mu_hat, nu_hat = mu / (1.0 - self.b1 ** t[:, None]), nu / (1.0 - self.b2 ** t)
-        else:
-            t = jnp.asarray(rc.step, jnp.float32)
-            mu_hat, nu_hat = mu / (1.0 - self.b1 ** t), nu / (1.0 - self.b2 ** t)
+        t = bias_counts(self.bias_correction, count, rc.step)  # [rows] (per_row) or a scalar (global)
+        mu_hat, nu_hat = mu / (1.0 - self.b1 ** (t[:, None] if t.ndim else t)), nu / (1.0 - self.b2 ** t)
         step = mu_hat / (jnp.sqrt(nu_hat) + self.eps)[:, None] + self.weight_decay * rows
         return rows - rc.learning_rate * step, PartialRowwiseAdamRows(mu, nu, count)
