@@ -19,6 +19,7 @@ from .async_sgd import AsyncSGD
 from .context import AsyncEmbContext
 from .dense import Adagrad, Adam, OptaxEmbOptimizer
 from .fused import EmbOptState, FusedEmbOptimizer, RowContext
+from .row_update import GlobalDecay, WeightDecayMode
 from .hparams import Range, describe, hparam, problems, ranges
 from .layouts import ROUTE_CAPACITY, Choice, Layout, RouteOverflow, Routing, TableLayout, select
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer, no_fused_update_message, supports_async_emb
@@ -38,4 +39,5 @@ __all__ = [
     "AsyncRowwiseAdagradMomentum", "Adam", "Adagrad", "REGISTRY", "FUSED", "create",
     "hparam", "Range", "problems", "ranges", "describe", "hash2d", "stochastic_round_bf16", "permute_ids",
     "unpermute_ids", "route_peak", "compiler_options", "Schedule", "ScheduleKind",
+    "WeightDecayMode", "GlobalDecay",
 ]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._lazy import jnp, lax
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
-from .row_update import EmbOptState, RowContext
+from .row_update import EmbOptState, GlobalDecay, RowContext, WeightDecayMode, decay_mode
 from .schedules import ScheduleKind
 
 if TYPE_CHECKING:
@@ -46,9 +46,22 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
             return lr
         return lr * schedule(count)
 
+    def problems(self) -> list[str]:
+        """Checks across hyperparameters (``optimizers.problems`` adds them to the range checks): with
+        ``weight_decay_mode=decoupled_global`` the per-update decay ``1 - learning_rate * weight_decay`` must be
+        positive."""
+        if decay_mode(self) is WeightDecayMode.decoupled_global and self.learning_rate * self.weight_decay >= 1:
+            return [f"weight_decay={self.weight_decay} with learning_rate={self.learning_rate} decays a row by "
+                    f"1 - {self.learning_rate * self.weight_decay:g} per update under weight_decay_mode="
+                    "decoupled_global: their product must be below 1"]
+        return []
+
     def init(self, num_rows: int, width: int) -> EmbOptState:
         """The optimizer state of a ``num_rows`` x ``width`` table: ``init_rows`` and an update count of 0."""
-        return EmbOptState(self.init_rows(num_rows, width), jnp.zeros((), jnp.int32))
+        decay = None
+        if decay_mode(self) is WeightDecayMode.decoupled_global:
+            decay = GlobalDecay(jnp.zeros((num_rows,), jnp.float32), jnp.zeros((), jnp.float32))
+        return EmbOptState(self.init_rows(num_rows, width), jnp.zeros((), jnp.int32), decay)
 
     # The protocol -------------------------------------------------------------------------------------
     def gradient_update_start(self, context: AsyncEmbContext, update: AsyncEmbGradientUpdate,

@@ -4,14 +4,16 @@ Each optimizer dataclass declares its fields with :func:`hparam`; :func:`problem
 against those ranges (the runner's preflight calls it for built-in and ``_target_`` optimizers alike) and
 :func:`describe` renders the table a docstring or ``--help`` shows.
 
-``weight_decay`` of the fused optimizers is **lazy**: an update decays only the rows its batch touches
+``weight_decay`` of the fused optimizers is, in the default ``weight_decay_mode=decoupled``, **lazy**: an update decays only the rows its batch touches
 (each once, however many tokens share the row; padding and out-of-range ids touch nothing), inside the
 row's own rule (``row -= lr * (... + weight_decay * row)``). A row no batch touches keeps its value: it is
 not decayed for the steps it waited, neither then nor on its next touch. So over a run a row decays once
 per update that touches it, not once per step: frequent ids are regularised more than rare ones, and the
 cost stays proportional to the touched rows. ``tests/optimizers/test_contract.py::test_weight_decay_is_lazy``
-checks it against a dense numpy table decayed on the touched rows only. The dense optax baseline
-(``optimizer=adam``, AdamW) decays every row every step instead.
+checks it against a dense numpy table decayed on the touched rows only. ``weight_decay_mode=l2`` adds the
+penalty's gradient before the rule instead, and ``decoupled_global`` makes a touched row catch up on the
+decay it missed (``optimizers.row_update.WeightDecayMode``). The dense optax baseline (``optimizer=adam``,
+AdamW) decays every row every step.
 """
 from __future__ import annotations
 
@@ -66,7 +68,8 @@ def ranges(obj_or_cls: Any) -> dict[str, Range]:
 def problems(obj: Any, prefix: str = "") -> list[str]:
     """One line per hyperparameter outside its range: ``<prefix><name>=<value> is outside <range>: <doc>``;
     a field that is itself such a dataclass (an optimizer's ``schedule``) is checked the same way under
-    ``<prefix><name>.``, with the lines of its own ``problems()`` method if it has one."""
+    ``<prefix><name>.``; then, if all of that holds, the lines of the object's own ``problems()`` method, if
+    it has one (checks across fields)."""
     out = []
     fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
     for name, rng in ranges(obj).items():
@@ -76,10 +79,10 @@ def problems(obj: Any, prefix: str = "") -> list[str]:
     for name in fields:
         value = getattr(obj, name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            inner = problems(value, f"{prefix}{name}.")
-            out += inner
-            if not inner and callable(getattr(value, "problems", None)):
-                out += [f"{prefix}{name}.{line}" for line in value.problems()]
+            out += problems(value, f"{prefix}{name}.")
+    own = getattr(obj, "problems", None)  # checks across fields, once every field is in its range
+    if not out and callable(own):
+        out += [f"{prefix}{line}" for line in own()]
     return out
 
 

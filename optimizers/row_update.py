@@ -8,6 +8,8 @@ that was not pending, writes nothing at all.
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ._lazy import jax, jnp, lax
@@ -18,11 +20,48 @@ if TYPE_CHECKING:
     from .context import AsyncEmbContext
 
 
+class WeightDecayMode(str, enum.Enum):
+    """How a fused optimizer's ``weight_decay`` acts (FBGEMM's modes).
+
+    - ``decoupled`` (default): inside the rule, ``row -= lr * (... + weight_decay * row)``, on the rows an update
+      touches, once per update that touches them (a rarely seen row decays rarely).
+    - ``l2``: ``weight_decay * row`` is added to the summed gradient before the rule (an L2 penalty: the
+      adaptive rules scale it, and row-wise Adagrad squares it into its accumulator).
+    - ``decoupled_global``: as ``decoupled``, and a touched row first catches up, exactly, on the decay it
+      missed while untouched: times ``prod(1 - lr_s * weight_decay)`` over the table's updates ``s`` since its
+      last touch (kept as a running sum of logs, so a learning-rate schedule is followed too). A row then
+      holds what decaying every row at every update would give it, while the update still touches only the
+      batch's rows; an untouched row's stored value is its value at its last touch (``GlobalDecay``).
+    """
+
+    decoupled = "decoupled"
+    l2 = "l2"
+    decoupled_global = "decoupled_global"
+
+
+class GlobalDecay(NamedTuple):
+    """``decoupled_global``'s bookkeeping: the table's running sum of ``log(1 - lr * weight_decay)`` over its
+    updates, and each row's value of it at its last touch (a row's missed decay is ``exp(total - touch)``)."""
+
+    touch: jax.Array  # [rows] f32
+    total: jax.Array  # f32
+
+
 class EmbOptState(NamedTuple):
-    """An embedding optimizer's state: per-row leaves (leading dim = table rows) and an update count."""
+    """An embedding optimizer's state: per-row leaves (leading dim = table rows), an update count, and with
+    ``weight_decay_mode=decoupled_global`` its :class:`GlobalDecay` (else None: no leaves)."""
 
     rows: Any
     count: jax.Array  # int32: number of valid updates applied
+    decay: Any = None
+
+
+def decay_mode(opt: Any) -> WeightDecayMode | None:
+    """``opt``'s weight-decay mode when it decays at all (``weight_decay > 0``), else None."""
+    wd = getattr(opt, "weight_decay", 0.0)
+    if not isinstance(wd, (int, float)) or not wd > 0:
+        return None
+    return WeightDecayMode(getattr(opt, "weight_decay_mode", WeightDecayMode.decoupled))
 
 
 class RowContext(NamedTuple):
@@ -80,6 +119,11 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
         return across_width(jnp.sum(x, axis=-1))
 
     step = state.count + 1
+    lr = opt.learning_rate_at(step) if hasattr(opt, "learning_rate_at") else getattr(opt, "learning_rate", None)
+    mode = decay_mode(opt)
+    rule_opt = dataclasses.replace(opt, weight_decay=0.0) if mode is WeightDecayMode.l2 else opt
+    if mode is WeightDecayMode.decoupled_global:
+        total = state.decay.total + jnp.log1p(-jnp.asarray(lr, jnp.float32) * opt.weight_decay)
 
     def rule(local, ids, g, row_sq, owned):
         """New rows (float32, or rounded to the table's bfloat16) and state for these rows, and how many of
@@ -89,9 +133,14 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
             row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True),
                                      state.rows)
         with phase("rule"):
-            lr = opt.learning_rate_at(step) if hasattr(opt, "learning_rate_at") else getattr(opt, "learning_rate", None)
+            if mode is WeightDecayMode.l2:  # the penalty's gradient joins the batch's, squares included
+                g = g + opt.weight_decay * rows
+                row_sq = _row_sums(g * g)
+            elif mode is WeightDecayMode.decoupled_global:  # the decay the row missed since its last touch
+                touch = state.decay.touch.at[local].get(mode="fill", fill_value=0, unique_indices=True)
+                rows = rows * jnp.exp(state.decay.total - touch)[:, None]
             rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq), lr)
-            new_rows, new_row_state = opt.update_rows(rows, row_state, g, rc)
+            new_rows, new_row_state = rule_opt.update_rows(rows, row_state, g, rc)
             if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
                 cols = jnp.arange(table.shape[1], dtype=jnp.int32)
                 if axis is not None and ctx.layout.splits_width:
@@ -138,11 +187,17 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
             bad, refused = bad.astype(jnp.int32), refused.astype(jnp.int32)
         norm = jnp.sqrt(sq)
         valid = jnp.isfinite(norm) & pending & (bad == 0) & (refused == 0)
+        if mode is WeightDecayMode.decoupled_global:
+            valid = valid & jnp.isfinite(total)
     with phase("scatter"):
         write = jnp.where(valid & owned, local, n_local + _gate_bit(gate))
         table = scatter(table, new_rows)
+        decay = state.decay
+        if mode is WeightDecayMode.decoupled_global:
+            decay = GlobalDecay(scatter(decay.touch, jnp.broadcast_to(total, write.shape)),
+                                jnp.where(valid, total, decay.total))
         new_state = EmbOptState(jax.tree.map(scatter, state.rows, new_row_state),
-                                jnp.where(valid, step, state.count))
+                                jnp.where(valid, step, state.count), decay)
         rows_updated = jnp.sum(valid & owned).astype(jnp.int32).reshape(1)
     out = (table, new_state, norm, valid, rows_updated)
     return out if lost is None else (*out, refused)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 from typing import Any, NamedTuple
@@ -15,7 +16,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from optimizers import AsyncEmbContext, Schedule, ScheduleKind
+from optimizers import REGISTRY, AsyncEmbContext, Schedule, ScheduleKind
 
 from . import budget, preflight
 from . import config as schemas
@@ -53,6 +54,7 @@ def _instantiate(node: DictConfig, key: str) -> Any:
     schedule = node.get("schedule") if "schedule" in node else None
     if schedule is not None:  # built here and given only to a class that has a schedule: a user's class need not
         node = OmegaConf.masked_copy(node, [k for k in node if k != "schedule"])
+    node = _without_group_defaults(node)
     try:
         return _with_schedule(hydra.utils.instantiate(node), schedule, key)
     except PreflightError:
@@ -66,6 +68,23 @@ def _instantiate(node: DictConfig, key: str) -> Any:
         raise PreflightError(
             f"{key}._target_={target!r} cannot be built: {' '.join(reason.split())}. Fix {key}: a class path "
             f"such as optimizers.AsyncAdam (or optimizer=async_adam) and arguments its class accepts") from None
+
+
+def _without_group_defaults(node: DictConfig) -> DictConfig:
+    """``node`` without the fields a built-in optimizer group brings at their defaults (e.g.
+    ``weight_decay_mode``) that its ``_target_`` class does not take: ``optimizer=async_sgd
+    optimizer._target_=mypkg.MySGD`` builds ``MySGD`` with the values it has fields for. A field set to another
+    value stays, and building the class names it."""
+    try:
+        params = inspect.signature(hydra.utils.get_class(node._target_)).parameters
+    except Exception:  # noqa: BLE001 - not a class, or not found: instantiate names the problem
+        return node
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return node
+    defaults = {f.name: f.default for cls in REGISTRY.values() if dataclasses.is_dataclass(cls)
+                for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    drop = [k for k in node if k != "_target_" and k not in params and k in defaults and node[k] == defaults[k]]
+    return OmegaConf.masked_copy(node, [k for k in node if k not in drop]) if drop else node
 
 
 def _with_schedule(opt: Any, node: DictConfig | None, key: str) -> Any:

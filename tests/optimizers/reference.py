@@ -48,6 +48,7 @@ class Reference:
     ``self.lr``: the learning rate times the schedule's multiplier of the update being applied."""
 
     base_lr = 0.0
+    wd_mode = "decoupled"  # weight_decay_mode: decoupled (in the rule), l2 (in the gradient), decoupled_global
 
     def __init__(self, table, multiplier=None):
         self.table = np.array(table, np.float64)
@@ -80,8 +81,17 @@ class Reference:
         saved = self.table.copy(), {k: v.copy() for k, v in self.state.items()}, self.count
         self.count += 1
         self.scale = self.multiplier(self.count)
+        wd = getattr(self, "wd", 0.0)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # checked just below
-            self.apply(rows, summed, self.count)
+            if self.wd_mode == "l2" and wd:  # the penalty's gradient, then the rule without its own decay
+                self.wd = 0.0
+                self.apply(rows, summed + wd * self.table[rows], self.count)
+                self.wd = wd
+            else:
+                self.apply(rows, summed, self.count)
+            if self.wd_mode == "decoupled_global" and wd:  # every other row decays too, at every update
+                others = np.setdiff1d(np.arange(self.vocab), rows)
+                self.table[others] *= 1.0 - self.lr * wd
         if not self.stored_finite(rows):
             self.table, self.state, self.count = saved
             return norm, False, rows[:0]
@@ -293,7 +303,9 @@ def reference_for(name: str, opt, table) -> Reference:
     its learning-rate schedule."""
     hp = dataclasses.asdict(opt)
     schedule = hp.pop("schedule", None)
+    mode = hp.pop("weight_decay_mode", "decoupled")
     ref = REFERENCES[name](table, **hp)
+    ref.wd_mode = getattr(mode, "value", mode)
     if schedule is not None:
         schedule["kind"] = getattr(schedule["kind"], "value", schedule["kind"])
         ref.multiplier = schedule_multiplier(**schedule)

@@ -48,6 +48,10 @@ CASES = [
     ("async_rowwise_adagrad_momentum", dict(learning_rate=0.05, momentum=0.8, eps=1e-8,
                                             initial_accumulator_value=0.5, weight_decay=0.05)),
     ("async_adam", dict(learning_rate=0.02, b1=0.8, b2=0.95, eps=1e-6, bias_correction="global")),
+    ("async_rowwise_adagrad", dict(learning_rate=0.05, eps=1e-8, initial_accumulator_value=0.5, weight_decay=0.05,
+                                   weight_decay_mode="l2")),
+    ("async_adam", dict(learning_rate=0.02, b1=0.8, b2=0.95, eps=1e-6, weight_decay=0.1,
+                        weight_decay_mode="decoupled_global")),
 ]
 
 
@@ -264,7 +268,7 @@ def test_non_pending_update_changes_nothing(case, layout):
 # does FTRL's n**(-lr_power) at lr_power=-4 (l1=0 keeps every weight non-zero, so no 0 * inf hides it).
 POISON = {
     "async_adam": dict(eps=0.0),
-    "async_rowwise_adagrad": dict(eps=0.0, initial_accumulator_value=0.0),
+    "async_rowwise_adagrad": dict(eps=0.0, initial_accumulator_value=0.0, weight_decay=0.0),  # l2's penalty: no 0/0
     "async_adagrad": dict(eps=0.0, initial_accumulator_value=0.0),
     "async_sgd": dict(learning_rate=2.0**100, weight_decay=0.0),
     # n**4 overflows float32 for a gradient element of 2**30 (n = 2**60); float64 holds it, and z's float32 does not
@@ -299,7 +303,8 @@ def test_update_with_non_finite_result_is_refused(case, layout):
     assert np.isfinite(reported[1][0]), "the gradient itself was finite: only the result was refused"
 
 
-@pytest.mark.parametrize("case", [p for p in PARAMS if p.values[0][1].get("weight_decay", 0) > 0])
+@pytest.mark.parametrize("case", [p for p in PARAMS if p.values[0][1].get("weight_decay", 0) > 0
+                                  and p.values[0][1].get("weight_decay_mode", "decoupled") == "decoupled"])
 def test_weight_decay_is_lazy(case):
     """Weight decay is lazy: an update decays only the rows its batch touches, once per update (however many
     tokens share the row), with the rule's own factor ``1 - learning_rate * weight_decay``; a row the batch
@@ -353,3 +358,34 @@ def test_a_schedule_scales_each_updates_learning_rate(case, layout):
     np.testing.assert_allclose(lr, [base / 2, base, base * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi / 3))),
                                     base * (0.1 + 0.9 * 0.5 * (1 + np.cos(2 * np.pi / 3))), base * 0.1, base * 0.1],
                                rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["async_adam", "async_sgd"])
+@pytest.mark.parametrize("layout", [pytest.param(n, id=n) for n in ("single", "row_routed", "column")])
+def test_decoupled_global_decay_equals_decaying_every_row_every_update(name, layout):
+    """``weight_decay_mode=decoupled_global`` under a warmup-cosine schedule: after each update, every row,
+    touched or not, read as its stored value times the decay it has yet to catch up on
+    (``exp(total - touch)``), equals a dense numpy table in which every row decays at every update by
+    ``1 - lr_t * weight_decay`` (and the touched ones also take their rule's step). The rows no batch touches
+    are never written (their stored value does not change)."""
+    hp = dict(learning_rate=0.05, weight_decay=0.2, weight_decay_mode="decoupled_global", schedule=SCHEDULE)
+    case = (name, hp)
+    opt, step = library(case, layout)
+    ctx, make = context(layout), updater(layout)
+    table0 = initial_table(5)
+    ref = reference_for(name, opt, table0)
+    table, state = placed(ctx, jnp.asarray(table0), opt.init(VOCAB, WIDTH))
+    rng = np.random.default_rng(12)
+    for i in range(6):
+        ids, grads = batch(rng)
+        if i < 3:
+            ids[ids >= 12] = 0  # rows 12.. wait three updates, then catch up
+        table, state, _, valid = step(table, state, make(ids, grads, True))
+        ref.step(ids, grads, True)
+        assert bool(valid)
+        decay = np.exp(np.asarray(state.decay.total, np.float64) - np.asarray(state.decay.touch, np.float64))
+        np.testing.assert_allclose(np.asarray(table) * decay[:, None], ref.table, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"update {i}")
+    np.testing.assert_array_equal(np.asarray(table)[DRAWN:], table0[DRAWN:])  # never touched: never written
+    assert float(state.decay.total) == pytest.approx(
+        sum(np.log1p(-0.05 * 0.2 * m) for m in (0.5, 1.0, 0.1 + 0.9 * 0.75, 0.1 + 0.9 * 0.25, 0.1, 0.1)), rel=1e-5)

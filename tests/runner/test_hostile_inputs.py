@@ -155,6 +155,11 @@ OPTIMIZER = [
     (["optimizer=async_ftrl", "optimizer.l2=nan"], "optimizer.l2=nan is outside [0, inf)"),
     (["optimizer=async_ftrl", "optimizer.beta=-1"], "optimizer.beta=-1.0 is outside [0, inf)"),
     (["optimizer.schedule.kind=warmup"], "optimizer.schedule.warmup_steps=0 must be at least 1 for kind=warmup"),
+    (["optimizer=async_sgd", f"optimizer._target_={__name__}.PlainSGD", "optimizer.weight_decay_mode=l2"],
+     "got an unexpected keyword argument 'weight_decay_mode'"),  # a value it was asked for is never dropped
+    (["optimizer.weight_decay=100", "optimizer.weight_decay_mode=decoupled_global"],
+     "optimizer.weight_decay=100.0 with learning_rate=0.02 decays a row by 1 - 2 per update under "
+     "weight_decay_mode=decoupled_global: their product must be below 1"),
     (["optimizer.schedule.kind=warmup_cosine", "optimizer.schedule.warmup_steps=7"],
      "optimizer.schedule.warmup_steps=7 is longer than the run (trainer.steps=6): the learning rate would never "
      "reach optimizer.learning_rate; shorten the warmup or lengthen the run"),
