@@ -19,6 +19,7 @@ import enum
 from typing import NamedTuple
 
 from ._lazy import jax, jnp
+from .fields import schedule_field, weight_decay_mode_field
 from .fused import FusedEmbOptimizer, RowContext
 from .row_update import WeightDecayMode
 from .hparams import hparam
@@ -66,15 +67,12 @@ class AsyncAdam(FusedEmbOptimizer):
                                  low=0.0)
     bias_correction: BiasCorrection = dataclasses.field(default=BiasCorrection["per_row"], metadata={
         "doc": "per_row: each row's own update count; global: the table's (TF LazyAdam, SparseAdam, FBGEMM)"})
-    weight_decay_mode: WeightDecayMode = dataclasses.field(default=WeightDecayMode.decoupled, metadata={
-        "doc": "decoupled (inside the rule, touched rows), l2 (added to the gradient) or decoupled_global "
-               "(touched rows catch up on the decay they missed): optimizers.row_update.WeightDecayMode"})
-    schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
-        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
+    weight_decay_mode: WeightDecayMode = weight_decay_mode_field()
+    schedule: Schedule = schedule_field()
 
     def __post_init__(self):
         object.__setattr__(self, "bias_correction", as_bias_correction(self.bias_correction))
-        object.__setattr__(self, "weight_decay_mode", WeightDecayMode(self.weight_decay_mode))
+        super().__post_init__()
 
     def init_rows(self, num_rows: int, width: int) -> AdamRows:
         """Zero moments and update counts."""

@@ -31,6 +31,7 @@ import dataclasses
 from typing import NamedTuple
 
 from ._lazy import jax, jnp
+from .fields import schedule_field
 from .fused import FusedEmbOptimizer, RowContext
 from .hparams import hparam
 from .schedules import Schedule
@@ -62,8 +63,7 @@ class AsyncFtrl(FusedEmbOptimizer):
     multiply_linear_by_learning_rate: bool = dataclasses.field(default=False, metadata={
         "doc": "store learning_rate * z instead of z (TensorFlow's variant; the same weights at a constant "
                "learning rate)"})
-    schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
-        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
+    schedule: Schedule = schedule_field()
 
     def init_rows(self, num_rows: int, width: int) -> FtrlRows:
         """``n`` at ``initial_accumulator``, ``z`` at 0 (set from the row at its first touch), no updates."""

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from ._lazy import jax, jnp
 from .async_adam import BiasCorrection, as_bias_correction, bias_counts
+from .fields import schedule_field, weight_decay_mode_field
 from .fused import FusedEmbOptimizer, RowContext
 from .row_update import WeightDecayMode
 from .hparams import hparam
@@ -45,15 +46,12 @@ class AsyncPartialRowwiseAdam(FusedEmbOptimizer):
                                       "the rows an update touches, once per update", low=0.0)
     bias_correction: BiasCorrection = dataclasses.field(default=BiasCorrection["per_row"], metadata={
         "doc": "per_row: each row's own update count; global: the table's (FBGEMM)"})
-    weight_decay_mode: WeightDecayMode = dataclasses.field(default=WeightDecayMode.decoupled, metadata={
-        "doc": "decoupled (inside the rule, touched rows), l2 (added to the gradient) or decoupled_global "
-               "(touched rows catch up on the decay they missed): optimizers.row_update.WeightDecayMode"})
-    schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
-        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
+    weight_decay_mode: WeightDecayMode = weight_decay_mode_field()
+    schedule: Schedule = schedule_field()
 
     def __post_init__(self):
         object.__setattr__(self, "bias_correction", as_bias_correction(self.bias_correction))
-        object.__setattr__(self, "weight_decay_mode", WeightDecayMode(self.weight_decay_mode))
+        super().__post_init__()
 
     def init_rows(self, num_rows: int, width: int) -> PartialRowwiseAdamRows:
         """Zero moments and update counts."""

@@ -15,6 +15,7 @@ import dataclasses
 from typing import NamedTuple
 
 from ._lazy import jax, jnp
+from .fields import schedule_field, weight_decay_mode_field
 from .fused import FusedEmbOptimizer, RowContext
 from .row_update import WeightDecayMode
 from .hparams import hparam
@@ -40,14 +41,8 @@ class AsyncRowwiseAdagradMomentum(FusedEmbOptimizer):
     initial_accumulator_value: float = hparam(0.0, "every row's accumulator before its first touch", low=0.0)
     weight_decay: float = hparam(0.0, "decay of a row, times the learning rate, applied lazily: only to the rows "
                                       "an update touches, once per update", low=0.0)
-    weight_decay_mode: WeightDecayMode = dataclasses.field(default=WeightDecayMode.decoupled, metadata={
-        "doc": "decoupled (inside the rule, touched rows), l2 (added to the gradient) or decoupled_global "
-               "(touched rows catch up on the decay they missed): optimizers.row_update.WeightDecayMode"})
-    schedule: Schedule = dataclasses.field(default_factory=Schedule, metadata={
-        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
-
-    def __post_init__(self):
-        object.__setattr__(self, "weight_decay_mode", WeightDecayMode(self.weight_decay_mode))
+    weight_decay_mode: WeightDecayMode = weight_decay_mode_field()
+    schedule: Schedule = schedule_field()
 
     def init_rows(self, num_rows: int, width: int) -> RowwiseAdagradMomentumRows:
         """Accumulators at ``initial_accumulator_value``, zero momentum."""

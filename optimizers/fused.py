@@ -46,6 +46,11 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
             return lr
         return lr * schedule(count)
 
+    def __post_init__(self):
+        """A word given for ``weight_decay_mode`` (e.g. from the library's own callers) as the Enum."""
+        if hasattr(self, "weight_decay_mode"):
+            object.__setattr__(self, "weight_decay_mode", WeightDecayMode(self.weight_decay_mode))
+
     def problems(self) -> list[str]:
         """Checks across hyperparameters (``optimizers.problems`` adds them to the range checks): with
         ``weight_decay_mode=decoupled_global`` the per-update decay ``1 - learning_rate * weight_decay`` must be
