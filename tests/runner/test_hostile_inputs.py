@@ -154,6 +154,10 @@ OPTIMIZER = [
     (["optimizer=async_ftrl", "optimizer.l1=-0.1"], "optimizer.l1=-0.1 is outside [0, inf) (L1 strength"),
     (["optimizer=async_ftrl", "optimizer.l2=nan"], "optimizer.l2=nan is outside [0, inf)"),
     (["optimizer=async_ftrl", "optimizer.beta=-1"], "optimizer.beta=-1.0 is outside [0, inf)"),
+    (["optimizer=async_rowwise_adagrad_momentum", "optimizer.momentum=1"],
+     "optimizer.momentum=1.0 is outside [0, 1) (decay of the momentum buffer per touch"),
+    (["optimizer=async_partial_rowwise_adam", "optimizer.b2=1"], "optimizer.b2=1.0 is outside [0, 1) (decay of the "
+                                                                  "per-row second-moment estimate)"),
     (["optimizer.schedule.kind=warmup"], "optimizer.schedule.warmup_steps=0 must be at least 1 for kind=warmup"),
     (["optimizer=async_sgd", f"optimizer._target_={__name__}.PlainSGD", "optimizer.weight_decay_mode=l2"],
      "got an unexpected keyword argument 'weight_decay_mode'"),  # a value it was asked for is never dropped
