@@ -16,12 +16,11 @@ from jax.sharding import Mesh, NamedSharding
 
 import optimizers
 from optimizers import Routing, TableLayout
-from tests.optimizers.test_contract import CASES, CTX, DRAWN, POISON, TOKENS, VOCAB, WIDTH, batch, build_update, \
-    case_id, fused_step, initial_table, library
+from tests.optimizers.test_contract import CASES, CTX, DRAWN, FIRST_OF_EACH, POISON, TOKENS, VOCAB, WIDTH, batch, \
+    build_update, case_id, fused_step, initial_table, library
 
-# Each optimizer's first configured case: every optimizer on every mesh here; every configuration of each one
-# on every layout is the contract's (tests/optimizers/test_contract.py, 2x4 mesh).
-FIRST_OF_EACH = [c for i, c in enumerate(CASES) if c[1] and all(c[0] != d[0] for d in CASES[:i] if d[1])]
+# FIRST_OF_EACH: each optimizer's first configured case: every optimizer on every mesh here; every configuration
+# of each one on every layout is the contract's (tests/optimizers/test_contract.py, 2x4 mesh).
 
 MESHES = {
     "2x4": lambda: Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "table")),
