@@ -15,34 +15,14 @@ touched.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import NamedTuple
 
 from ._lazy import jax, jnp
-from .fields import schedule_field, weight_decay_mode_field
+from .fields import BiasCorrection, bias_correction_field, bias_counts, schedule_field, weight_decay_mode_field
 from .fused import FusedEmbOptimizer, RowContext
 from .row_update import WeightDecayMode
 from .hparams import hparam
 from .schedules import Schedule
-
-
-# Which update count Adam's bias correction uses (module docstring); "global" is a keyword, hence the call form.
-BiasCorrection = enum.Enum("BiasCorrection", [("per_row", "per_row"), ("global", "global")], type=str,
-                           module=__name__)
-
-
-def as_bias_correction(value) -> BiasCorrection:
-    """``value`` (a word or the Enum) as a :data:`BiasCorrection`; a ValueError naming the choices otherwise."""
-    try:
-        return BiasCorrection(getattr(value, "value", value))
-    except ValueError:
-        raise ValueError(f"bias_correction {value!r} is not one of per_row, global") from None
-
-
-def bias_counts(kind: BiasCorrection, count: jax.Array, step: jax.Array) -> jax.Array:
-    """The float32 count each touched row's bias correction uses: its own ``count`` ([rows], per_row) or the
-    table's update ``step`` (a scalar, global)."""
-    return count.astype(jnp.float32) if kind is BiasCorrection["per_row"] else jnp.asarray(step, jnp.float32)
 
 
 class AdamRows(NamedTuple):
@@ -65,14 +45,9 @@ class AsyncAdam(FusedEmbOptimizer):
     weight_decay: float = hparam(0.0, "decoupled (AdamW) decay of a row, times the learning rate, applied lazily: only to the rows an update "
                                  "touches, once per update (untouched rows do not decay)",
                                  low=0.0)
-    bias_correction: BiasCorrection = dataclasses.field(default=BiasCorrection["per_row"], metadata={
-        "doc": "per_row: each row's own update count; global: the table's (TF LazyAdam, SparseAdam, FBGEMM)"})
+    bias_correction: BiasCorrection = bias_correction_field("the table's (TF LazyAdam, SparseAdam, FBGEMM)")
     weight_decay_mode: WeightDecayMode = weight_decay_mode_field()
     schedule: Schedule = schedule_field()
-
-    def __post_init__(self):
-        object.__setattr__(self, "bias_correction", as_bias_correction(self.bias_correction))
-        super().__post_init__()
 
     def init_rows(self, num_rows: int, width: int) -> AdamRows:
         """Zero moments and update counts."""

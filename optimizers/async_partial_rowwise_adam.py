@@ -17,8 +17,7 @@ import dataclasses
 from typing import NamedTuple
 
 from ._lazy import jax, jnp
-from .async_adam import BiasCorrection, as_bias_correction, bias_counts
-from .fields import schedule_field, weight_decay_mode_field
+from .fields import BiasCorrection, bias_correction_field, bias_counts, schedule_field, weight_decay_mode_field
 from .fused import FusedEmbOptimizer, RowContext
 from .row_update import WeightDecayMode
 from .hparams import hparam
@@ -44,14 +43,9 @@ class AsyncPartialRowwiseAdam(FusedEmbOptimizer):
                         low=0.0, low_open=True)
     weight_decay: float = hparam(0.0, "decoupled decay of a row, times the learning rate, applied lazily: only to "
                                       "the rows an update touches, once per update", low=0.0)
-    bias_correction: BiasCorrection = dataclasses.field(default=BiasCorrection["per_row"], metadata={
-        "doc": "per_row: each row's own update count; global: the table's (FBGEMM)"})
+    bias_correction: BiasCorrection = bias_correction_field("the table's (FBGEMM)")
     weight_decay_mode: WeightDecayMode = weight_decay_mode_field()
     schedule: Schedule = schedule_field()
-
-    def __post_init__(self):
-        object.__setattr__(self, "bias_correction", as_bias_correction(self.bias_correction))
-        super().__post_init__()
 
     def init_rows(self, num_rows: int, width: int) -> PartialRowwiseAdamRows:
         """Zero moments and update counts."""

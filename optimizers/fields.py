@@ -1,10 +1,13 @@
-"""The dataclass fields every fused optimizer declares alike: its learning-rate schedule and its weight-decay
-mode (each optimizer file declares its own hyperparameters with ``hparams.hparam``)."""
+"""The dataclass fields fused optimizers declare alike: the learning-rate schedule, the weight-decay mode and
+the Adams' bias-correction count (each optimizer file declares its own hyperparameters with
+``hparams.hparam``). ``FusedEmbOptimizer.__post_init__`` turns a word given for an Enum field into the Enum."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
 
+from ._lazy import jax, jnp
 from .row_update import WeightDecayMode
 from .schedules import Schedule
 
@@ -20,3 +23,29 @@ def weight_decay_mode_field() -> Any:
     return dataclasses.field(default=WeightDecayMode.decoupled, metadata={
         "doc": "decoupled (inside the rule, touched rows), l2 (added to the gradient) or decoupled_global "
                "(touched rows catch up on the decay they missed): optimizers.row_update.WeightDecayMode"})
+
+
+# Which update count an Adam's bias correction uses: the row's own (per_row) or the table's (global); "global"
+# is a keyword, hence the call form.
+BiasCorrection = enum.Enum("BiasCorrection", [("per_row", "per_row"), ("global", "global")], type=str,
+                           module=__name__)
+
+
+def as_bias_correction(value) -> BiasCorrection:
+    """``value`` (a word or the Enum) as a :data:`BiasCorrection`; a ValueError naming the choices otherwise."""
+    try:
+        return BiasCorrection(getattr(value, "value", value))
+    except ValueError:
+        raise ValueError(f"bias_correction {value!r} is not one of per_row, global") from None
+
+
+def bias_correction_field(global_means: str) -> Any:
+    """``bias_correction: BiasCorrection``: per_row by default; ``global_means`` says whose count global is."""
+    return dataclasses.field(default=BiasCorrection["per_row"], metadata={
+        "doc": f"per_row: each row's own update count; global: {global_means}"})
+
+
+def bias_counts(kind: BiasCorrection, count: jax.Array, step: jax.Array) -> jax.Array:
+    """The float32 count each touched row's bias correction uses: its own ``count`` ([rows], per_row) or the
+    table's update ``step`` (a scalar, global)."""
+    return count.astype(jnp.float32) if kind is BiasCorrection["per_row"] else jnp.asarray(step, jnp.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import jnp, lax
+from .fields import as_bias_correction
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 from .row_update import EmbOptState, GlobalDecay, RowContext, WeightDecayMode, decay_mode
 from .schedules import ScheduleKind
@@ -47,9 +48,11 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
         return lr * schedule(count)
 
     def __post_init__(self):
-        """A word given for ``weight_decay_mode`` (e.g. from the library's own callers) as the Enum."""
+        """A word given for ``weight_decay_mode`` or ``bias_correction`` (``optimizers.fields``) as the Enum."""
         if hasattr(self, "weight_decay_mode"):
             object.__setattr__(self, "weight_decay_mode", WeightDecayMode(self.weight_decay_mode))
+        if hasattr(self, "bias_correction"):
+            object.__setattr__(self, "bias_correction", as_bias_correction(self.bias_correction))
 
     def problems(self) -> list[str]:
         """Checks across hyperparameters (``optimizers.problems`` adds them to the range checks): with

@@ -59,10 +59,15 @@ class Schedule:
             raise ValueError(f"schedule kind {self.kind!r} is not one of "
                              f"{', '.join(k.value for k in ScheduleKind)}") from None
 
+    @property
+    def warms(self) -> bool:
+        """Whether this schedule starts with a warmup (``warmup``, ``warmup_cosine``)."""
+        return self.kind in WARMING
+
     def problems(self) -> list[str]:
         """What keeps this schedule from being evaluated: a warmup of 0 updates, a cosine of 0 (unresolved)."""
         out = []
-        if self.kind in WARMING and self.warmup_steps < 1:
+        if self.warms and self.warmup_steps < 1:
             out.append(f"warmup_steps={self.warmup_steps} must be at least 1 for kind={self.kind.value}")
         if self.kind in DECAYING and self.decay_steps < 1:
             out.append(f"decay_steps={self.decay_steps} must be at least 1 for kind={self.kind.value} (0 = the "

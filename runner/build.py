@@ -123,22 +123,6 @@ def over_the_run(opt: Any, steps: int) -> Any:
     return opt
 
 
-def check_warmups(cfg: DictConfig, configured: tuple) -> None:
-    """A schedule whose warmup outlasts the run never reaches its learning rate: refused, naming the key."""
-    default, overrides = configured
-    steps = int(cfg.trainer.steps)
-    errors = []
-    for key, opt in [("optimizer", default)] + [(f"table_optimizers.{n}", o) for n, o in overrides.items()]:
-        schedule = getattr(opt, "schedule", None)
-        if isinstance(schedule, Schedule) and schedule.kind in (ScheduleKind.warmup, ScheduleKind.warmup_cosine) \
-                and schedule.warmup_steps > steps:
-            errors.append(f"{key}.schedule.warmup_steps={schedule.warmup_steps} is longer than the run "
-                          f"(trainer.steps={steps}): the learning rate would never reach {key}.learning_rate; "
-                          f"shorten the warmup or lengthen the run")
-    if errors:
-        raise PreflightError("invalid config:\n" + "\n".join(f"  - {e}" for e in errors))
-
-
 def permuted_tables(cfg: DictConfig, plan: MeshPlan | None, names: list[str]) -> dict[str, bool]:
     """Per table, whether its ids are permuted (``TableSpec.permute_ids``), from ``mesh.permute_ids``: true or
     false for every table; auto: as the checkpoint this run resumes records it (``meta.resumed_tables``; no key:
@@ -278,7 +262,7 @@ def build_run(cfg: DictConfig) -> RunParts:
     preflight.check_selection(cfg.trainer, task)
     names = list(task.tables())
     opts = {n: over_the_run(o, int(cfg.trainer.steps)) for n, o in emb_optimizers(cfg, names, configured).items()}
-    check_warmups(cfg, configured)
+    preflight.check_warmups(configured, int(cfg.trainer.steps))
     preflight.check_values(cfg, opts, names)
     preflight.check_async(opts, cfg.async_emb.enabled)
 

@@ -195,6 +195,20 @@ def check_optimizers(default: Any, overrides: Mapping[str, Any]) -> None:
     _raise(errors)
 
 
+def check_warmups(configured: tuple[Any, Mapping[str, Any]], steps: int) -> None:
+    """A learning-rate schedule whose warmup outlasts the run (``trainer.steps``, resolved) never reaches its
+    learning rate: refused, naming the key. ``configured``: the default optimizer and the per-table ones."""
+    default, overrides = configured
+    errors = []
+    for key, opt in [("optimizer", default)] + [(f"table_optimizers.{n}", o) for n, o in overrides.items()]:
+        schedule = getattr(opt, "schedule", None)
+        if getattr(schedule, "warms", False) and schedule.warmup_steps > steps:
+            errors.append(f"{key}.schedule.warmup_steps={schedule.warmup_steps} is longer than the run "
+                          f"(trainer.steps={steps}): the learning rate would never reach {key}.learning_rate; "
+                          f"shorten the warmup or lengthen the run")
+    _raise(errors)
+
+
 SUMMARY_KEYS = ("final/train_loss", "perf/examples_per_s")  # in a run's summary beside the task's metrics
 
 
