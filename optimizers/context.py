@@ -41,6 +41,10 @@ class AsyncEmbContext:
         route_peak: the most distinct ids one device sent one shard in sampled train batches (column layout:
             the most one device held); when given, slots are ``route_capacity`` times it.
         route_overflow: what a step with more ids for one shard (column: one device) than its slots does.
+        dc_lambda: delay compensation (DC-ASGD, Zheng et al. 2017): None = off; else every update record
+            carries the rows its gradient was computed on (``AsyncEmbGradientUpdate.rows``, ``w_then``) and
+            each touched row's summed gradient becomes ``g + dc_lambda * g * g * (w_now - w_then)`` before the
+            optimizer's rule, ``w_now`` the row as the update finds it.
         layout: the ``Layout`` the words select (not an argument).
     """
 
@@ -55,6 +59,7 @@ class AsyncEmbContext:
     route_min_slots: int = ROUTE_MIN_SLOTS
     route_peak: int | None = None
     route_overflow: RouteOverflow = RouteOverflow.reroute
+    dc_lambda: float | None = None
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
     layout: Layout = dataclasses.field(init=False, repr=False)
 
@@ -200,12 +205,19 @@ class AsyncEmbContext:
             return P(self.batch_axes, None)
         return P()
 
-    def update_specs(self, local: bool | None = None) -> tuple[P, P, P, P]:
-        """Specs of the update record's fields (unique_tokens, grads, segment_ids, pending). On a
+    @property
+    def compensates(self) -> bool:
+        """Whether updates are delay-compensated (``dc_lambda`` given): their records carry ``rows``."""
+        return self.dc_lambda is not None
+
+    def update_specs(self, local: bool | None = None) -> tuple:
+        """Specs of the update record's fields (unique_tokens, grads, segment_ids, pending, rows: like the
+        gradients under delay compensation, else None). On a
         ``per_device_record`` context the record ``make_update`` builds is per device (``local``, the default
         there): every field but ``pending`` is split over the batch axes; a record of the whole batch
         (``local=False``) has its ids replicated."""
         split = self.per_device_record
         local = split if local is None else local
         seg = P(self.batch_axes) if split else P()
-        return (P(self.batch_axes) if local and split else P()), self.grads_spec(), seg, P()
+        rows = self.grads_spec() if self.compensates else None
+        return (P(self.batch_axes) if local and split else P()), self.grads_spec(), seg, P(), rows

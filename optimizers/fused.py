@@ -103,6 +103,10 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
     rows past an owner's buffer (``ctx.owner_slots_for``) count (summed over the table shards). Column,
     ``"stop"``: the distinct ids past a device's exchange (``ctx.slots_for``, summed over devices);
     ``"reroute"``: such a step exchanges every device's whole buffer and nothing is refused (0)."""
+    if ctx.compensates != (update.rows is not None):
+        raise ValueError(f"an update record {'without' if ctx.compensates else 'with'} rows (w_then) on a context "
+                         f"{'with' if ctx.compensates else 'without'} delay compensation (dc_lambda): build "
+                         "records with make_update/empty_update on the table's own context")
     # The gate orders the table writes after the gate's producer (e.g. the lookup that reads the table).
     table, state, gate = lax.optimization_barrier((table, state, jnp.asarray(gate)))
     return ctx.layout.update(opt, ctx, update, table, state, gate)

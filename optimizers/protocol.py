@@ -32,6 +32,8 @@ class AsyncEmbGradientUpdate(NamedTuple):
     grads: [tokens_per_batch, width], one row per token.
     segment_ids: int32 [tokens_per_batch], each token's index into ``unique_tokens``; -1 for padding tokens.
     pending: bool scalar, false when there is nothing to apply (first step, or after a flush).
+    rows: [tokens_per_batch, width] float32 or None: each token's row as the gradient was computed on it
+        (``w_then``), carried only for delay compensation (``AsyncEmbContext.dc_lambda``); None otherwise.
 
     On the routed row layout (``AsyncEmbContext.routed``) ``make_update`` builds the record per device:
     ``unique_tokens`` is ``mesh.size`` blocks of ``local_unique`` (each device's own sorted distinct ids) and
@@ -42,6 +44,7 @@ class AsyncEmbGradientUpdate(NamedTuple):
     grads: jax.Array
     segment_ids: jax.Array
     pending: jax.Array
+    rows: Any = None
 
 
 @runtime_checkable

@@ -79,8 +79,9 @@ def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
 
 
 def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending: Any = True,
-                pad_id: int | None = 0) -> AsyncEmbGradientUpdate:
-    """Build the update record for one table from the batch's ids and per-token gradients.
+                pad_id: int | None = 0, rows: jax.Array | None = None) -> AsyncEmbGradientUpdate:
+    """Build the update record for one table from the batch's ids and per-token gradients (and, for delay
+    compensation, ``rows``: each token's row as the gradient was computed on it, ``[..., width]``).
 
     Routed (row layout, ``routing="alltoall"``) and column layout (``ctx.per_device_record``): each device
     dedupes only its own tokens (the batch split over every mesh axis, as the train step holds it) inside
@@ -95,7 +96,18 @@ def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending:
         unique, seg = local(ids.reshape(-1))
     else:
         unique, seg = dedupe(ids, ctx.stored_rows, ctx.num_unique, pad_id)
-    return AsyncEmbGradientUpdate(unique, grads, seg, jnp.asarray(pending, bool))
+    return AsyncEmbGradientUpdate(unique, grads, seg, jnp.asarray(pending, bool), compensation_rows(ctx, rows))
+
+
+def compensation_rows(ctx: AsyncEmbContext, rows: jax.Array | None) -> jax.Array | None:
+    """The ``rows`` field of an update record on ``ctx``: ``rows`` as float32 ``[tokens, width]`` under delay
+    compensation (refused when missing), None otherwise (whatever was given)."""
+    if not ctx.compensates:
+        return None
+    if rows is None:
+        raise ValueError("delay compensation (dc_lambda) needs each token's row the gradient was computed on: "
+                         "pass rows= (the looked-up rows) to make_update")
+    return rows.reshape(-1, rows.shape[-1]).astype(jnp.float32)
 
 
 def empty_update(ctx: AsyncEmbContext, dtype: Any = "float32") -> AsyncEmbGradientUpdate:
@@ -105,6 +117,7 @@ def empty_update(ctx: AsyncEmbContext, dtype: Any = "float32") -> AsyncEmbGradie
         jnp.zeros((ctx.tokens_per_batch, ctx.emb_width), dtype),
         jnp.full((ctx.tokens_per_batch,), -1, jnp.int32),
         jnp.zeros((), bool),
+        jnp.zeros((ctx.tokens_per_batch, ctx.emb_width), jnp.float32) if ctx.compensates else None,
     )
 
 
@@ -165,6 +178,13 @@ def segment_sum(grads: jax.Array, segment_ids: jax.Array, num_unique: int) -> ja
     """fp32 sum of per-token gradients into their unique rows; padding tokens (-1) are dropped."""
     seg = jnp.where(segment_ids < 0, num_unique, segment_ids)
     return jax.ops.segment_sum(grads.astype(jnp.float32), seg, num_segments=num_unique)
+
+
+def segment_rows(rows: jax.Array, segment_ids: jax.Array, num_unique: int) -> jax.Array:
+    """Each unique row's value from its tokens' ``rows`` (float32; every token of a row carries the same
+    value, so any one of them is it, exactly); rows no token maps to are zeros, padding tokens (-1) dropped."""
+    seg = jnp.where(segment_ids < 0, num_unique, segment_ids)
+    return jnp.zeros((num_unique, rows.shape[-1]), jnp.float32).at[seg].set(rows.astype(jnp.float32), mode="drop")
 
 
 def token_ids(ctx: AsyncEmbContext, unique: jax.Array, segment_ids: jax.Array) -> jax.Array:

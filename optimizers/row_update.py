@@ -83,6 +83,7 @@ class Touched(NamedTuple):
     local: jax.Array
     owned: jax.Array
     grads: jax.Array
+    then: Any = None  # delay compensation: their rows as the gradient was computed on them ([rows, shard width])
 
 
 def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Array, state: EmbOptState,
@@ -96,8 +97,14 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
     (int32): rows of this update this shard could not hold; any, summed over the shards, refuse it whole, and
     the sum is returned after the other results. ``live`` (column layout): ``(k, whole)``: unless ``whole``
     (a bool every device agrees on), only the first ``k`` rows can be owned, so the width sums (a psum over the
-    table axis) move those rows only."""
-    ids, local, owned, g = touched
+    table axis) move those rows only.
+
+    Under delay compensation (``ctx.dc_lambda``; ``touched.then`` holds each row's ``w_then``) the rule gets
+    ``g + dc_lambda * g * g * (w_now - w_then)`` for each touched row, ``w_now`` its row as gathered here (as
+    stored), before any l2 term; the norm stays the batch gradient's."""
+    ids, local, owned, g, then = touched
+    if ctx.compensates and then is None:
+        raise ValueError("delay compensation (dc_lambda) needs the touched rows' w_then (Touched.then)")
     axis = ctx.table_axis if ctx.sharded else None
     with phase("gate"):  # one pass over g serves the norm and any rule that needs sum(g**2)
         row_sq = _row_sums(g * g)
@@ -125,7 +132,7 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
     if mode is WeightDecayMode.decoupled_global:
         total = state.decay.total + jnp.log1p(-jnp.asarray(lr, jnp.float32) * opt.weight_decay)
 
-    def rule(local, ids, g, row_sq, owned):
+    def rule(local, ids, g, row_sq, owned, then):
         """New rows (float32, or rounded to the table's bfloat16) and state for these rows, and how many of
         the owned ones hold a non-finite value (as stored)."""
         with phase("gather"):
@@ -133,6 +140,9 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
             row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True),
                                      state.rows)
         with phase("rule"):
+            if then is not None:  # the gradient, late by the updates applied since, corrected (DC-ASGD)
+                g = g + jnp.float32(ctx.dc_lambda) * g * g * (rows - then)
+                row_sq = _row_sums(g * g)
             if mode is WeightDecayMode.l2:  # the penalty's gradient joins the batch's, squares included
                 g = g + opt.weight_decay * rows
                 row_sq = _row_sums(g * g)
@@ -155,7 +165,7 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
         return new_rows, new_row_state, bad
 
     if chunk is None or chunk >= local.shape[0]:
-        new_rows, new_row_state, bad = rule(local, ids, g, row_sq, owned)
+        new_rows, new_row_state, bad = rule(local, ids, g, row_sq, owned, then)
     else:
         # Owned rows come first (sorted unique ids, padding last): the rule runs chunk by chunk over them only,
         # so its cost follows the rows this shard really updates, not the static buffer (mostly padding).
@@ -164,7 +174,9 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
         pad = lambda x, v: jnp.concatenate([x, jnp.full((total - n, *x.shape[1:]), v, x.dtype)])  # noqa: E731
         local, ids, g, row_sq, owned = (pad(local, n_local), pad(ids, ctx.stored_rows), pad(g, 0), pad(row_sq, 0),
                                         pad(owned, False))
-        shapes = jax.eval_shape(lambda: rule(local[:chunk], ids[:chunk], g[:chunk], row_sq[:chunk], owned[:chunk]))
+        then = None if then is None else pad(then, 0)
+        shapes = jax.eval_shape(lambda: rule(local[:chunk], ids[:chunk], g[:chunk], row_sq[:chunk], owned[:chunk],
+                                             None if then is None else then[:chunk]))
         out0 = jax.tree.map(lambda s: jnp.zeros((total, *s.shape[1:]), s.dtype), shapes[:2])
         chunks = -(-jnp.sum(owned).astype(jnp.int32) // chunk)  # chunks that hold owned rows
 
@@ -172,7 +184,8 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
             i, out, bad = carry
             at = i * chunk
             part = lambda x: lax.dynamic_slice_in_dim(x, at, chunk)  # noqa: E731
-            r, st, b = rule(part(local), part(ids), part(g), part(row_sq), part(owned))
+            r, st, b = rule(part(local), part(ids), part(g), part(row_sq), part(owned),
+                            None if then is None else part(then))
             out = jax.tree.map(lambda o, v: lax.dynamic_update_slice_in_dim(o, v, at, 0), out, (r, st))
             return i + 1, out, bad + b
 

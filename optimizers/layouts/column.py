@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._lazy import P, jax, jnp, lax
 from ..protocol import AsyncEmbGradientUpdate
-from ..record import dedupe, device_record, num_unique_for, segment_sum, without_padding_id
+from ..record import dedupe, device_record, num_unique_for, segment_rows, segment_sum, without_padding_id
 from ..routing import exchange, gather_over_data, gather_over_table, route_peak, to_tokens
 from ..row_update import Touched, write_rows
 from .base import ROUTE_METRICS, Layout, per_device_lookup, sharded_update
@@ -163,39 +163,46 @@ def _kernel(opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     shards, width = ctx.table_shards, ctx.emb_width
     slots = ctx.slots_for(n)
     g = segment_sum(update.grads, seg, size)  # [U, width] fp32
+    w = segment_rows(update.rows, seg, size) if ctx.compensates else None  # [U, width]: w_then (compensation)
 
     def owner_size(c: int) -> int:
         return min(ctx.mesh.size * c, ctx.stored_rows) + 1
 
     def receive(c: int, pad_to: int | None = None):
         """Exchange the first ``c`` unique ids -> (every row's id [S], every device's gradient slice summed
-        [S, width / shards]), padded to ``pad_to`` rows (ids ``ctx.stored_rows``, gradients 0)."""
-        gc = jnp.moveaxis(g[:c].reshape(c, shards, width // shards), 1, 0)  # [shards, c, width / shards]
-        g_in = gather_over_data(ctx, exchange(ctx, gc)).reshape(-1, width // shards)
+        [S, width / shards], and under delay compensation the rows' w_then slices, else None), padded to
+        ``pad_to`` rows (ids ``ctx.stored_rows``, gradients 0)."""
+        slices = lambda x: jnp.moveaxis(x[:c].reshape(c, shards, width // shards), 1, 0)  # noqa: E731
+        # [shards, c, width / shards]; w_then's slices ride in the same all-to-all, after the gradient's
+        sent = slices(g) if w is None else jnp.concatenate([slices(g), slices(w)], axis=-1)
+        got = gather_over_data(ctx, exchange(ctx, sent)).reshape(-1, sent.shape[-1])
+        g_in = got[:, :width // shards]
         rows_in = gather_over_data(ctx, gather_over_table(ctx, unique[:c])).reshape(-1)
         s = owner_size(c)
         ids, oseg = dedupe(rows_in, ctx.stored_rows, s, pad_id=None)
         g_own = segment_sum(g_in, oseg, s)  # every device's gradient slice for each row
+        w_own = None if w is None else segment_rows(got[:, width // shards:], oseg, s)  # every device read the same
         if pad_to is not None and pad_to > s:  # sorted ids, padding last: stays so
             ids = jnp.concatenate([ids, jnp.full((pad_to - s,), ctx.stored_rows, ids.dtype)])
             g_own = jnp.pad(g_own, ((0, pad_to - s), (0, 0)))
-        return ids, g_own
+            w_own = None if w_own is None else jnp.pad(w_own, ((0, pad_to - s), (0, 0)))
+        return ids, g_own, w_own
 
     pending, live, refused = update.pending, None, jnp.zeros((), jnp.int32)
     if not ctx.column_capped_for(n):  # room for every distinct id: the whole buffer, as it is
-        ids, g_own = receive(size)
+        ids, g_own, then = receive(size)
     else:
         _, overflow = past_exchange(ctx, unique, slots)
         if ctx.reroutes:  # every device takes the same branch: the test is on the overflow summed over the mesh
             rerouted = lax.psum(overflow, ctx.batch_axes) > 0
             full = owner_size(size)
-            ids, g_own = lax.cond(rerouted, lambda: receive(size), lambda: receive(slots, full))
+            ids, g_own, then = lax.cond(rerouted, lambda: receive(size), lambda: receive(slots, full))
             live = (owner_size(slots), rerouted)  # the width sums move the whole buffer only when rerouted
         else:  # ids past the exchange: the update is refused whole
             refused = lax.psum(overflow, ctx.batch_axes)
-            ids, g_own = receive(slots)
+            ids, g_own, then = receive(slots)
             pending = pending & (refused == 0)
     owned = ids < ctx.stored_rows
     # One pass over the whole buffer (no chunks): the rule's width sums are collectives, one per chunk otherwise.
-    out = write_rows(opt, ctx, Touched(ids, ids, owned, g_own), table, state, gate, pending, live=live)
+    out = write_rows(opt, ctx, Touched(ids, ids, owned, g_own, then), table, state, gate, pending, live=live)
     return (*out, refused)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._lazy import P, jax, jnp, lax
 from ..protocol import AsyncEmbGradientUpdate
-from ..record import segment_sum
+from ..record import segment_rows, segment_sum
 from ..row_update import Touched, write_rows
 from .base import sharded_update
 from .choices import Routing
@@ -55,4 +55,5 @@ def _kernel(opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     owned = (rows >= 0) & (rows < ctx.shard_rows)
     seg = jnp.where(owned.at[seg].get(mode="fill", fill_value=False), seg, -1)  # sum only the rows we own
     g = segment_sum(update.grads, seg, ctx.num_unique)  # [U, width]
-    return write_rows(opt, ctx, Touched(ids, rows, owned, g), table, state, gate, update.pending)
+    then = segment_rows(update.rows, seg, ctx.num_unique) if ctx.compensates else None
+    return write_rows(opt, ctx, Touched(ids, rows, owned, g, then), table, state, gate, update.pending)

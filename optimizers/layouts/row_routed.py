@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._lazy import jax, jnp, lax
 from ..protocol import AsyncEmbGradientUpdate
-from ..record import dedupe, device_record, num_unique_for, segment_sum, without_padding_id
+from ..record import dedupe, device_record, num_unique_for, segment_rows, segment_sum, without_padding_id
 from ..routing import Buckets, bucket, exchange, gather_over_data, route_peak, rounds_needed, to_tokens
 from ..row_update import Touched, write_rows
 from .base import ROUTE_METRICS, per_device_lookup, sharded_update
@@ -120,29 +120,38 @@ def _kernel(opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     size = ctx.owner_slots_for(n)  # the owner's unique-row buffer
 
     def receive(b: Buckets, held=None):
-        """-> the owner's (local rows [size], fp32 gradient sums [size, width], rows that did not fit). ``held``:
-        what earlier rounds delivered (the same triple); this round's rows are merged into it."""
+        """-> the owner's (local rows [size], fp32 gradient sums [size, width], rows that did not fit, and under
+        delay compensation the rows' w_then [size, width], else None). ``held``: what earlier rounds delivered
+        (the same four); this round's rows are merged into it."""
         # Each token's gradient summed (fp32) straight into its unique id's send slot: one pass, no [U, width]
         # buffer to gather from. Padding tokens and ids without a slot this round land past the end: dropped.
         shards = b.send.shape[0]
         tok_slot = jnp.where(seg >= 0, b.slot.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=shards * slots),
                              -1)
         send_g = segment_sum(update.grads, tok_slot, shards * slots).reshape(shards, slots, -1)
-        # One all-to-all carries both: each slot's row number rides, bit for bit, as an extra float32 column.
         width = send_g.shape[-1]
-        packed = jnp.concatenate([send_g, lax.bitcast_convert_type(b.send, jnp.float32)[..., None]], axis=-1)
-        got = gather_over_data(ctx, exchange(ctx, packed)).reshape(-1, width + 1)
-        rows_in, g_in = lax.bitcast_convert_type(got[:, width], jnp.int32), got[:, :width]
+        parts = [send_g]
+        if ctx.compensates:  # each slot's w_then rides beside its gradient (one more row per sent id)
+            parts.append(segment_rows(update.rows, tok_slot, shards * slots).reshape(shards, slots, -1))
+        # One all-to-all carries them all: each slot's row number rides, bit for bit, as an extra float32 column.
+        packed = jnp.concatenate([*parts, lax.bitcast_convert_type(b.send, jnp.float32)[..., None]], axis=-1)
+        cols = len(parts) * width
+        got = gather_over_data(ctx, exchange(ctx, packed)).reshape(-1, cols + 1)
+        rows_in, g_in = lax.bitcast_convert_type(got[:, cols], jnp.int32), got[:, :width]
+        w_in = got[:, width:cols] if ctx.compensates else None
         lost = jnp.zeros((), jnp.int32)
         if held is not None:
             rows_in, g_in = jnp.concatenate([held[0], rows_in]), jnp.concatenate([held[1], g_in])
             lost = held[2]
+            if w_in is not None:
+                w_in = jnp.concatenate([held[3], w_in])
         full = min(rows_in.shape[0], ctx.shard_rows) + 1  # every received slot, or every owned row
         local, oseg = dedupe(rows_in, ctx.shard_rows, full, pad_id=None)
         g_own = segment_sum(g_in, oseg, full)  # every sender's gradient for each owned row
+        w_own = None if w_in is None else segment_rows(w_in, oseg, full)[:size]  # every sender read the same row
         # Owned rows come first (sorted, padding last): keep the first ``size``; any owned row past them is lost.
         lost = lost + jnp.sum(local[size:] < ctx.shard_rows).astype(jnp.int32)
-        return local[:size], g_own[:size], lost
+        return local[:size], g_own[:size], lost, w_own
 
     if ctx.reroutes:
         # Rounds of the same slots until every id reached its owner: the first as usual, then (only when some
@@ -150,16 +159,16 @@ def _kernel(opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
         # needs) the next slots of each run, merged into the owner's buffer. The table is written once, after
         # them (outside the loop: a scatter inside it would copy the table shard).
         rounds, _, _ = rounds_needed(ctx, b, slots)
-        local, g_own, lost = lax.fori_loop(
+        local, g_own, lost, then = lax.fori_loop(
             1, rounds, lambda r, held: receive(bucket(ctx, unique, slots, r * slots), held), receive(b))
     else:
-        local, g_own, _ = receive(b)
+        local, g_own, _, then = receive(b)
         refused = lax.psum(b.overflow, ctx.batch_axes)  # ids without a slot, counted at their senders
     owned = local < ctx.shard_rows
     gids = jnp.where(owned, local + lax.axis_index(axis) * ctx.shard_rows, ctx.stored_rows)
     if ctx.reroutes:  # rows an owner could not hold refuse the update whole: summed with the norm and the rule's check
-        return write_rows(opt, ctx, Touched(gids, local, owned, g_own), table, state, gate, update.pending,
+        return write_rows(opt, ctx, Touched(gids, local, owned, g_own, then), table, state, gate, update.pending,
                           chunk=RULE_CHUNK, lost=lost)
-    out = write_rows(opt, ctx, Touched(gids, local, owned, g_own), table, state, gate,
+    out = write_rows(opt, ctx, Touched(gids, local, owned, g_own, then), table, state, gate,
                      update.pending & (refused == 0), chunk=RULE_CHUNK)
     return (*out, refused)

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._lazy import jax, jnp
 from ..protocol import AsyncEmbGradientUpdate
-from ..record import segment_sum
+from ..record import segment_rows, segment_sum
 from ..row_update import Touched, write_rows
 from .base import Layout
 
@@ -30,4 +30,6 @@ class Single(Layout):
         """Segment-sum the record's gradients into its unique rows, then the shared rule and scatter."""
         ids = update.unique_tokens
         g = segment_sum(update.grads, update.segment_ids, ctx.num_unique)  # [U, width]
-        return write_rows(opt, ctx, Touched(ids, ids, ids < ctx.stored_rows, g), table, state, gate, update.pending)
+        then = segment_rows(update.rows, update.segment_ids, ctx.num_unique) if ctx.compensates else None
+        return write_rows(opt, ctx, Touched(ids, ids, ids < ctx.stored_rows, g, then), table, state, gate,
+                          update.pending)

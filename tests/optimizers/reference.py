@@ -71,10 +71,19 @@ class Reference:
     def apply(self, rows: np.ndarray, grad: np.ndarray, step: int) -> None:
         raise NotImplementedError
 
-    def step(self, ids, grads, pending: bool = True) -> tuple[float, bool, np.ndarray]:
-        """Apply one batch; returns ``(norm, valid, touched_rows)`` (no rows when not valid)."""
+    def step(self, ids, grads, pending: bool = True, then=None, dc_lambda: float = 0.0) -> tuple[float, bool, np.ndarray]:
+        """Apply one batch; returns ``(norm, valid, touched_rows)`` (no rows when not valid).
+
+        ``then`` (delay compensation, DC-ASGD): each token's row as its gradient was computed on it; every
+        touched row's summed gradient ``g`` becomes ``g + dc_lambda * g * g * (w_now - w_then)`` before the
+        rule (``w_now``: the row now), and the norm stays that of ``g``."""
         rows, summed = dedupe_sum(ids, grads, self.vocab)
         norm = global_norm(summed)
+        if then is not None:
+            flat = np.asarray(ids).reshape(-1)
+            first = np.array([np.flatnonzero(flat == r)[0] for r in rows], dtype=np.int64)
+            w_then = np.asarray(then, np.float64).reshape(flat.size, -1)[first]
+            summed = summed + dc_lambda * summed * summed * (self.table[rows] - w_then)
         valid = bool(pending) and math.isfinite(norm)
         if not valid:
             return norm, False, rows[:0]
