@@ -223,6 +223,14 @@ def program_key(cfg: DictConfig, specs: dict[str, TableSpec], peaks: dict[str, i
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+def dc_lambda(cfg: DictConfig) -> float | None:
+    """The tables' delay-compensation lambda (``async_emb.compensation=dc``, async only), else None."""
+    a = cfg.async_emb
+    if not a.enabled or str(a.compensation) != "dc":
+        return None
+    return float(a.dc_lambda)
+
+
 def dense_optimizer(cfg: DictConfig) -> DenseOptimizer:
     d = cfg.dense_optimizer
     return DenseOptimizer(d.learning_rate, d.warmup_steps, int(cfg.trainer.steps),
@@ -282,7 +290,8 @@ def build_run(cfg: DictConfig) -> RunParts:
     contexts = {n: AsyncEmbContext(s.rows, s.width, B * s.tokens_per_example, mesh=mesh,
                                    table_axis=plan.table_axis, table_layout=plan.table_layout, routing=plan.routing,
                                    route_capacity=float(cfg.mesh.route_capacity),
-                                   route_overflow=cfg.mesh.route_overflow) for n, s in specs.items()}
+                                   route_overflow=cfg.mesh.route_overflow, dc_lambda=dc_lambda(cfg))
+                for n, s in specs.items()}
     model = task.make_model(specs, cfg.model)
     peaks = route_peaks(task, model, specs, contexts, B)
     contexts = {n: dataclasses.replace(c, route_peak=peaks.get(n)) for n, c in contexts.items()}
@@ -290,5 +299,6 @@ def build_run(cfg: DictConfig) -> RunParts:
                            tuple(task.model_keys), detail_interval=int(cfg.trainer.log_interval),
                            detail_last=int(cfg.trainer.steps), reuse_key=program_key(cfg, specs, peaks, opts),
                            optimizer_keys={n: f"table_optimizers.{n}" if n in cfg.table_optimizers else "optimizer"
-                                           for n in specs})
+                                           for n in specs},
+                           staleness=int(cfg.async_emb.staleness) if cfg.async_emb.enabled else 1)
     return RunParts(program, task, plan, run_budget)

@@ -22,7 +22,8 @@ from optimizers import ROUTE_CAPACITY, Choice, RouteOverflow, Routing, TableLayo
 MAX_IDS = 10**8  # ids / rows of a generated data source or a table
 MAX_WIDTH = 65536  # an embedding or hidden width
 MAX_SEED = 2**32 - 1
-MAX_CPU_DEVICES = 4096  # virtual CPU devices: creating many more takes minutes
+MAX_CPU_DEVICES = 4096
+DC_LAMBDA = 1.0  # async_emb.dc_lambda's default (docs/results/ranking.md: how it was chosen)  # virtual CPU devices: creating many more takes minutes
 ROUTE_SAMPLE_BATCHES = 8  # train batches whose ids size the routed row layout's slots and the column layout's
 # exchange (runner.build.route_peaks)
 
@@ -80,9 +81,23 @@ class Negatives(Choice):
     in_batch = "in_batch"  # the other sequences' targets at the same position; logits - log q
 
 
+class Compensation(Choice):
+    """What async mode does about a deferred gradient being late (``async_emb.compensation``)."""
+
+    none = "none"  # apply it as it is
+    dc = "dc"  # delay compensation (DC-ASGD): g + dc_lambda * g * g * (w_now - w_then), per touched row
+
+
+MAX_STALENESS = 64
+
+
 @dataclass
 class AsyncEmbConfig:
     enabled: bool = True
+    staleness: int = hparam(1, "steps a deferred embedding update waits: step t applies step t-k's (async only)",
+                            low=1, high=MAX_STALENESS)
+    compensation: Compensation = Compensation.none
+    dc_lambda: float = hparam(DC_LAMBDA, "delay compensation's lambda (compensation=dc)", low=0.0, low_open=True)
 
 
 @dataclass

@@ -149,6 +149,20 @@ def _logger_problems(lg: Any) -> list[str]:
     return errors
 
 
+def _async_problems(a: Any) -> list[str]:
+    """Staleness and delay compensation are async mode's: with async off they would do nothing."""
+    if a.enabled:
+        return []
+    out = []
+    if int(a.staleness) != 1:
+        out.append(f"async_emb.staleness={a.staleness} needs async mode (async_emb.enabled=false applies each "
+                   f"step's update in its own step): use async_emb=on, or leave staleness at 1")
+    if str(a.compensation) != str(schemas.Compensation.none):
+        out.append(f"async_emb.compensation={a.compensation} corrects a deferred update for its delay, and with "
+                   f"async_emb.enabled=false no update is deferred: use async_emb=on, or async_emb.compensation=none")
+    return out
+
+
 def check_config(cfg: DictConfig) -> None:
     """Every numeric setting against the range declared beside its field, lists and names, all problems at
     once; runs before any data is generated or read and before any device is created."""
@@ -156,6 +170,8 @@ def check_config(cfg: DictConfig) -> None:
     errors += section_problems(cfg.trainer, schemas.TrainerConfig, "trainer.")
     errors += section_problems(cfg.dense_optimizer, schemas.DenseOptimizerConfig, "dense_optimizer.")
     errors += section_problems(cfg.mesh, schemas.MeshConfig, "mesh.")
+    errors += section_problems(cfg.async_emb, schemas.AsyncEmbConfig, "async_emb.")
+    errors += _async_problems(cfg.async_emb)
     if schemas.permute_ids_setting(cfg.mesh.get("permute_ids")) is None:
         errors.append(f"mesh.permute_ids={cfg.mesh.get('permute_ids')!r} is not one of {', '.join(schemas.PERMUTE_IDS)} "
                       f"(auto: permute the ids of row-sharded tables, resume a checkpoint in its own order)")

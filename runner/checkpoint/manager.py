@@ -293,29 +293,42 @@ class Checkpoints:
         padding row, kept it would write one."""
         if not state.pending:
             return state
-        from optimizers import record_for, record_token_ids  # noqa: PLC0415
-
         pending = dict(state.pending)
+        k = self.program.staleness  # k > 1: each table's queue of k records, stacked on a leading axis
         for n, upd in pending.items():
             ctx, old = self.program.contexts[n], meta["tables"][n]
             unique = np.asarray(upd.unique_tokens.addressable_data(0))  # both read whole (replicated)
             seg = np.asarray(upd.segment_ids.addressable_data(0))
-            stray = np.unique(unique[(unique >= old["vocab"]) & (unique < old["rows"])])
-            if stray.size:
-                raise PreflightError(
-                    f"checkpoint {where}: the deferred update of table '{n}' holds ids {stray[:4].tolist()} "
-                    f"outside its {old['vocab']} rows (ids 0..{old['vocab'] - 1}, stored padded to {old['rows']} "
-                    f"rows). No run writes such an update: the checkpoint was damaged before its digests were "
-                    f"taken, or written by another program. Move {where} away to resume from the checkpoint "
-                    f"before it, or start a new run: checkpoint.resume=never with another checkpoint.dir or "
-                    f"trainer.run_id.")
-            if unique.shape != (ctx.record_unique,) or old["rows"] != ctx.stored_rows:
-                unique, seg = record_for(ctx, record_token_ids(unique, seg, old["rows"]))
+            if k == 1:
+                unique, seg = self._refit_record(n, ctx, old, unique, seg, where)
+            else:
+                unique, seg = (np.stack(x) for x in zip(*(self._refit_record(n, ctx, old, u, g, where)
+                                                          for u, g in zip(unique, seg))))
             specs = ctx.update_specs()
+            if k > 1:
+                specs = mesh_lib.stacked(specs)
             place = lambda x, spec: jax.make_array_from_callback(  # noqa: E731
                 x.shape, NamedSharding(self.program.mesh, spec), lambda idx, x=x: x[idx])
             pending[n] = upd._replace(unique_tokens=place(unique, specs[0]), segment_ids=place(seg, specs[2]))
         return state._replace(pending=pending)
+
+    @staticmethod
+    def _refit_record(n: str, ctx: Any, old: Mapping[str, Any], unique: np.ndarray, seg: np.ndarray, where: Path):
+        """One deferred update's (unique ids, segment ids) as this run makes them (``_refit``)."""
+        from optimizers import record_for, record_token_ids  # noqa: PLC0415
+
+        stray = np.unique(unique[(unique >= old["vocab"]) & (unique < old["rows"])])
+        if stray.size:
+            raise PreflightError(
+                f"checkpoint {where}: the deferred update of table '{n}' holds ids {stray[:4].tolist()} "
+                f"outside its {old['vocab']} rows (ids 0..{old['vocab'] - 1}, stored padded to {old['rows']} "
+                f"rows). No run writes such an update: the checkpoint was damaged before its digests were "
+                f"taken, or written by another program. Move {where} away to resume from the checkpoint "
+                f"before it, or start a new run: checkpoint.resume=never with another checkpoint.dir or "
+                f"trainer.run_id.")
+        if unique.shape != (ctx.record_unique,) or old["rows"] != ctx.stored_rows:
+            unique, seg = record_for(ctx, record_token_ids(unique, seg, old["rows"]))
+        return unique, seg
 
 
 class _CountingTracker:

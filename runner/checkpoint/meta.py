@@ -118,9 +118,15 @@ def describe(cfg: DictConfig, program: Any, state: Any, *, step: int, metrics_ro
     sums = checkpoint_digest.digests(info, scheme=DIGEST_SCHEMES[FORMAT])
     arrays = {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r in info}
     return {"format": FORMAT, "step": step, "data_step": step, "metrics_rows": metrics_rows, "run_id": run,
-            "output_dir": output_dir, "mesh": mesh, "async_emb": bool(program.async_emb), "tables": tables,
+            "output_dir": output_dir, "mesh": mesh, "async_emb": bool(program.async_emb),
+            "staleness": int(program.staleness), "compensation": _compensation(program), "tables": tables,
             "arrays": arrays, "versions": versions(), "config": OmegaConf.to_container(cfg, resolve=True),
             **({"data": dict(data)} if data is not None else {})}
+
+
+def _compensation(program: Any) -> str:
+    """The program's ``async_emb.compensation`` word, as its contexts say."""
+    return "dc" if any(c.compensates for c in program.contexts.values()) else "none"
 
 
 # ----- compatibility ------------------------------------------------------------------------------------
@@ -140,6 +146,15 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
     if bool(meta["async_emb"]) != bool(program.async_emb):
         problems.append(f"async_emb.enabled: the checkpoint has {meta['async_emb']}, this config has "
                         f"{program.async_emb}")
+    elif program.async_emb:  # the deferred updates' queue and records are saved as this config makes them
+        staleness, comp = int(meta.get("staleness", 1)), meta.get("compensation", "none")
+        if staleness != program.staleness:
+            problems.append(f"async_emb.staleness: the checkpoint has {staleness}, this config has "
+                            f"{program.staleness} (its queue holds {staleness} deferred updates)")
+        if comp != _compensation(program):
+            problems.append(f"async_emb.compensation: the checkpoint has {comp}, this config has "
+                            f"{_compensation(program)} (its deferred updates carry {'the' if comp == 'dc' else 'no'} "
+                            f"rows their gradients were computed on)")
     ours, theirs = tables_of(program), meta["tables"]
     if set(ours) != set(theirs):
         problems.append(f"tables: the checkpoint has {sorted(theirs)}, this config has {sorted(ours)}")
@@ -207,7 +222,8 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
             problems.append(f"array {key} dtype: the checkpoint has {dtype}, this config has {x.dtype}")
         if path[-1] == jax.tree_util.GetAttrKey(SEGMENT_IDS) and shape == tuple(x.shape):
             out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # re-placed by the refit
-        elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == 1:
+        elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == len(x.shape) \
+                and shape[:-1] == tuple(x.shape[:-1]):  # one record's ids, or a queue's k (async_emb.staleness)
             out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # at its stored size
         elif shape == tuple(x.shape) or (rows is not None and shape[1:] == tuple(x.shape[1:])
                                        and min(shape[0], x.shape[0]) >= rows):

@@ -11,6 +11,13 @@ Async mode (``async_emb=on``), step t:
   3. finish it (norm, valid);
   4. return G_t, deduplicated, as the new deferred update. Staleness is exactly one step.
 Both modes use the same fused kernels; ``flush`` applies the last deferred update.
+
+Bounded staleness k > 1 (``async_emb.staleness``): the state holds a queue of the k last deferred updates
+(each leaf stacked on a leading axis of k, a ring indexed by the step: step t reads G_{t-k} from slot t mod k
+and writes G_t into the same slot, in place), so step t applies G_{t-k}; ``flush`` applies all k in order.
+k = 1 keeps the single record above, unchanged. Delay compensation (``async_emb.compensation=dc``): each
+record also carries the rows its gradient was computed on (the lookup of its step), and the fused update
+corrects the late gradient by them (``optimizers.AsyncEmbContext.dc_lambda``).
 """
 from __future__ import annotations
 
@@ -56,6 +63,8 @@ class TrainProgram:
     # table -> the config key of its optimizer ("optimizer" or "table_optimizers.<table>"), for the message of
     # an optimizer that fails (``failures.py``)
     optimizer_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # async: steps a deferred update waits (1: the next step applies it; k > 1: a queue of k records)
+    staleness: int = 1
 
     @property
     def dense_tx(self) -> optax.GradientTransformation:
@@ -83,7 +92,7 @@ class TrainProgram:
             opt_state=jax.tree.map(lambda _: rep, state.opt_state),
             tables={n: NamedSharding(self.mesh, ctxs[n].table_spec()) for n in state.tables},
             emb_states={n: mesh_lib.named(self.mesh, ctxs[n].state_specs(s)) for n, s in state.emb_states.items()},
-            pending={n: mesh_lib.named(self.mesh, AsyncEmbGradientUpdate(*ctxs[n].update_specs()))
+            pending={n: mesh_lib.named(self.mesh, self._queued(AsyncEmbGradientUpdate(*ctxs[n].update_specs())))
                      for n in state.pending},
             rng=rep,
             skips=jax.tree.map(lambda _: rep, state.skips),
@@ -114,10 +123,36 @@ class TrainProgram:
             with traced(self, name, "its state was built (init)"):
                 emb_states[name] = self.emb_optimizers[name].init(spec.rows, spec.width)
             if self.async_emb:
-                pending[name] = empty_update(ctx)
+                empty = empty_update(ctx)
+                pending[name] = empty if self.staleness == 1 else jax.tree.map(
+                    lambda x: jnp.broadcast_to(x, (self.staleness, *x.shape)), empty)
         zero = jnp.zeros((), jnp.int32)
         return TrainState(zero, params, opt_state, tables, emb_states, pending, rng,
                           {name: SkipCounts(zero, zero) for name in sorted(self.tables)})
+
+    # ----- the queue of deferred updates (staleness k > 1) -------------------------------------------
+    def _queued(self, specs: AsyncEmbGradientUpdate) -> AsyncEmbGradientUpdate:
+        """A record's specs as the state keeps them: as they are (k = 1), or with the queue's leading axis."""
+        if self.staleness == 1:
+            return specs
+        return mesh_lib.stacked(specs)
+
+    def queue_entry(self, queue: AsyncEmbGradientUpdate, slot) -> AsyncEmbGradientUpdate:
+        """The record in ``slot`` of a table's queue (the queue itself for k = 1)."""
+        if self.staleness == 1:
+            return queue
+        return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, slot, keepdims=False), queue)
+
+    def queue_put(self, queue: AsyncEmbGradientUpdate, slot, record: AsyncEmbGradientUpdate):
+        """``queue`` with ``record`` in ``slot``, written in place (``record`` itself for k = 1)."""
+        if self.staleness == 1:
+            return record
+        return jax.tree.map(lambda q, x: jax.lax.dynamic_update_index_in_dim(q, x.astype(q.dtype), slot, 0),
+                            queue, record)
+
+    def queue_slot(self, step) -> jax.Array:
+        """The slot step ``step`` (0-based) reads its deferred update from and writes its own into."""
+        return jnp.asarray(step, jnp.int32) % self.staleness
 
     # ----- the step ----------------------------------------------------------------------------------
     def _apply(self, name: str, ctx: AsyncEmbContext, update, table, emb_state, gate):
@@ -156,8 +191,12 @@ class TrainProgram:
         # feeds the diagnostics (distinct ids, stale rows), on logged steps only.
         routed = {n for n in ids if ctxs[n].per_device_record}  # per-device records (routed row, column)
         dedup = {n: dedupe(ids[n], ctxs[n].stored_rows, ctxs[n].num_unique) for n in ids if n not in routed}
+        slot = self.queue_slot(state.step)
+        head = {n: self.queue_entry(q, slot) for n, q in state.pending.items()}  # G_{t-k}, applied this step
+        queued = {n: [self.queue_entry(q, j) for j in range(self.staleness)] if self.staleness > 1 else [q]
+                  for n, q in state.pending.items()}  # every record still pending: the rows a read misses
         diag = {n: jax.lax.cond(detail, partial(_diagnostics, ids[n], ctxs[n]), lambda p: (jnp.int32(-1),) * 2,
-                                state.pending.get(n) if self.async_emb else None) for n in sorted(routed)}
+                                queued.get(n) if self.async_emb else None) for n in sorted(routed)}
         looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n], with_dedupe=n in routed) for n in ids}
         embs = {n: e for n, (e, *_) in looked.items()}
         tables, emb_states = dict(state.tables), dict(state.emb_states)
@@ -166,9 +205,10 @@ class TrainProgram:
 
         if self.async_emb:  # apply G_{t-1}, ordered after this step's lookups, beside the forward pass
             gate = sum(e.reshape(-1)[0] for e in embs.values())
-            for n, upd in state.pending.items():
+            for n, upd in head.items():
                 metrics[f"emb/stale_rows/{n}"] = diag[n][1] if n in routed else jax.lax.cond(
-                    detail, partial(_overlap, rows=ctxs[n].stored_rows), lambda *_: jnp.int32(-1), dedup[n][0], upd)
+                    detail, partial(_overlap, rows=ctxs[n].stored_rows), lambda *_: jnp.int32(-1), dedup[n][0],
+                    queued[n])
                 tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
 
         (loss, outputs), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
@@ -183,9 +223,11 @@ class TrainProgram:
 
         record = {n: looked[n][2] if n in routed else dedup[n] for n in ids}  # (unique ids, segment ids)
         updates = {n: AsyncEmbGradientUpdate(record[n][0], g_embs[n].reshape(-1, g_embs[n].shape[-1]), record[n][1],
-                                             jnp.ones((), bool)) for n in ids}
+                                             jnp.ones((), bool),  # the rows the gradient saw: compensation only
+                                             embs[n].reshape(-1, embs[n].shape[-1]) if ctxs[n].compensates else None)
+                   for n in ids}
         if self.async_emb:
-            pending = updates
+            pending = {n: self.queue_put(state.pending[n], slot, u) for n, u in updates.items()}
         else:
             pending = {}
             for n, u in updates.items():
@@ -212,7 +254,7 @@ class TrainProgram:
                 metrics[f"emb/shard_rows_max/{n}"] = jnp.max(rows)
                 metrics[f"emb/shard_rows_mean/{n}"] = jnp.mean(rows.astype(jnp.float32))
         if self.async_emb:
-            stale = sum(metrics[f"emb/stale_rows/{n}"] for n in state.pending)
+            stale = sum(metrics[f"emb/stale_rows/{n}"] for n in head)
             metrics["emb/stale_rows"] = jnp.where(detail, stale, -1)
         for n, (_, (overflow, peak), *_) in looked.items():  # ids with no slot at their owner / past the exchange
             if ctxs[n].counts_routes:
@@ -227,7 +269,7 @@ class TrainProgram:
             first = jnp.arange(flat.shape[0]) == jnp.argmax(bad.reshape(-1))
             metrics[f"emb/dropped_id_example/{n}"] = jnp.sum(jnp.where(first, flat, 0))
         skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
-                                  {n: (state.pending[n] if self.async_emb else updates[n]).pending for n in applied})
+                                  {n: (head[n] if self.async_emb else updates[n]).pending for n in applied})
         metrics.update(skip_metrics(skips))
         new_state = TrainState(state.step + 1, params, opt_state, tables, emb_states, pending, state.rng, skips)
         return new_state, metrics
@@ -250,6 +292,8 @@ class TrainProgram:
         after it (sync mode, where nothing is ever pending: the skip counts only)."""
         if not state.pending:
             return state, skip_metrics(state.skips)
+        if self.staleness > 1:
+            return self._flush_queue(state)
         tables, emb_states, pending, applied = dict(state.tables), dict(state.emb_states), {}, {}
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
         for n, upd in state.pending.items():
@@ -258,6 +302,31 @@ class TrainProgram:
             pending[n] = upd._replace(pending=jnp.zeros((), bool))
         skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
                                   {n: u.pending for n, u in state.pending.items()})
+        return self._flushed(state, tables, emb_states, pending, skips, applied, ctxs)
+
+    def _flush_queue(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
+        """``flush`` with a queue of k > 1 records: each table's records applied oldest first (slots ``s mod k``,
+        ``s + 1 mod k``, ..., ``s`` the steps done), each gated like a step's; afterwards none is pending.
+        A table's record: the norm over its applied records, valid when every pending one was applied and one
+        was."""
+        tables, emb_states, skips = dict(state.tables), dict(state.emb_states), dict(state.skips)
+        applied, pending, ctxs = {}, {}, {}
+        for n, queue in state.pending.items():
+            sq, ok, any_pending, rows = jnp.zeros(()), jnp.ones((), bool), jnp.zeros((), bool), None
+            for j in range(self.staleness):
+                upd = self.queue_entry(queue, self.queue_slot(state.step + j))
+                ctxs[n] = self.contexts[n].fresh()
+                tables[n], emb_states[n], norm, valid, rows = self._apply(n, ctxs[n], upd, tables[n], emb_states[n],
+                                                                          jnp.zeros(()))
+                skips.update(self._count_skips({n: skips[n]}, {n: valid}, {n: upd.pending}))
+                sq = sq + jnp.where(upd.pending, norm * norm, 0.0)
+                ok, any_pending = ok & (valid | ~upd.pending), any_pending | upd.pending
+            applied[n] = (jnp.sqrt(sq), ok & any_pending, rows)
+            pending[n] = queue._replace(pending=jnp.zeros_like(queue.pending))
+        return self._flushed(state, tables, emb_states, pending, skips, applied, ctxs)
+
+    def _flushed(self, state, tables, emb_states, pending, skips, applied, ctxs):
+        """The flushed state and the flush's record (``flush``)."""
         norms = jnp.stack([a[0] for a in applied.values()])
         metrics = {"emb/flush_grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
                    "emb/flush_valid": jnp.all(jnp.stack([a[1] for a in applied.values()]))}
@@ -308,7 +377,9 @@ class TrainProgram:
         step = jax.jit(lambda rest, pending, batch, a: self.train_step(rest._replace(pending=pending), batch, a),
                        in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh,
                                      {k: v.sharding for k, v in args.items()}),
-                       out_shardings=(s_sh, None), donate_argnums=0, compiler_options=opts)
+                       # the queue of k > 1 records is donated too: its one slot is rewritten in place
+                       out_shardings=(s_sh, None), donate_argnums=0 if self.staleness == 1 else (0, 1),
+                       compiler_options=opts)
         flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=(s_sh, None), donate_argnums=0,
                         compiler_options=opts)
         predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh), compiler_options=opts)
@@ -372,7 +443,7 @@ class StepFn:
         return self.jitted.lower(state._replace(pending={}), state.pending, batch, self.args)
 
 
-def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: AsyncEmbGradientUpdate | None):
+def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: list[AsyncEmbGradientUpdate] | None):
     """A routed table's (distinct ids of the batch, rows it reads that still have a pending update, or -1
     without one), from one dedupe of the whole batch (run on logged steps only)."""
     unique = dedupe(ids, ctx.stored_rows, ctx.num_unique)[0]
@@ -380,10 +451,13 @@ def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: AsyncEmbGradient
     return jnp.sum(unique < ctx.stored_rows).astype(jnp.int32), stale
 
 
-def _overlap(unique: jax.Array, pending: AsyncEmbGradientUpdate, rows: int, per_device: bool = False) -> jax.Array:
-    """Rows this batch reads that still have a pending (not yet applied) update. ``per_device``: the
-    record holds each device's own sorted ids (routed), sorted together here (repeats do no harm)."""
-    p = jnp.sort(pending.unique_tokens) if per_device else pending.unique_tokens
-    pos = jnp.clip(jnp.searchsorted(p, unique, method="scan"), 0, p.shape[0] - 1)
-    hit = (p[pos] == unique) & (unique < rows) & pending.pending
-    return jnp.sum(hit).astype(jnp.int32)
+def _overlap(unique: jax.Array, pending: list[AsyncEmbGradientUpdate], rows: int, per_device: bool = False) -> jax.Array:
+    """Rows this batch reads that still have a pending (not yet applied) update in any of the ``pending``
+    records (one, or the queue's k). ``per_device``: a record holds each device's own sorted ids (routed),
+    sorted together here (repeats do no harm)."""
+    hit = jnp.zeros(unique.shape, bool)
+    for record in pending:
+        p = jnp.sort(record.unique_tokens) if per_device else record.unique_tokens
+        pos = jnp.clip(jnp.searchsorted(p, unique, method="scan"), 0, p.shape[0] - 1)
+        hit = hit | ((p[pos] == unique) & record.pending)
+    return jnp.sum(hit & (unique < rows)).astype(jnp.int32)

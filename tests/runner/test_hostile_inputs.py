@@ -75,6 +75,11 @@ RANKING = [
     ("dense_optimizer.clip_norm=0", "dense_optimizer.clip_norm=0.0 is outside (0, inf)"),
     ("dense_optimizer.warmup_steps=-1", "dense_optimizer.warmup_steps=-1 is outside [0, inf)"),
     ("dense_optimizer.end_learning_rate_ratio=2", "dense_optimizer.end_learning_rate_ratio=2.0 is outside [0, 1]"),
+    ("async_emb.staleness=0", "async_emb.staleness=0 is outside [1, 64] (steps a deferred embedding update waits"),
+    ("async_emb.staleness=65", "async_emb.staleness=65 is outside [1, 64]"),
+    ("async_emb.dc_lambda=0", "async_emb.dc_lambda=0.0 is outside (0, inf) (delay compensation's lambda"),
+    ("async_emb.dc_lambda=nan", "async_emb.dc_lambda=nan is outside (0, inf)"),
+    ("async_emb.dc_lambda=inf", "async_emb.dc_lambda=inf is outside (0, inf)"),
     ("logger.project=a/b", "logger.project='a/b' must be a non-empty name of at most 128 characters"),
     ("logger.project=''", "logger.project='' must be a non-empty name"),
     ("logger.tags=['']", "logger.tags has '': each tag must be non-empty and at most 64 characters"),
@@ -124,7 +129,23 @@ def test_sequential_config_value_is_refused_by_name(override, needle):
     assert needle in refused(seq_config(override))
 
 
+@pytest.mark.parametrize("overrides, needle", [
+    (["async_emb=off", "async_emb.compensation=dc"],
+     "async_emb.compensation=dc corrects a deferred update for its delay, and with async_emb.enabled=false no update "
+     "is deferred: use async_emb=on, or async_emb.compensation=none"),
+    (["async_emb=off", "async_emb.staleness=2"],
+     "async_emb.staleness=2 needs async mode (async_emb.enabled=false applies each step's update in its own step): "
+     "use async_emb=on, or leave staleness at 1"),
+], ids=["compensation-with-async-off", "staleness-with-async-off"])
+def test_async_settings_without_async_mode_are_refused(overrides, needle):
+    assert needle in refused(compose_config(overrides))
+
+
 def test_wrong_type_is_refused_when_composing():
+    with pytest.raises(ConfigCompositionException, match="async_emb.compensation"):
+        compose_config(["async_emb.compensation=later"])
+    with pytest.raises(ConfigCompositionException, match="async_emb.staleness=1.5"):
+        compose_config(["async_emb.staleness=1.5"])
     with pytest.raises(ConfigCompositionException, match="model.emb_width=abc"):
         compose_config(["model.emb_width=abc"])
 

@@ -33,6 +33,11 @@ MESHES = {
 }
 
 
+# async modes by name: one step stale, or a queue of two deferred updates with delay compensation
+MODES = {"on": ["async_emb=on"], "off": ["async_emb=off"],
+         "k2dc": ["async_emb=on", "async_emb.staleness=2", "async_emb.compensation=dc"]}
+
+
 def launch(tmp: Path, name: str, overrides=()) -> float:
     """One launch of the runner: its own output dir (as Hydra gives each launch), the run's checkpoint dir."""
     cfg = compose_config(BASE + [f"checkpoint.dir={tmp / 'ck'}", *overrides])
@@ -86,7 +91,7 @@ def runs(tmp_path_factory):
         if (kind, mode, mesh) not in cache:
             d = tmp_path_factory.mktemp(f"{kind}-{mode}-{mesh}")
             stop = [f"trainer.stop_after={N}"] if kind == "stopped" else []
-            launch(d, "first", [f"async_emb={mode}", *MESHES[mesh], *stop])
+            launch(d, "first", [*MODES[mode], *MESHES[mesh], *stop])
             cache[kind, mode, mesh] = d
         return cache[kind, mode, mesh]
 
@@ -100,7 +105,7 @@ def copy_of(run_dir: Path, tmp: Path) -> Path:
 
 # make test-fast keeps the sharded async case, whose runs the resharded resume and the restores reuse. Sync mode
 # (no deferred update in the checkpoint) runs on one device: its sharded state is the async case's less pending.
-@pytest.mark.parametrize("mesh, mode", [("2x4-row", "on"),
+@pytest.mark.parametrize("mesh, mode", [("2x4-row", "on"), ("2x4-row", "k2dc"),
                                         pytest.param("single", "on", marks=pytest.mark.slow),
                                         pytest.param("single", "off", marks=pytest.mark.slow)])
 def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
@@ -108,10 +113,14 @@ def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
     assert steps_in(tmp / "ck") == [2, N]  # the interval's checkpoint, and the one the stop forced
     assert [r["step"] for r in metric_rows(tmp / "first")] == [1, 2, 3]
     at_stop = saved_arrays(tmp / "ck", N)
-    if mode == "on":  # the deferred update of step N travels in the checkpoint, not flushed into the table
-        assert at_stop["['pending']['items']['pending']"]
+    if mode != "off":  # the deferred updates of step N travel in the checkpoint, not flushed into the table
+        assert np.all(at_stop["['pending']['items']['pending']"])
         assert np.abs(at_stop["['pending']['items']['grads']"]).sum() > 0
-    launch(tmp, "second", [f"async_emb={mode}", *MESHES[mesh]])
+    if mode == "k2dc":  # a queue of two records, each with the rows its gradient was computed on
+        assert at_stop["['pending']['items']['pending']"].shape == (2,)
+        assert at_stop["['pending']['items']['rows']"].shape == at_stop["['pending']['items']['grads']"].shape
+        assert np.abs(at_stop["['pending']['items']['rows']"]).sum() > 0
+    launch(tmp, "second", [*MODES[mode], *MESHES[mesh]])
 
     assert_same_arrays(saved_arrays(straight / "ck", 6), saved_arrays(tmp / "ck", 6))
     resumed = metric_rows(tmp / "second")
@@ -191,11 +200,13 @@ def test_restore_reshards_onto_another_mesh_and_layout(tmp_path, runs, target, s
         np.testing.assert_array_equal(np.asarray(upd.grads), saved[key + "['grads']"])
 
 
-def test_resharded_resume_continues_like_the_straight_run(tmp_path, runs):
-    """Saved on 2x4 row shards (504 rows), resumed on one device (501 rows): the deferred update lands on
-    the same rows and the run ends where the straight sharded one does (padding rows aside)."""
-    straight, tmp = runs("straight", "on", "2x4-row"), copy_of(runs("stopped", "on", "2x4-row"), tmp_path)
-    launch(tmp, "second", ["async_emb=on", *MESHES["single"]])
+@pytest.mark.parametrize("mode", ["on", pytest.param("k2dc", marks=pytest.mark.slow)])
+def test_resharded_resume_continues_like_the_straight_run(tmp_path, runs, mode):
+    """Saved on 2x4 row shards (504 rows), resumed on one device (501 rows): the deferred update (k2dc: the
+    queue of two, in its order) lands on the same rows and the run ends where the straight sharded one does
+    (padding rows aside)."""
+    straight, tmp = runs("straight", mode, "2x4-row"), copy_of(runs("stopped", mode, "2x4-row"), tmp_path)
+    launch(tmp, "second", [*MODES[mode], *MESHES["single"]])
     want, got = saved_arrays(straight / "ck", 6), saved_arrays(tmp / "ck", 6)
     assert want["['tables']['items']"].shape[0] == 504 and got["['tables']['items']"].shape[0] == 501
     assert want.keys() == got.keys()
@@ -205,8 +216,10 @@ def test_resharded_resume_continues_like_the_straight_run(tmp_path, runs):
         vocab = got[table].shape[0] if table in got else None  # one device stores exactly the vocab
         if key.endswith("['unique_tokens']"):  # each layout its own kind of record: per-token ids compared
             seg = key.replace("unique_tokens", "segment_ids")
-            np.testing.assert_array_equal(record_token_ids(g, got[seg], vocab),
-                                          record_token_ids(value, want[seg], -(-vocab // 4) * 4), err_msg=key)
+            for i in np.ndindex(g.shape[:-1]):  # each record of a queue (k2dc) on its own
+                np.testing.assert_array_equal(record_token_ids(g[i], got[seg][i], vocab),
+                                              record_token_ids(value[i], want[seg][i], -(-vocab // 4) * 4),
+                                              err_msg=key)
         elif key.endswith("['segment_ids']"):
             continue  # compared with the ids above
         elif g.shape != value.shape:  # row-padded leaves: the logical rows match, the padding stayed zero
@@ -215,6 +228,19 @@ def test_resharded_resume_continues_like_the_straight_run(tmp_path, runs):
             assert not value[vocab:].any(), key
         else:
             np.testing.assert_allclose(g, value, rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+def test_a_queue_resumes_only_with_its_own_staleness_and_compensation(tmp_path, runs):
+    """A checkpoint of ``async_emb.staleness=2`` with delay compensation, resumed with another staleness and no
+    compensation: refused before anything compiles, one message naming both settings and their values."""
+    from runner.errors import PreflightError  # noqa: PLC0415
+
+    tmp = copy_of(runs("stopped", "k2dc", "2x4-row"), tmp_path)
+    with pytest.raises(PreflightError) as e:
+        launch(tmp, "second", ["async_emb=on", "async_emb.staleness=4", *MESHES["2x4-row"]])
+    msg = str(e.value)
+    assert "async_emb.staleness: the checkpoint has 2, this config has 4" in msg
+    assert "async_emb.compensation: the checkpoint has dc, this config has none" in msg
 
 
 @pytest.mark.slow

@@ -14,27 +14,34 @@ LR = 0.3
 STEPS = 5
 
 
-def _oracle(program, data, state0, steps, delay):
+def _oracle(program, data, state0, steps, delay, dc_lambda=None):
     """Plain loop: lookup from numpy tables, grads w.r.t. the looked-up rows, SGD on summed rows.
 
-    ``delay=1``: step t applies G_{t-1} after reading its rows (async); ``delay=0``: applies G_t (sync).
+    ``delay=k``: step t applies G_{t-k} after reading its rows (async, staleness k), and the flush applies the
+    k still queued, oldest first; ``delay=0``: applies G_t (sync). ``dc_lambda``: each summed gradient ``g``
+    of a row becomes ``g + dc_lambda * g * g * (w_now - w_then)``, ``w_then`` the row its step read.
     """
     model, B = program.model, program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
     tables = {n: np.array(t, np.float32) for n, t in state0.tables.items()}
     params, opt_state = state0.params, state0.opt_state
-    pending, losses = None, []
+    queue, losses = [], []
     # jitted once per program (op-by-op dispatch compiled every primitive on its own); the oracle's point is
     # the plain numpy table update and the explicit delay below, not the model's gradient
     loss_and_grads = jax.jit(jax.value_and_grad(model.loss, argnums=(0, 1), has_aux=True))
     dense_update = jax.jit(program.dense_tx.update)
 
     def apply(grads):
-        for n, (ids, g) in grads.items():
-            acc = np.zeros_like(tables[n])
+        for n, (ids, g, then) in grads.items():
+            acc = np.zeros_like(tables[n], np.float64)
             keep = ids != 0
             np.add.at(acc, ids[keep], g[keep])
             touched = np.unique(ids[keep])
-            tables[n][touched] -= LR * acc[touched]
+            step = acc[touched]
+            if dc_lambda is not None:
+                w_then = np.zeros_like(tables[n], np.float64)
+                w_then[ids[keep]] = then[keep]
+                step = step + dc_lambda * step * step * (tables[n][touched] - w_then[touched])
+            tables[n][touched] -= (LR * step).astype(np.float32)
 
     for t in range(steps):
         host = data.batch(t, B)
@@ -45,15 +52,13 @@ def _oracle(program, data, state0, steps, delay):
         losses.append(float(loss))
         upd, opt_state = dense_update(gp, opt_state, params)
         params = optax.apply_updates(params, upd)
-        grads = {n: (ids[n].reshape(-1), np.asarray(ge[n]).reshape(-1, ge[n].shape[-1])) for n in ids}
-        if delay:
-            if pending is not None:
-                apply(pending)
-            pending = grads
-        else:
-            apply(grads)
-    if pending is not None:
-        apply(pending)  # the flush
+        grads = {n: (ids[n].reshape(-1), np.asarray(ge[n]).reshape(-1, ge[n].shape[-1]),
+                     np.asarray(embs[n]).reshape(-1, ge[n].shape[-1])) for n in ids}
+        queue.append(grads)
+        if len(queue) > delay:
+            apply(queue.pop(0))
+    for grads in queue:
+        apply(grads)  # the flush, oldest first
     return tables, params, losses
 
 
@@ -67,6 +72,37 @@ def test_matches_oracle(cfg_of, mode):
         np.testing.assert_allclose(np.asarray(state.tables[n]), tables[n], rtol=1e-4, atol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6),
                  state.params, params)
+
+
+DC_LAMBDA = 3e5  # this task's summed row gradients are ~1e-3: a lambda this large makes the correction matter
+
+
+@pytest.mark.parametrize("staleness, dc", [(2, False), (3, True), pytest.param(1, True, marks=pytest.mark.slow)],
+                         ids=["k2", "k3-dc", "k1-dc"])
+def test_bounded_staleness_and_delay_compensation_match_the_oracle(cfg_of, staleness, dc):
+    """``async_emb.staleness=k``: step t applies step t-k's update and the flush applies the k queued, in order;
+    ``compensation=dc`` corrects each by the rows its step read. The oracle also runs without the correction
+    and with k - 1, and the run must be nearer this oracle than those (so the check could fail)."""
+    over = ["optimizer=async_sgd", f"optimizer.learning_rate={LR}", "async_emb=on",
+            f"async_emb.staleness={staleness}"] + (["async_emb.compensation=dc", f"async_emb.dc_lambda={DC_LAMBDA}"]
+                                                    if dc else [])
+    program, data, _ = build(cfg_of(over))
+    assert program.staleness == staleness and program.contexts["items"].compensates == dc
+    steps = STEPS + staleness
+    state0, state, losses, metrics = run_steps(program, data, steps)
+    lam = DC_LAMBDA if dc else None
+    tables, params, ref_losses = _oracle(program, data, state0, steps, delay=staleness, dc_lambda=lam)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for n in tables:
+        np.testing.assert_allclose(np.asarray(state.tables[n]), tables[n], rtol=1e-4, atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6),
+                 state.params, params)
+    # the first k steps apply nothing; every later one applies one update
+    assert [bool(m["emb/valid_step"]) for m in metrics] == [False] * staleness + [True] * STEPS
+    other = _oracle(program, data, state0, steps, delay=staleness, dc_lambda=None if dc else DC_LAMBDA)[0] \
+        if dc else _oracle(program, data, state0, steps, delay=staleness - 1)[0]
+    gap = lambda ref: max(float(np.abs(np.asarray(state.tables[n]) - ref[n]).max()) for n in ref)  # noqa: E731
+    assert gap(other) > 20 * max(gap(tables), 1e-7)
 
 
 @pytest.mark.slow
