@@ -143,11 +143,15 @@ class TrainProgram:
             return queue
         return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, slot, keepdims=False), queue)
 
-    def queue_put(self, queue: AsyncEmbGradientUpdate, slot, record: AsyncEmbGradientUpdate):
-        """``queue`` with ``record`` in ``slot``, written in place (``record`` itself for k = 1)."""
+    def queue_put(self, queue: AsyncEmbGradientUpdate, slot, record: AsyncEmbGradientUpdate, after: tuple = ()):
+        """``queue`` with ``record`` in ``slot``, written in place (``record`` itself for k = 1). ``after``: values
+        computed from what this step read out of that slot (the applied update's norm and valid); the write's
+        index depends on them (``_after``: without changing), so XLA orders the write after the read and writes
+        in place, where it would otherwise copy the whole queue every step to keep the read safe."""
         if self.staleness == 1:
             return record
-        return jax.tree.map(lambda q, x: jax.lax.dynamic_update_index_in_dim(q, x.astype(q.dtype), slot, 0),
+        at = slot + sum((_after(x) for x in after), jnp.zeros((), jnp.int32))
+        return jax.tree.map(lambda q, x: jax.lax.dynamic_update_index_in_dim(q, x.astype(q.dtype), at, 0),
                             queue, record)
 
     def queue_slot(self, step) -> jax.Array:
@@ -193,8 +197,10 @@ class TrainProgram:
         dedup = {n: dedupe(ids[n], ctxs[n].stored_rows, ctxs[n].num_unique) for n in ids if n not in routed}
         slot = self.queue_slot(state.step)
         head = {n: self.queue_entry(q, slot) for n, q in state.pending.items()}  # G_{t-k}, applied this step
-        queued = {n: [self.queue_entry(q, j) for j in range(self.staleness)] if self.staleness > 1 else [q]
-                  for n, q in state.pending.items()}  # every record still pending: the rows a read misses
+        # every record still pending, as (its ids, whether pending): the rows a read misses. Only those two
+        # leaves go into the diagnostics' cond (a whole queue there would be copied every step).
+        queued = {n: [(q.unique_tokens[j], q.pending[j]) for j in range(self.staleness)] if self.staleness > 1
+                  else [(q.unique_tokens, q.pending)] for n, q in state.pending.items()}
         diag = {n: jax.lax.cond(detail, partial(_diagnostics, ids[n], ctxs[n]), lambda p: (jnp.int32(-1),) * 2,
                                 queued.get(n) if self.async_emb else None) for n in sorted(routed)}
         looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n], with_dedupe=n in routed) for n in ids}
@@ -227,7 +233,8 @@ class TrainProgram:
                                              embs[n].reshape(-1, embs[n].shape[-1]) if ctxs[n].compensates else None)
                    for n in ids}
         if self.async_emb:
-            pending = {n: self.queue_put(state.pending[n], slot, u) for n, u in updates.items()}
+            # each slot is rewritten once the update read from it has been applied (its norm and valid)
+            pending = {n: self.queue_put(state.pending[n], slot, u, applied[n][:2]) for n, u in updates.items()}
         else:
             pending = {}
             for n, u in updates.items():
@@ -420,6 +427,13 @@ class FlushFn:
         return self.jitted.lower(state)
 
 
+def _after(x: jax.Array) -> jax.Array:
+    """0 (int32) computed from the scalar ``x`` (any bits, NaN included): an index term that makes a write
+    depend on ``x`` without moving it (as ``optimizers.row_update._gate_bit`` does for the table writes)."""
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(x).astype(jnp.float32), jnp.int32)
+    return jnp.minimum(jnp.abs(bits >> 1), 0)
+
+
 def is_log_step(step, interval: int, last: int):
     """Whether the loop logs 1-based ``step``: every ``interval``-th and the last. Python ints or jax arrays."""
     return (step % interval == 0) | (step == last)
@@ -443,7 +457,7 @@ class StepFn:
         return self.jitted.lower(state._replace(pending={}), state.pending, batch, self.args)
 
 
-def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: list[AsyncEmbGradientUpdate] | None):
+def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: list[tuple[jax.Array, jax.Array]] | None):
     """A routed table's (distinct ids of the batch, rows it reads that still have a pending update, or -1
     without one), from one dedupe of the whole batch (run on logged steps only)."""
     unique = dedupe(ids, ctx.stored_rows, ctx.num_unique)[0]
@@ -451,13 +465,14 @@ def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: list[AsyncEmbGra
     return jnp.sum(unique < ctx.stored_rows).astype(jnp.int32), stale
 
 
-def _overlap(unique: jax.Array, pending: list[AsyncEmbGradientUpdate], rows: int, per_device: bool = False) -> jax.Array:
+def _overlap(unique: jax.Array, pending: list[tuple[jax.Array, jax.Array]], rows: int,
+             per_device: bool = False) -> jax.Array:
     """Rows this batch reads that still have a pending (not yet applied) update in any of the ``pending``
-    records (one, or the queue's k). ``per_device``: a record holds each device's own sorted ids (routed),
-    sorted together here (repeats do no harm)."""
+    records (one, or the queue's k), each given as (its unique ids, whether it is pending). ``per_device``: a
+    record holds each device's own sorted ids (routed), sorted together here (repeats do no harm)."""
     hit = jnp.zeros(unique.shape, bool)
-    for record in pending:
-        p = jnp.sort(record.unique_tokens) if per_device else record.unique_tokens
+    for tokens, is_pending in pending:
+        p = jnp.sort(tokens) if per_device else tokens
         pos = jnp.clip(jnp.searchsorted(p, unique, method="scan"), 0, p.shape[0] - 1)
-        hit = hit | ((p[pos] == unique) & record.pending)
+        hit = hit | ((p[pos] == unique) & is_pending)
     return jnp.sum(hit & (unique < rows)).astype(jnp.int32)

@@ -66,6 +66,13 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
     prec = json.loads((out / "precision.json").read_text())
     assert prec["memory_ratio_bf16_over_f32"] == 0.5
     assert {r["dtypes"]["items"] for r in prec["results"]} == {"float32", "bfloat16"}
+    cost = json.loads((out / "async_cost.json").read_text())
+    assert {r["optimizer"] for r in cost["fused"]} == {"async_rowwise_adagrad"}
+    steps = {r["name"]: r for r in cost["steps"]}
+    assert set(steps) == {"k=1", "k=2", "k=1 dc"}
+    assert steps["k=2"]["queue_bytes"] == 2 * steps["k=1"]["queue_bytes"]  # the queue is k records
+    # compensation adds each token's row (float32, the gradients' shape) to every record
+    assert steps["k=1 dc"]["queue_bytes"] - steps["k=1"]["queue_bytes"] == steps["k=1"]["grads_bytes"] > 0
     for name in ("fused_update", "memory", "sharded", "trainer"):
         w, h = png_size(out / f"{name}.png")
         assert w > 200 and h > 200, name
