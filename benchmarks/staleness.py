@@ -52,9 +52,10 @@ def variants(lambdas: list[float] | None) -> dict[str, list[str]]:
     return out
 
 
-def run_one(task: str, overrides: list[str], seed: int, data: str | None) -> dict:
+def run_one(task: str, overrides: list[str], seed: int, data: str | None, common_overrides: list[str]) -> dict:
     """One runner run; its summary's metrics, exit code and wall seconds."""
     base, valid, test, _ = TASKS[task]
+    base = [*base, *common_overrides]
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "runner", *base, *overrides, f"trainer.seed={seed}", "logger=none",
                f"hydra.run.dir={tmp}", *([f"data.path={data}"] if data else [])]
@@ -97,7 +98,11 @@ def table(task: str, results: dict, names: list[str]) -> str:
 def write(out: Path, results: dict, names_of: dict) -> None:
     body = [__doc__.split("\n\n")[1].replace("\n", " "), ""]
     for task in results:
-        body += [f"## {task}", "", table(task, results, names_of.get(task, list(results[task]))), ""]
+        if task == "settings":
+            continue
+        sets = results.get("settings", {}).get(task) or []
+        body += [f"## {task}", "", f"Every run: the task's defaults{' with ' + ' '.join(f'`{o}`' for o in sets) if sets else ''}.",
+                 "", table(task, results, names_of.get(task, list(results[task]))), ""]
     common.write_result(out, "staleness", "Staleness and delay compensation: quality", "\n".join(body), results)
 
 
@@ -108,10 +113,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", help="the task's data.path (ml100k: the folder of u.data)")
     p.add_argument("--lambdas", type=float, nargs="+", help="study dc_lambda at k=4 instead")
     p.add_argument("--only", nargs="+", help="run only these configurations (by name)")
+    p.add_argument("--set", nargs="+", default=[], metavar="OVERRIDE",
+                   help="overrides every run of the study gets (e.g. trainer.steps=1500: the same budget for all)")
     p.add_argument("--out", type=Path, default=common.RESULTS)
     a = p.parse_args(argv)
     path = a.out / "staleness.json"
     results = json.loads(path.read_text()) if path.exists() else {}
+    settings = results.setdefault("settings", {}).setdefault(a.task, a.set)
+    if settings != a.set:
+        raise SystemExit(f"{path} holds {a.task} runs made with --set {' '.join(settings)}; use the same, or --out "
+                         f"another folder")
     todo = variants(a.lambdas)
     if a.only:
         todo = {k: v for k, v in todo.items() if k in a.only}
@@ -121,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             done = results.setdefault(a.task, {}).setdefault(name, {})
             if str(seed) in done and done[str(seed)]["rc"] == 0:
                 continue
-            r = run_one(a.task, overrides, seed, a.data)
+            r = run_one(a.task, overrides, seed, a.data, a.set)
             done[str(seed)] = r
             print(f"{a.task} {name} seed {seed}: valid {r['valid']} test {r['test']} ({r['seconds']:.0f} s, "
                   f"rc {r['rc']})", flush=True)
