@@ -183,8 +183,12 @@ def segment_sum(grads: jax.Array, segment_ids: jax.Array, num_unique: int) -> ja
 def segment_rows(rows: jax.Array, segment_ids: jax.Array, num_unique: int) -> jax.Array:
     """Each unique row's value from its tokens' ``rows`` (float32; every token of a row carries the same
     value, so any one of them is it, exactly); rows no token maps to are zeros, padding tokens (-1) dropped."""
+    # Each row's first token (a scatter-min of token positions), then one gather of those rows: cheaper than
+    # scattering every token's whole row.
+    n = segment_ids.shape[0]
     seg = jnp.where(segment_ids < 0, num_unique, segment_ids)
-    return jnp.zeros((num_unique, rows.shape[-1]), jnp.float32).at[seg].set(rows.astype(jnp.float32), mode="drop")
+    first = jax.ops.segment_min(jnp.arange(n, dtype=jnp.int32), seg, num_segments=num_unique)  # empty: int max
+    return rows.astype(jnp.float32).at[jnp.minimum(first, n)].get(mode="fill", fill_value=0)
 
 
 def token_ids(ctx: AsyncEmbContext, unique: jax.Array, segment_ids: jax.Array) -> jax.Array:

@@ -22,8 +22,8 @@ from optimizers import ROUTE_CAPACITY, Choice, RouteOverflow, Routing, TableLayo
 MAX_IDS = 10**8  # ids / rows of a generated data source or a table
 MAX_WIDTH = 65536  # an embedding or hidden width
 MAX_SEED = 2**32 - 1
-MAX_CPU_DEVICES = 4096
-DC_LAMBDA = 1.0  # async_emb.dc_lambda's default (docs/results/ranking.md: how it was chosen)  # virtual CPU devices: creating many more takes minutes
+MAX_CPU_DEVICES = 4096  # virtual CPU devices: creating many more takes minutes
+DC_LAMBDA = 100.0  # async_emb.dc_lambda's default, chosen on validation (docs/results/ranking.md)
 ROUTE_SAMPLE_BATCHES = 8  # train batches whose ids size the routed row layout's slots and the column layout's
 # exchange (runner.build.route_peaks)
 
