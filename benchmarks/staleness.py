@@ -66,7 +66,9 @@ def run_one(task: str, overrides: list[str], seed: int, data: str | None, common
         s = json.loads(summary.read_text()) if summary.exists() else {}
     if proc.returncode != 0:
         print(proc.stderr[-2000:], file=sys.stderr)
-    return {"rc": proc.returncode, "seconds": secs, "valid": s.get(valid), "test": s.get(test)}
+    # with model selection on (the sequential task's default) the selected evaluation's numbers are best/...
+    return {"rc": proc.returncode, "seconds": secs, "valid": s.get(f"best/{valid}", s.get(valid)),
+            "test": s.get(f"best/{test}", s.get(test))}
 
 
 def mean_sd(xs: list[float]) -> str:
