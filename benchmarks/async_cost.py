@@ -72,27 +72,13 @@ def fused_cost(cfg: dict) -> list[dict]:
 
 
 def step_cost(cfg: dict) -> list[dict]:
-    from runner.build import build
-    from runner.core.loop import to_device
-
-    from .trainer import compose
+    from .trainer import stepper
 
     variants = [(k, False) for k in cfg["staleness"]] + [(1, True)]
     runs, meta = {}, {}
     for k, dc in variants:
-        cfg_ = compose([*cfg["overrides"], "mesh=single", "async_emb=on", f"async_emb.staleness={k}",
-                        *(["async_emb.compensation=dc"] if dc else [])])
-        program, task, _ = build(cfg_)
-        B = cfg_.trainer.batch_size
-        batches = [to_device(program, task.batch(i, B)) for i in range(4)]
-        holder = {"state": program.init_state(0)}
-        step, _, _ = program.compile(holder["state"], batches[0])
-
-        def run(i, step=step, holder=holder, batches=batches):
-            for j in range(cfg["steps"]):
-                holder["state"], metrics = step(holder["state"], batches[(i + j) % len(batches)])
-            return metrics["train/loss"]
-
+        run, holder, _, _ = stepper([*cfg["overrides"], "mesh=single", "async_emb=on", f"async_emb.staleness={k}",
+                                     *(["async_emb.compensation=dc"] if dc else [])], cfg["steps"])
         name = f"k={k}" + (" dc" if dc else "")
         runs[name] = run
         pending = holder["state"].pending

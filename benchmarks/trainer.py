@@ -32,30 +32,39 @@ def compose(overrides):
         return hydra_compose("config", overrides=["logger=none", *overrides])
 
 
+def stepper(overrides: list[str], steps: int):
+    """The config ``overrides`` built with ``runner.build`` and compiled with ``TrainProgram.compile`` as the
+    trainer does: ``(run, holder, batch_size, plan)``, where ``run(i)`` takes ``steps`` jitted steps from
+    ``holder["state"]`` (its state, updated in place) and returns the last loss."""
+    from runner.build import build
+    from runner.core.loop import to_device
+
+    cfg = compose(overrides)
+    program, task, plan = build(cfg)
+    B = cfg.trainer.batch_size
+    batches = [to_device(program, task.batch(i, B)) for i in range(4)]
+    holder = {"state": program.init_state(0)}
+    step, _, _ = program.compile(holder["state"], batches[0])
+
+    def run(i):
+        for k in range(steps):
+            holder["state"], metrics = step(holder["state"], batches[(i + k) % len(batches)])
+        return metrics["train/loss"]
+
+    return run, holder, B, plan
+
+
 def child(p: dict) -> dict:
     devices = p["devices"]
     if devices > 1:
         common.set_cpu_devices(devices)
     import jax
 
-    from runner.build import build
-    from runner.core.loop import to_device
-
     runs, meta = {}, {}
     for opt in p["optimizers"]:
         for mode in ("off", "on"):
-            cfg = compose([*p["overrides"], *MESHES[devices], f"optimizer={opt}", f"async_emb={mode}"])
-            program, task, plan = build(cfg)
-            B = cfg.trainer.batch_size
-            batches = [to_device(program, task.batch(i, B)) for i in range(4)]
-            holder = {"state": program.init_state(0)}
-            step, _, _ = program.compile(holder["state"], batches[0])
-
-            def run(i, step=step, holder=holder, batches=batches):
-                for k in range(p["steps"]):
-                    holder["state"], metrics = step(holder["state"], batches[(i + k) % len(batches)])
-                return metrics["train/loss"]
-
+            run, holder, B, plan = stepper([*p["overrides"], *MESHES[devices], f"optimizer={opt}",
+                                            f"async_emb={mode}"], p["steps"])
             name = f"{opt}/{'async' if mode == 'on' else 'sync'}"
             runs[name] = run
             meta[name] = {"optimizer": opt, "mode": "async" if mode == "on" else "sync", "batch": B,
