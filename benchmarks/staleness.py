@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     todo = variants(a.lambdas)
     if a.only:
         todo = {k: v for k, v in todo.items() if k in a.only}
-    names_of = {a.task: list(dict.fromkeys([*results.get(a.task, {}), *todo]))}
+    order = list(variants(a.lambdas))  # the table lists configurations in the study's order, whatever ran first
+    names_of = {a.task: sorted(dict.fromkeys([*results.get(a.task, {}), *todo]),
+                               key=lambda n: order.index(n) if n in order else len(order))}
     for seed in a.seeds:  # seed by seed: an interrupted study has every configuration at the same seeds
         for name, overrides in todo.items():
             done = results.setdefault(a.task, {}).setdefault(name, {})
