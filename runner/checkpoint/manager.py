@@ -294,22 +294,18 @@ class Checkpoints:
         if not state.pending:
             return state
         pending = dict(state.pending)
-        k = self.program.staleness  # k > 1: each table's queue of k records, stacked on a leading axis
-        for n, upd in pending.items():
+        for n, queued in pending.items():  # k > 1: each table's queue of k records, oldest first
             ctx, old = self.program.contexts[n], meta["tables"][n]
-            unique = np.asarray(upd.unique_tokens.addressable_data(0))  # both read whole (replicated)
-            seg = np.asarray(upd.segment_ids.addressable_data(0))
-            if k == 1:
-                unique, seg = self._refit_record(n, ctx, old, unique, seg, where)
-            else:
-                unique, seg = (np.stack(x) for x in zip(*(self._refit_record(n, ctx, old, u, g, where)
-                                                          for u, g in zip(unique, seg))))
             specs = ctx.update_specs()
-            if k > 1:
-                specs = mesh_lib.stacked(specs)
             place = lambda x, spec: jax.make_array_from_callback(  # noqa: E731
                 x.shape, NamedSharding(self.program.mesh, spec), lambda idx, x=x: x[idx])
-            pending[n] = upd._replace(unique_tokens=place(unique, specs[0]), segment_ids=place(seg, specs[2]))
+            records = []
+            for upd in (queued,) if self.program.staleness == 1 else queued:
+                unique = np.asarray(upd.unique_tokens.addressable_data(0))  # both read whole (replicated)
+                seg = np.asarray(upd.segment_ids.addressable_data(0))
+                unique, seg = self._refit_record(n, ctx, old, unique, seg, where)
+                records.append(upd._replace(unique_tokens=place(unique, specs[0]), segment_ids=place(seg, specs[2])))
+            pending[n] = records[0] if self.program.staleness == 1 else tuple(records)
         return state._replace(pending=pending)
 
     @staticmethod

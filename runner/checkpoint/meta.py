@@ -222,8 +222,7 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
             problems.append(f"array {key} dtype: the checkpoint has {dtype}, this config has {x.dtype}")
         if path[-1] == jax.tree_util.GetAttrKey(SEGMENT_IDS) and shape == tuple(x.shape):
             out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # re-placed by the refit
-        elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == len(x.shape) \
-                and shape[:-1] == tuple(x.shape[:-1]):  # one record's ids, or a queue's k (async_emb.staleness)
+        elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == len(x.shape) == 1:
             out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # at its stored size
         elif shape == tuple(x.shape) or (rows is not None and shape[1:] == tuple(x.shape[1:])
                                        and min(shape[0], x.shape[0]) >= rows):

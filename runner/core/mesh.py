@@ -102,7 +102,3 @@ def named(mesh: Mesh, specs: Any) -> Any:
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
 
 
-def stacked(specs: Any) -> Any:
-    """``specs`` (a pytree of PartitionSpecs) for arrays stacked on a new, unsplit leading axis (the queue of
-    deferred updates under ``async_emb.staleness`` > 1)."""
-    return jax.tree.map(lambda spec: P(None, *spec), specs, is_leaf=lambda x: isinstance(x, P))

@@ -12,10 +12,12 @@ Async mode (``async_emb=on``), step t:
   4. return G_t, deduplicated, as the new deferred update. Staleness is exactly one step.
 Both modes use the same fused kernels; ``flush`` applies the last deferred update.
 
-Bounded staleness k > 1 (``async_emb.staleness``): the state holds a queue of the k last deferred updates
-(each leaf stacked on a leading axis of k, a ring indexed by the step: step t reads G_{t-k} from slot t mod k
-and writes G_t into the same slot, in place), so step t applies G_{t-k}; ``flush`` applies all k in order.
-k = 1 keeps the single record above, unchanged. Delay compensation (``async_emb.compensation=dc``): each
+Bounded staleness k > 1 (``async_emb.staleness``): the state holds a queue of the k last deferred updates,
+oldest first (a tuple of k records per table), so step t applies G_{t-k} (the head) and appends G_t;
+``flush`` applies all k in order. The compiled step takes only the head (and the later records' ids, for the
+stale-rows diagnostic) and returns only G_t; ``StepFn`` shifts the queue outside it, so the records that stay
+queued are never copied and a step costs what a k = 1 step does. k = 1 keeps the single record above,
+unchanged. Delay compensation (``async_emb.compensation=dc``): each
 record also carries the rows its gradient was computed on (the lookup of its step), and the fused update
 corrects the late gradient by them (``optimizers.AsyncEmbContext.dc_lambda``).
 """
@@ -92,7 +94,7 @@ class TrainProgram:
             opt_state=jax.tree.map(lambda _: rep, state.opt_state),
             tables={n: NamedSharding(self.mesh, ctxs[n].table_spec()) for n in state.tables},
             emb_states={n: mesh_lib.named(self.mesh, ctxs[n].state_specs(s)) for n, s in state.emb_states.items()},
-            pending={n: mesh_lib.named(self.mesh, self._queued(AsyncEmbGradientUpdate(*ctxs[n].update_specs())))
+            pending={n: self._queued(mesh_lib.named(self.mesh, AsyncEmbGradientUpdate(*ctxs[n].update_specs())))
                      for n in state.pending},
             rng=rep,
             skips=jax.tree.map(lambda _: rep, state.skips),
@@ -124,39 +126,35 @@ class TrainProgram:
                 emb_states[name] = self.emb_optimizers[name].init(spec.rows, spec.width)
             if self.async_emb:
                 empty = empty_update(ctx)
-                pending[name] = empty if self.staleness == 1 else jax.tree.map(
-                    lambda x: jnp.broadcast_to(x, (self.staleness, *x.shape)), empty)
+                pending[name] = self._queued(empty)
         zero = jnp.zeros((), jnp.int32)
         return TrainState(zero, params, opt_state, tables, emb_states, pending, rng,
                           {name: SkipCounts(zero, zero) for name in sorted(self.tables)})
 
     # ----- the queue of deferred updates (staleness k > 1) -------------------------------------------
-    def _queued(self, specs: AsyncEmbGradientUpdate) -> AsyncEmbGradientUpdate:
-        """A record's specs as the state keeps them: as they are (k = 1), or with the queue's leading axis."""
-        if self.staleness == 1:
-            return specs
-        return mesh_lib.stacked(specs)
+    def _queued(self, record):
+        """A table's deferred updates as the state keeps them, from one ``record`` (or its shardings): the
+        record itself (k = 1), or a queue of k of it, oldest first."""
+        return record if self.staleness == 1 else (record,) * self.staleness
 
-    def queue_entry(self, queue: AsyncEmbGradientUpdate, slot) -> AsyncEmbGradientUpdate:
-        """The record in ``slot`` of a table's queue (the queue itself for k = 1)."""
+    def split_queue(self, pending: Mapping[str, Any]) -> tuple[dict, dict]:
+        """``(head, later)``: per table the record this step applies, and the records queued behind it
+        (none for k = 1)."""
         if self.staleness == 1:
-            return queue
-        return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, slot, keepdims=False), queue)
+            return dict(pending), {}
+        return {n: q[0] for n, q in pending.items()}, {n: tuple(q[1:]) for n, q in pending.items()}
 
-    def queue_put(self, queue: AsyncEmbGradientUpdate, slot, record: AsyncEmbGradientUpdate, after: tuple = ()):
-        """``queue`` with ``record`` in ``slot``, written in place (``record`` itself for k = 1). ``after``: values
-        computed from what this step read out of that slot (the applied update's norm and valid); the write's
-        index depends on them (``_after``: without changing), so XLA orders the write after the read and writes
-        in place, where it would otherwise copy the whole queue every step to keep the read safe."""
+    def shift_queue(self, later: Mapping[str, tuple], new: Mapping[str, Any]) -> dict:
+        """The deferred updates after a step: each table's ``later`` records with its ``new`` one behind
+        them (``new`` itself for k = 1)."""
         if self.staleness == 1:
-            return record
-        at = slot + sum((_after(x) for x in after), jnp.zeros((), jnp.int32))
-        return jax.tree.map(lambda q, x: jax.lax.dynamic_update_index_in_dim(q, x.astype(q.dtype), at, 0),
-                            queue, record)
+            return dict(new)
+        return {n: (*later[n], u) for n, u in new.items()}
 
-    def queue_slot(self, step) -> jax.Array:
-        """The slot step ``step`` (0-based) reads its deferred update from and writes its own into."""
-        return jnp.asarray(step, jnp.int32) % self.staleness
+    @staticmethod
+    def later_ids(later: Mapping[str, tuple]) -> dict[str, list]:
+        """Each later record as (its unique ids, whether it is pending): all the stale-rows diagnostic reads."""
+        return {n: [(r.unique_tokens, r.pending) for r in q] for n, q in later.items()}
 
     # ----- the step ----------------------------------------------------------------------------------
     def _apply(self, name: str, ctx: AsyncEmbContext, update, table, emb_state, gate):
@@ -184,7 +182,17 @@ class TrainProgram:
         return ids, bad
 
     def train_step(self, state: TrainState, batch: Mapping[str, jax.Array], args: Mapping[str, jax.Array] | None = None):
-        """One step; ``args`` are ``run_args()`` (traced in the compiled step; None = the same as constants)."""
+        """One step; ``args`` are ``run_args()`` (traced in the compiled step; None = the same as constants).
+        The compiled step (``StepFn``) runs ``step_core`` and shifts the queue outside it, as here."""
+        head, later = self.split_queue(state.pending)
+        new_state, metrics = self.step_core(state._replace(pending=head), batch, args, self.later_ids(later))
+        return new_state._replace(pending=self.shift_queue(later, new_state.pending)), metrics
+
+    def step_core(self, state: TrainState, batch: Mapping[str, jax.Array], args: Mapping[str, jax.Array] | None,
+                  later: Mapping[str, list]):
+        """``train_step`` with ``state.pending`` holding only each table's head record (``split_queue``) and
+        ``later`` the ids of those queued behind it (``later_ids``); the new state's ``pending`` is this step's
+        records. So the compiled step neither reads nor writes the records that stay queued."""
         args = self.run_args() if args is None else args
         ids, bad_ids = self.table_ids(batch)
         raw_ids = self.model.table_ids(batch)
@@ -195,12 +203,10 @@ class TrainProgram:
         # feeds the diagnostics (distinct ids, stale rows), on logged steps only.
         routed = {n for n in ids if ctxs[n].per_device_record}  # per-device records (routed row, column)
         dedup = {n: dedupe(ids[n], ctxs[n].stored_rows, ctxs[n].num_unique) for n in ids if n not in routed}
-        slot = self.queue_slot(state.step)
-        head = {n: self.queue_entry(q, slot) for n, q in state.pending.items()}  # G_{t-k}, applied this step
+        head = dict(state.pending)  # G_{t-k}, applied this step
         # every record still pending, as (its ids, whether pending): the rows a read misses. Only those two
-        # leaves go into the diagnostics' cond (a whole queue there would be copied every step).
-        queued = {n: [(q.unique_tokens[j], q.pending[j]) for j in range(self.staleness)] if self.staleness > 1
-                  else [(q.unique_tokens, q.pending)] for n, q in state.pending.items()}
+        # leaves go into the diagnostics' cond (a whole record there would be copied every step).
+        queued = {n: [(q.unique_tokens, q.pending), *later.get(n, [])] for n, q in head.items()}
         diag = {n: jax.lax.cond(detail, partial(_diagnostics, ids[n], ctxs[n]), lambda p: (jnp.int32(-1),) * 2,
                                 queued.get(n) if self.async_emb else None) for n in sorted(routed)}
         looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n], with_dedupe=n in routed) for n in ids}
@@ -233,8 +239,7 @@ class TrainProgram:
                                              embs[n].reshape(-1, embs[n].shape[-1]) if ctxs[n].compensates else None)
                    for n in ids}
         if self.async_emb:
-            # each slot is rewritten once the update read from it has been applied (its norm and valid)
-            pending = {n: self.queue_put(state.pending[n], slot, u, applied[n][:2]) for n, u in updates.items()}
+            pending = updates  # G_t: into fresh buffers (the queue behind the head is shifted outside the step)
         else:
             pending = {}
             for n, u in updates.items():
@@ -312,16 +317,15 @@ class TrainProgram:
         return self._flushed(state, tables, emb_states, pending, skips, applied, ctxs)
 
     def _flush_queue(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
-        """``flush`` with a queue of k > 1 records: each table's records applied oldest first (slots ``s mod k``,
-        ``s + 1 mod k``, ..., ``s`` the steps done), each gated like a step's; afterwards none is pending.
+        """``flush`` with a queue of k > 1 records: each table's records applied oldest first, each gated like
+        a step's; afterwards none is pending.
         A table's record: the norm over its applied records, valid when every pending one was applied and one
         was."""
         tables, emb_states, skips = dict(state.tables), dict(state.emb_states), dict(state.skips)
         applied, pending, ctxs = {}, {}, {}
         for n, queue in state.pending.items():
             sq, ok, any_pending, rows = jnp.zeros(()), jnp.ones((), bool), jnp.zeros((), bool), None
-            for j in range(self.staleness):
-                upd = self.queue_entry(queue, self.queue_slot(state.step + j))
+            for upd in queue:  # oldest first
                 ctxs[n] = self.contexts[n].fresh()
                 tables[n], emb_states[n], norm, valid, rows = self._apply(n, ctxs[n], upd, tables[n], emb_states[n],
                                                                           jnp.zeros(()))
@@ -329,7 +333,7 @@ class TrainProgram:
                 sq = sq + jnp.where(upd.pending, norm * norm, 0.0)
                 ok, any_pending = ok & (valid | ~upd.pending), any_pending | upd.pending
             applied[n] = (jnp.sqrt(sq), ok & any_pending, rows)
-            pending[n] = queue._replace(pending=jnp.zeros_like(queue.pending))
+            pending[n] = tuple(upd._replace(pending=jnp.zeros((), bool)) for upd in queue)
         return self._flushed(state, tables, emb_states, pending, skips, applied, ctxs)
 
     def _flushed(self, state, tables, emb_states, pending, skips, applied, ctxs):
@@ -362,7 +366,7 @@ class TrainProgram:
         shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(example_batch.items()))
         args = self.run_args()
         step, flush, predict = self._reused(("step", shapes), lambda: self._jit(state, example_batch, args))
-        return StepFn(step, args), FlushFn(flush), predict
+        return StepFn(step, args, self), FlushFn(flush), predict
 
     def _reused(self, what: tuple, make):
         """``make()``'s jitted function(s), or those a program with this ``reuse_key`` made earlier in this
@@ -381,11 +385,11 @@ class TrainProgram:
         s_sh = self.state_shardings(state)
         b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
         opts = compiler_options([t.dtype for t in self.tables.values()])  # bf16 tables: no f32 table copies
-        step = jax.jit(lambda rest, pending, batch, a: self.train_step(rest._replace(pending=pending), batch, a),
-                       in_shardings=(s_sh._replace(pending={}), s_sh.pending, b_sh,
+        head_sh, later_sh = self.split_queue(s_sh.pending)
+        step = jax.jit(lambda rest, head, later, batch, a: self.step_core(rest._replace(pending=head), batch, a, later),
+                       in_shardings=(s_sh._replace(pending={}), head_sh, self.later_ids(later_sh), b_sh,
                                      {k: v.sharding for k, v in args.items()}),
-                       # the queue of k > 1 records is donated too: its one slot is rewritten in place
-                       out_shardings=(s_sh, None), donate_argnums=0 if self.staleness == 1 else (0, 1),
+                       out_shardings=(s_sh._replace(pending=head_sh), None), donate_argnums=0,
                        compiler_options=opts)
         flush = jax.jit(self.flush, in_shardings=(s_sh,), out_shardings=(s_sh, None), donate_argnums=0,
                         compiler_options=opts)
@@ -427,34 +431,36 @@ class FlushFn:
         return self.jitted.lower(state)
 
 
-def _after(x: jax.Array) -> jax.Array:
-    """0 (int32) computed from the scalar ``x`` (any bits, NaN included): an index term that makes a write
-    depend on ``x`` without moving it (as ``optimizers.row_update._gate_bit`` does for the table writes)."""
-    bits = jax.lax.bitcast_convert_type(jnp.asarray(x).astype(jnp.float32), jnp.int32)
-    return jnp.minimum(jnp.abs(bits >> 1), 0)
-
-
 def is_log_step(step, interval: int, last: int):
     """Whether the loop logs 1-based ``step``: every ``interval``-th and the last. Python ints or jax arrays."""
     return (step % interval == 0) | (step == last)
 
 
 class StepFn:
-    """``step(state, batch) -> (state, metrics)``: the jitted step, every state buffer donated except the
-    deferred update. Its new value is written while the old one is still being applied, so donating it
-    only makes XLA copy both (four copies of the per-token gradients per table per step); fresh buffers
-    cost nothing. The run's numbers (``TrainProgram.run_args``) go in as arguments too. ``lower`` takes the
-    same arguments, for inspecting the compiled step."""
+    """``step(state, batch) -> (state, metrics)``: the jitted step (``TrainProgram.step_core``), every state
+    buffer donated except the deferred updates. The record applied is written anew while it is still being
+    applied, so donating it only makes XLA copy both (four copies of the per-token gradients per table per
+    step); fresh buffers cost nothing. Under staleness k > 1 the step gets the head of each queue and the
+    later records' ids, and the queue is shifted here (``TrainProgram.shift_queue``), so the records that
+    stay queued never pass through the compiled step (which would copy each). The run's numbers
+    (``TrainProgram.run_args``) go in as arguments too. ``lower`` takes the same arguments, for inspecting
+    the compiled step."""
 
-    def __init__(self, jitted, args):
-        self.jitted, self.args = jitted, args
+    def __init__(self, jitted, args, program):
+        self.jitted, self.args, self.program = jitted, args, program
+
+    def _inputs(self, state: TrainState, batch):
+        head, later = self.program.split_queue(state.pending)
+        return (state._replace(pending={}), head, self.program.later_ids(later), batch, self.args), later
 
     def __call__(self, state: TrainState, batch):
-        return self.jitted(state._replace(pending={}), state.pending, batch, self.args)
+        inputs, later = self._inputs(state, batch)
+        new, metrics = self.jitted(*inputs)
+        return new._replace(pending=self.program.shift_queue(later, new.pending)), metrics
 
     def lower(self, state: TrainState, batch):
         """The lowered step (``jax.stages.Lowered``) for ``state`` and ``batch``, e.g. to read its HLO."""
-        return self.jitted.lower(state._replace(pending={}), state.pending, batch, self.args)
+        return self.jitted.lower(*self._inputs(state, batch)[0])
 
 
 def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: list[tuple[jax.Array, jax.Array]] | None):
