@@ -17,7 +17,8 @@ from ..budget import train_examples
 from ..errors import TrainingError
 from . import placement
 from .selection import Selection, selection_metric
-from .step import TrainProgram, is_log_step
+from .diagnostics import is_log_step
+from .step import TrainProgram
 from ..tracking import Tracker
 
 

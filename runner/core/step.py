@@ -39,6 +39,8 @@ from . import mesh as mesh_lib
 from .failures import traced
 from .dense_optimizer import DenseOptimizer
 from .embeddings import TableSpec, in_id_order, lookup, lookup_counted, stored_rows, table_values
+from .compiled import FlushFn, StepFn, reused
+from .diagnostics import is_log_step, overlap, routed_diagnostics, skip_metrics
 from .state import SkipCounts, TrainState
 
 
@@ -207,7 +209,7 @@ class TrainProgram:
         # every record still pending, as (its ids, whether pending): the rows a read misses. Only those two
         # leaves go into the diagnostics' cond (a whole record there would be copied every step).
         queued = {n: [(q.unique_tokens, q.pending), *later.get(n, [])] for n, q in head.items()}
-        diag = {n: jax.lax.cond(detail, partial(_diagnostics, ids[n], ctxs[n]), lambda p: (jnp.int32(-1),) * 2,
+        diag = {n: jax.lax.cond(detail, partial(routed_diagnostics, ids[n], ctxs[n]), lambda p: (jnp.int32(-1),) * 2,
                                 queued.get(n) if self.async_emb else None) for n in sorted(routed)}
         looked = {n: lookup_counted(ctxs[n], state.tables[n], ids[n], with_dedupe=n in routed) for n in ids}
         embs = {n: e for n, (e, *_) in looked.items()}
@@ -219,7 +221,7 @@ class TrainProgram:
             gate = sum(e.reshape(-1)[0] for e in embs.values())
             for n, upd in head.items():
                 metrics[f"emb/stale_rows/{n}"] = diag[n][1] if n in routed else jax.lax.cond(
-                    detail, partial(_overlap, rows=ctxs[n].stored_rows), lambda *_: jnp.int32(-1), dedup[n][0],
+                    detail, partial(overlap, rows=ctxs[n].stored_rows), lambda *_: jnp.int32(-1), dedup[n][0],
                     queued[n])
                 tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
 
@@ -370,15 +372,8 @@ class TrainProgram:
 
     def _reused(self, what: tuple, make):
         """``make()``'s jitted function(s), or those a program with this ``reuse_key`` made earlier in this
-        process for the same ``what``."""
-        if self.reuse_key is None:
-            return make()
-        key = (self.reuse_key, *what)
-        jitted = _JITTED.pop(key, None)
-        _JITTED[key] = make() if jitted is None else jitted  # the most recently used last
-        while len(_JITTED) > _JITTED_KEEP:
-            _JITTED.pop(next(iter(_JITTED)))
-        return _JITTED[key]
+        process for the same ``what`` (``compiled.reused``)."""
+        return make() if self.reuse_key is None else reused((self.reuse_key, *what), make)
 
     def _jit(self, state: TrainState, example_batch: Mapping[str, Any], args: Mapping[str, jax.Array]):
         """The jitted (step, flush, predict) for states like ``state`` and batches like ``example_batch``."""
@@ -395,90 +390,3 @@ class TrainProgram:
                         compiler_options=opts)
         predict = jax.jit(self.predict, in_shardings=(s_sh, b_sh), compiler_options=opts)
         return step, flush, predict
-
-
-def skip_metrics(skips: Mapping[str, SkipCounts]) -> dict[str, jax.Array]:
-    """``emb/skipped_updates`` (all tables, since the start) and per table: ``emb/skipped_updates/<t>`` and
-    ``emb/consecutive_skips/<t>`` (refused in a row; trainer.max_skipped_updates stops the run on it)."""
-    out = {"emb/skipped_updates": sum(s.total for s in skips.values()) if skips else jnp.zeros((), jnp.int32)}
-    for n, s in skips.items():
-        out[f"emb/skipped_updates/{n}"] = s.total
-        out[f"emb/consecutive_skips/{n}"] = s.streak
-    return out
-
-
-# (reuse_key, what) -> the jitted init or (step, flush, predict) of the programs used last in this process
-_JITTED: dict[tuple, Any] = {}
-_JITTED_KEEP = 8
-
-
-class FlushFn:
-    """``flush(state) -> state``: the jitted flush, the state donated; ``with_metrics(state)`` also returns
-    its record (``TrainProgram.flush``). ``lower`` takes the same argument, for inspecting the compiled flush."""
-
-    def __init__(self, jitted):
-        self.jitted = jitted
-
-    def __call__(self, state: TrainState) -> TrainState:
-        return self.jitted(state)[0]
-
-    def with_metrics(self, state: TrainState):
-        """``(state, metrics)``: the flushed state and the flushed update's record."""
-        return self.jitted(state)
-
-    def lower(self, state: TrainState):
-        """The lowered flush (``jax.stages.Lowered``), e.g. to read its HLO."""
-        return self.jitted.lower(state)
-
-
-def is_log_step(step, interval: int, last: int):
-    """Whether the loop logs 1-based ``step``: every ``interval``-th and the last. Python ints or jax arrays."""
-    return (step % interval == 0) | (step == last)
-
-
-class StepFn:
-    """``step(state, batch) -> (state, metrics)``: the jitted step (``TrainProgram.step_core``), every state
-    buffer donated except the deferred updates. The record applied is written anew while it is still being
-    applied, so donating it only makes XLA copy both (four copies of the per-token gradients per table per
-    step); fresh buffers cost nothing. Under staleness k > 1 the step gets the head of each queue and the
-    later records' ids, and the queue is shifted here (``TrainProgram.shift_queue``), so the records that
-    stay queued never pass through the compiled step (which would copy each). The run's numbers
-    (``TrainProgram.run_args``) go in as arguments too. ``lower`` takes the same arguments, for inspecting
-    the compiled step."""
-
-    def __init__(self, jitted, args, program):
-        self.jitted, self.args, self.program = jitted, args, program
-
-    def _inputs(self, state: TrainState, batch):
-        head, later = self.program.split_queue(state.pending)
-        return (state._replace(pending={}), head, self.program.later_ids(later), batch, self.args), later
-
-    def __call__(self, state: TrainState, batch):
-        inputs, later = self._inputs(state, batch)
-        new, metrics = self.jitted(*inputs)
-        return new._replace(pending=self.program.shift_queue(later, new.pending)), metrics
-
-    def lower(self, state: TrainState, batch):
-        """The lowered step (``jax.stages.Lowered``) for ``state`` and ``batch``, e.g. to read its HLO."""
-        return self.jitted.lower(*self._inputs(state, batch)[0])
-
-
-def _diagnostics(ids: jax.Array, ctx: AsyncEmbContext, pending: list[tuple[jax.Array, jax.Array]] | None):
-    """A routed table's (distinct ids of the batch, rows it reads that still have a pending update, or -1
-    without one), from one dedupe of the whole batch (run on logged steps only)."""
-    unique = dedupe(ids, ctx.stored_rows, ctx.num_unique)[0]
-    stale = _overlap(unique, pending, ctx.stored_rows, per_device=True) if pending is not None else jnp.int32(-1)
-    return jnp.sum(unique < ctx.stored_rows).astype(jnp.int32), stale
-
-
-def _overlap(unique: jax.Array, pending: list[tuple[jax.Array, jax.Array]], rows: int,
-             per_device: bool = False) -> jax.Array:
-    """Rows this batch reads that still have a pending (not yet applied) update in any of the ``pending``
-    records (one, or the queue's k), each given as (its unique ids, whether it is pending). ``per_device``: a
-    record holds each device's own sorted ids (routed), sorted together here (repeats do no harm)."""
-    hit = jnp.zeros(unique.shape, bool)
-    for tokens, is_pending in pending:
-        p = jnp.sort(tokens) if per_device else tokens
-        pos = jnp.clip(jnp.searchsorted(p, unique, method="scan"), 0, p.shape[0] - 1)
-        hit = hit | ((p[pos] == unique) & is_pending)
-    return jnp.sum(hit & (unique < rows)).astype(jnp.int32)
