@@ -3,13 +3,15 @@
 Every configuration is one ``python -m runner`` run (W&B off) with the task's defaults and the same budget,
 changed only in the embedding side: sync (``async_emb=off``); async with ``async_emb.staleness`` k = 1, 2, 4, 8,
 each without and with delay compensation (``async_emb.compensation=dc`` at the default ``dc_lambda``); and, in
-the default async mode, the fused optimizers side by side (row-wise Adagrad, partial row-wise Adam, FTRL, each
-at its configured learning rate). Each is run for every seed; a result is the run's summary (validation and
+the default async mode, the fused optimizers side by side (Adam, row-wise Adagrad, partial row-wise Adam, FTRL),
+each at its configured learning rate, or where the task pins one rate for all (ML-100K) at the rate that scored
+best on validation in ``--lr-grid``. Each is run for every seed; a result is the run's summary (validation and
 test metric of the checkpoint selected on validation) and its wall seconds.
 
     python -m benchmarks.staleness                       # the ranking task (synthetic), seeds 0 1 2
     python -m benchmarks.staleness --task ml100k --data ~/data/ml-100k
     python -m benchmarks.staleness --lambdas 1e3 1e4 1e5 --seeds 0   # choose dc_lambda (on validation)
+    python -m benchmarks.staleness --task ml100k --data ~/data/ml-100k --lr-grid --seeds 0   # the optimizers' rates
 
 Results accumulate in ``<out>/staleness.json`` (a configuration already there is not run again, so an
 interrupted study resumes) and ``<out>/staleness.md`` is rewritten from it after every run. It takes about a
@@ -33,12 +35,26 @@ TASKS = {  # task -> (overrides every run gets, the validation metric, the test 
     "ranking": ([], "valid/auc_mean", "test/auc_mean", "AUC"),
     "ml100k": (["experiment=ml100k_sasrec"], "valid/ndcg@10", "test/ndcg@10", "NDCG@10"),
 }
+DEFAULT_OPTIMIZER = {"ranking": "async_rowwise_adagrad", "ml100k": "async_adam"}  # what the task's own runs use
 STALENESS = (1, 2, 4, 8)
-OPTIMIZERS = ("async_rowwise_adagrad", "async_partial_rowwise_adam", "async_ftrl")
+OPTIMIZERS = ("async_adam", "async_rowwise_adagrad", "async_partial_rowwise_adam", "async_ftrl")
+# Each optimizer's learning rate where the task does not use its configured one. The ML-100K recipe pins
+# optimizer.learning_rate=0.002 (chosen for its Adam at the recipe's full budget), so there every optimizer
+# compared, its Adam included, gets the rate that scored best on validation in --lr-grid (seed 0, the study's
+# budget). The ranking task keeps each optimizer's configured rate (chosen on its validation data).
+LEARNING_RATE = {"ml100k": {"async_adam": None, "async_rowwise_adagrad": None, "async_partial_rowwise_adam": None,
+                            "async_ftrl": None}}
+LR_GRID = {"async_adam": (0.001, 0.002, 0.005, 0.02), "async_rowwise_adagrad": (0.01, 0.03, 0.1, 0.3),
+           "async_partial_rowwise_adam": (0.001, 0.002, 0.005, 0.02), "async_ftrl": (0.0625, 0.25, 1.0, 4.0, 16.0)}
 
 
-def variants(lambdas: list[float] | None) -> dict[str, list[str]]:
-    """Name -> the overrides of each configuration studied (``lambdas``: only the dc_lambda choice instead)."""
+def variants(task: str, lambdas: list[float] | None = None, lr_grid: bool = False) -> dict[str, list[str]]:
+    """Name -> the overrides of each configuration studied (``lambdas``: only the dc_lambda choice instead;
+    ``lr_grid``: only the learning-rate choice of the optimizers compared)."""
+    if lr_grid:
+        return {f"optimizer={o} lr={lr:g}": [f"optimizer={o}", f"optimizer.learning_rate={lr}"]
+                for o in LEARNING_RATE.get(task, {}) for lr in LR_GRID[o]}
+    compared = [o for o in OPTIMIZERS if o != DEFAULT_OPTIMIZER[task] or o in LEARNING_RATE.get(task, {})]
     if lambdas:
         out = {"k=4": ["async_emb.staleness=4"]}
         out.update({f"k=4 dc lambda={lam:g}": ["async_emb.staleness=4", "async_emb.compensation=dc",
@@ -48,7 +64,10 @@ def variants(lambdas: list[float] | None) -> dict[str, list[str]]:
     for k in STALENESS:
         out[f"k={k}"] = [f"async_emb.staleness={k}"]
         out[f"k={k} dc"] = [f"async_emb.staleness={k}", "async_emb.compensation=dc"]
-    out.update({f"optimizer={o}": [f"optimizer={o}"] for o in OPTIMIZERS if o != "async_rowwise_adagrad"})
+    for o in compared:
+        lr = LEARNING_RATE.get(task, {}).get(o, "configured")  # None: not chosen yet (main refuses to run it)
+        out[f"optimizer={o}"] = None if lr is None else [f"optimizer={o}"] + (
+            [] if lr == "configured" else [f"optimizer.learning_rate={lr}"])
     return out
 
 
@@ -114,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--data", help="the task's data.path (ml100k: the folder of u.data)")
     p.add_argument("--lambdas", type=float, nargs="+", help="study dc_lambda at k=4 instead")
+    p.add_argument("--lr-grid", action="store_true",
+                   help="choose the compared optimizers' learning rates instead (run with --seeds 0)")
     p.add_argument("--only", nargs="+", help="run only these configurations (by name)")
     p.add_argument("--set", nargs="+", default=[], metavar="OVERRIDE",
                    help="overrides every run of the study gets (e.g. trainer.steps=1500: the same budget for all)")
@@ -125,10 +146,11 @@ def main(argv: list[str] | None = None) -> None:
     if settings != a.set:
         raise SystemExit(f"{path} holds {a.task} runs made with --set {' '.join(settings)}; use the same, or --out "
                          f"another folder")
-    todo = variants(a.lambdas)
+    todo = variants(a.task, a.lambdas, a.lr_grid)
     if a.only:
         todo = {k: v for k, v in todo.items() if k in a.only}
-    order = list(variants(a.lambdas))  # the table lists configurations in the study's order, whatever ran first
+    # the table lists configurations in the study's order, whatever ran first
+    order = [*variants(a.task), *variants(a.task, lr_grid=True)]
     names_of = {a.task: sorted(dict.fromkeys([*results.get(a.task, {}), *todo]),
                                key=lambda n: order.index(n) if n in order else len(order))}
     for seed in a.seeds:  # seed by seed: an interrupted study has every configuration at the same seeds
@@ -136,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
             done = results.setdefault(a.task, {}).setdefault(name, {})
             if str(seed) in done and done[str(seed)]["rc"] == 0:
                 continue
+            if overrides is None:
+                raise SystemExit(f"{a.task}: {name} has no learning rate chosen for this task yet; run --lr-grid "
+                                 f"--seeds 0 and set the best on validation in LEARNING_RATE")
             r = run_one(a.task, overrides, seed, a.data, a.set)
             done[str(seed)] = r
             print(f"{a.task} {name} seed {seed}: valid {r['valid']} test {r['test']} ({r['seconds']:.0f} s, "
