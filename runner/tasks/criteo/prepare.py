@@ -1,0 +1,191 @@
+"""Converting Criteo-format logs into training shards: one streaming pass, bounded memory.
+
+``convert(inputs, out)`` reads each file block by block (``tsv.read_blocks``; never a file whole), splits the
+examples, and writes each split as shards of fixed-size records (``RECORD``: the label, the 13 transformed
+integer features, the 26 raw categorical values and a bitmask of the missing ones), each a ``.npy`` file a
+reader maps and indexes at random (``shards.Shards``). Beside the shards: ``manifest.json`` (the files read,
+the examples and bad lines of each, the split rule, every shard) and ``counts.npz``, each categorical
+feature's values with their counts over the training split, from which a vocabulary for any ``min_count`` is
+derived (``ids.vocabulary``; the one given here is saved as ``vocab_min<k>.npz``).
+
+Splits, decided by the inputs' names: files named ``day_<d>`` (``.gz`` too), two or more, are split by day as
+the Terabyte benchmark is (every day but the last trains; the last day's first half validates, its second
+half tests); anything else (Kaggle's single ``train.txt``) gets a seeded 90/5/5 split of its lines. Days are
+never mixed by a random split.
+
+Every file is written to a temporary name and renamed when complete, and ``manifest.json`` last: a conversion
+that stops leaves no manifest, and a directory holding a complete one is refused, never overwritten.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .ids import save_vocabulary, uniform
+from .tsv import BLOCK_BYTES, NUM_CAT, NUM_DENSE, FormatError, Reader
+
+FORMAT = 1
+RECORD = np.dtype([("label", "i1"), ("dense", "<f4", (NUM_DENSE,)), ("cat", "<u4", (NUM_CAT,)), ("missing", "<u4")])
+SPLITS = ("train", "valid", "test")
+DAY = re.compile(r"^day_(\d+)(\.gz)?$")
+SHARD_LINES = 1 << 20
+
+
+class PrepareError(ValueError):
+    """A conversion that cannot run as asked; the message names the value and the fix."""
+
+
+@dataclasses.dataclass
+class _Writer:
+    """One split's shards: records buffered up to ``shard_lines``, then written (temporary name, rename)."""
+
+    folder: Path
+    shard_lines: int
+    parts: list = dataclasses.field(default_factory=list)
+    buffered: int = 0
+    shards: list = dataclasses.field(default_factory=list)
+
+    def add(self, records: np.ndarray) -> None:
+        while len(records):
+            take = min(len(records), self.shard_lines - self.buffered)
+            self.parts.append(records[:take])
+            self.buffered += take
+            records = records[take:]
+            if self.buffered == self.shard_lines:
+                self.flush()
+
+    def flush(self) -> None:
+        if not self.buffered:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = f"shard-{len(self.shards):05d}.npy"
+        tmp = self.folder / (name + ".partial")
+        with open(tmp, "wb") as f:
+            np.save(f, np.concatenate(self.parts))
+        tmp.replace(self.folder / name)
+        self.shards.append({"file": f"{self.folder.name}/{name}", "examples": self.buffered})
+        self.parts, self.buffered = [], 0
+
+
+class _Counts:
+    """Each categorical feature's (values, counts), merged from blocks in batches (bounded work per block)."""
+
+    def __init__(self):
+        self.merged = [(np.zeros(0, np.uint32), np.zeros(0, np.int64)) for _ in range(NUM_CAT)]
+        self.pending: list[list] = [[] for _ in range(NUM_CAT)]
+        self.pending_size = [0] * NUM_CAT
+
+    def add(self, cat: np.ndarray, missing: np.ndarray) -> None:
+        for j in range(NUM_CAT):
+            v, c = np.unique(cat[~missing[:, j], j], return_counts=True)
+            self.pending[j].append((v, c))
+            self.pending_size[j] += len(v)
+            if self.pending_size[j] > max(1 << 20, 2 * len(self.merged[j][0])):
+                self._merge(j)
+
+    def _merge(self, j: int) -> None:
+        parts = [self.merged[j], *self.pending[j]]
+        v = np.concatenate([p[0] for p in parts])
+        c = np.concatenate([p[1] for p in parts])
+        u, inv = np.unique(v, return_inverse=True)
+        self.merged[j] = (u, np.bincount(inv, weights=c, minlength=len(u)).astype(np.int64))
+        self.pending[j], self.pending_size[j] = [], 0
+
+    def result(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        for j in range(NUM_CAT):
+            self._merge(j)
+        return self.merged
+
+
+def split_rule(inputs: Sequence[Path]) -> str:
+    """``"day"`` when the inputs are two or more ``day_<d>`` files, else ``"seeded"``."""
+    return "day" if len(inputs) >= 2 and all(DAY.match(p.name) for p in inputs) else "seeded"
+
+
+def records_of(block) -> np.ndarray:
+    """A block's examples as ``RECORD`` s."""
+    rec = np.zeros(len(block), RECORD)
+    rec["label"], rec["dense"], rec["cat"] = block.label, block.dense, block.cat
+    rec["missing"] = (block.missing.astype(np.uint32) << np.arange(NUM_CAT, dtype=np.uint32)).sum(1, dtype=np.uint32)
+    return rec
+
+
+def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min_count: int = 1,
+            max_bad_lines: int = 0, shard_lines: int = SHARD_LINES, block_bytes: int = BLOCK_BYTES) -> dict:
+    """Convert Criteo-format files into shards under ``out``; returns the manifest (also ``out/manifest.json``).
+    ``max_bad_lines`` applies to each file; ``min_count`` is the saved vocabulary's threshold."""
+    inputs = [Path(p) for p in inputs]
+    out = Path(out)
+    if not inputs:
+        raise PrepareError("no input files; give one or more Criteo-format files (train.txt, day_0 ... day_23)")
+    for name, v, low in (("min_count", min_count, 1), ("max_bad_lines", max_bad_lines, 0),
+                         ("shard_lines", shard_lines, 1), ("block_bytes", block_bytes, 1 << 10)):
+        if int(v) != v or v < low:
+            raise PrepareError(f"{name}={v}: must be an integer >= {low}")
+    if (out / "manifest.json").exists():
+        raise PrepareError(f"{out} already holds converted shards (manifest.json); give another output folder, "
+                           f"or remove {out} to convert again")
+    if out.exists() and any(out.iterdir()):
+        raise PrepareError(f"{out} is not empty; give a new or empty output folder")
+    rule = split_rule(inputs)
+    if rule == "day":
+        inputs = sorted(inputs, key=lambda p: int(DAY.match(p.name).group(1)))
+    writers = {s: _Writer(out / s, shard_lines) for s in SPLITS}
+    counts, files = _Counts(), []
+    for k, path in enumerate(inputs):
+        reader = Reader(path, max_bad_lines, block_bytes)
+        last_day = rule == "day" and k == len(inputs) - 1
+        eval_blocks = []
+        for block in reader:
+            rec = records_of(block)
+            if rule == "day" and not last_day:
+                writers["train"].add(rec)
+                counts.add(block.cat, block.missing)
+            elif last_day:  # halves need the day's length: its records are split once it is read
+                eval_blocks.append(rec)
+            else:  # seeded 90/5/5 by the line's position in its file: the same lines whatever the blocks
+                u = uniform(seed, k, block.lines)
+                part = np.where(u < 0.9, 0, np.where(u < 0.95, 1, 2))
+                for i, s in enumerate(SPLITS):
+                    writers[s].add(rec[part == i])
+                train = part == 0
+                counts.add(block.cat[train], block.missing[train])
+        if last_day:
+            day = np.concatenate(eval_blocks) if eval_blocks else np.zeros(0, RECORD)
+            writers["valid"].add(day[: len(day) // 2])
+            writers["test"].add(day[len(day) // 2:])
+        files.append({"file": str(path), "bytes": path.stat().st_size, "examples": reader.examples,
+                      "bad_lines": reader.bad_lines, "first_bad": reader.first_bad})
+    for w in writers.values():
+        w.flush()
+    values = counts.result()
+    _save(out / "counts.npz", **{f"values_{j}": v for j, (v, _) in enumerate(values)},
+          **{f"counts_{j}": c for j, (_, c) in enumerate(values)})
+    save_vocabulary(out, min_count)
+    manifest = {"format": FORMAT, "split": rule, "seed": seed, "min_count": min_count,
+                "max_bad_lines": max_bad_lines, "files": files,
+                "splits": {s: {"examples": sum(x["examples"] for x in w.shards), "shards": w.shards}
+                           for s, w in writers.items()},
+                "bad_lines": sum(f["bad_lines"] for f in files)}
+    if manifest["splits"]["train"]["examples"] == 0:
+        raise PrepareError(f"{', '.join(map(str, inputs))}: no training example (every line went to the evaluation "
+                           f"split); give more lines, or day files other than the last")
+    tmp = out / "manifest.json.partial"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(out / "manifest.json")
+    return manifest
+
+
+def _save(path: Path, **arrays) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    tmp.replace(path)
+
+
+__all__ = ["convert", "FormatError", "PrepareError", "RECORD", "SPLITS", "split_rule"]

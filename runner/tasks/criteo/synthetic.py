@@ -1,0 +1,183 @@
+"""Criteo-format click logs with a planted click model, so a model trained on them can be held against the
+Bayes-optimal AUC.
+
+:func:`write_logs` writes files in the exact format of the real logs (``tsv.py``): one file (Kaggle's
+``train.txt`` layout) or one per day (Terabyte's ``day_<d>``), optionally gzipped, and beside each file the
+true click probability of each of its lines (``<file>.p.npy``, float32), from which :func:`bayes_auc` is
+the best AUC any model can reach on those lines.
+
+The planted model, per line: each of the 26 categorical features draws a value (Zipf-like popularity over
+its cardinality, missing with probability ``missing``), each integer feature a count (log-normal, missing
+likewise). The click logit is a bias, plus a weight per categorical value, plus weights on ``log(1 + count)``,
+plus a rank-``rank`` interaction between the values of pairs of features (``u_a[v_a] . u_b[v_b]``, which
+only a model with feature interactions, like DLRM's or DCNv2's, can learn). Everything is a pure function of
+``seed``: the same spec writes the same bytes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from .tsv import CAT, COLUMNS, DENSE, NUM_CAT, NUM_DENSE
+
+DEFAULT_CARDINALITIES = (1000, 500, 20000, 8000, 300, 20, 5000, 600, 3, 15000, 3000, 20000, 3000, 27, 5000,
+                         20000, 10, 2000, 2000, 4, 20000, 15, 15, 10000, 80, 8000)  # Criteo-like spread
+
+
+@dataclasses.dataclass(frozen=True)
+class CriteoSpec:
+    """What :func:`write_logs` generates.
+
+    Attributes:
+        lines: examples in all, split evenly over ``days`` files.
+        days: 1 writes ``train.txt``; more write ``day_0`` ... ``day_<days-1>``.
+        cardinalities: distinct values of each of the 26 categorical features.
+        seed: the click model's and the examples' seed.
+        missing: probability that a feature is empty.
+        zipf: popularity exponent of categorical values (higher: a few values dominate).
+        rank: width of the planted pairwise interactions.
+        bias: the logit's constant (sets the click rate: -1.5 gives about 25 percent clicks).
+        gzip: write ``.gz`` files.
+        chunk: lines generated and written at a time.
+    """
+
+    lines: int = 200_000
+    days: int = 1
+    cardinalities: tuple[int, ...] = DEFAULT_CARDINALITIES
+    seed: int = 0
+    missing: float = 0.05
+    zipf: float = 1.05
+    rank: int = 4
+    bias: float = -1.5
+    gzip: bool = False
+    chunk: int = 100_000
+
+    def problems(self) -> list[str]:
+        """Each bad value, named with its valid range."""
+        out = []
+        if self.lines < 1:
+            out.append(f"lines={self.lines}: must be >= 1")
+        if not 1 <= self.days <= self.lines:
+            out.append(f"days={self.days}: must be 1..lines ({self.lines})")
+        if len(self.cardinalities) != NUM_CAT or min(self.cardinalities) < 1:
+            out.append(f"cardinalities: {NUM_CAT} values >= 1, one per categorical feature "
+                       f"(got {len(self.cardinalities)})")
+        if not 0.0 <= self.missing < 1.0:
+            out.append(f"missing={self.missing}: must be in [0, 1)")
+        if self.zipf <= 0:
+            out.append(f"zipf={self.zipf}: must be > 0")
+        if self.rank < 0 or self.chunk < 1:
+            out.append(f"rank={self.rank}, chunk={self.chunk}: rank >= 0 and chunk >= 1")
+        return out
+
+
+PAIRS = ((0, 1), (2, 3), (2, 9), (4, 12), (6, 15))  # the feature pairs with a planted interaction
+
+
+class ClickModel:
+    """The planted model's parameters (a pure function of the spec's seed)."""
+
+    def __init__(self, spec: CriteoSpec):
+        rng = np.random.default_rng([spec.seed, 1])
+        self.spec = spec
+        # each feature's values: a distinct 32-bit hash per value index (what the file holds, in hex)
+        self.hashes = [rng.choice(2 ** 32, size=c, replace=False).astype(np.uint32) for c in spec.cardinalities]
+        self.weights = [rng.normal(0.0, 0.3, c).astype(np.float32) for c in spec.cardinalities]
+        self.dense_weights = rng.normal(0.0, 0.25, NUM_DENSE).astype(np.float32)
+        self.dense_scale = rng.uniform(0.5, 2.5, NUM_DENSE)  # log-normal sigma of each count
+        self.factors = {p: [rng.normal(0.0, 0.7 / max(spec.rank, 1) ** 0.25, (spec.cardinalities[f], spec.rank))
+                            .astype(np.float32) for f in p] for p in PAIRS}
+        self.popularity = [self._popularity(c, rng) for c in spec.cardinalities]
+
+    def _popularity(self, card: int, rng: np.random.Generator) -> np.ndarray:
+        p = 1.0 / np.arange(1, card + 1) ** self.spec.zipf
+        return np.cumsum(rng.permutation(p / p.sum()))
+
+    def draw(self, rng: np.random.Generator, n: int):
+        """``n`` examples: (value indices [n, 26] with -1 missing, counts [n, 13] with -1 missing, p [n])."""
+        s = self.spec
+        idx = np.stack([np.minimum(np.searchsorted(c, rng.random(n)), len(c) - 1) for c in self.popularity], 1)
+        idx[rng.random((n, NUM_CAT)) < s.missing] = -1
+        counts = np.floor(np.exp(rng.normal(0.0, 1.0, (n, NUM_DENSE)) * self.dense_scale)).astype(np.int64)
+        counts[rng.random((n, NUM_DENSE)) < s.missing] = -1
+        logit = np.full(n, s.bias, np.float64)
+        for j in range(NUM_CAT):
+            logit += np.where(idx[:, j] >= 0, self.weights[j][np.maximum(idx[:, j], 0)], 0.0)
+        logit += np.log1p(np.maximum(counts, 0)) @ self.dense_weights.astype(np.float64) - 0.2 * self.dense_weights.sum()
+        for (a, b), (ua, ub) in self.factors.items():
+            both = (idx[:, a] >= 0) & (idx[:, b] >= 0)
+            dot = np.sum(ua[np.maximum(idx[:, a], 0)] * ub[np.maximum(idx[:, b], 0)], axis=1)
+            logit += np.where(both, dot, 0.0)
+        return idx, counts, (1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+
+
+def _hex_column(values: np.ndarray, missing: np.ndarray) -> pa.Array:
+    """uint32 values as 8-hex-digit strings ('' where missing), built from buffers (no Python strings)."""
+    digits = np.frombuffer(b"0123456789abcdef", np.uint8)[
+        (values[:, None] >> np.arange(28, -1, -4, dtype=np.uint32)) & 0xF]  # [n, 8]
+    lengths = np.where(missing, 0, 8).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    data = digits[~missing].tobytes()
+    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.tobytes()), pa.py_buffer(data))
+
+
+def _table(model: ClickModel, idx: np.ndarray, counts: np.ndarray, labels: np.ndarray) -> pa.Table:
+    cols = {"label": pc.cast(pa.array(labels.astype(np.int8)), pa.string())}
+    for j, c in enumerate(DENSE):
+        cols[c] = pc.if_else(pa.array(counts[:, j] < 0), "", pc.cast(pa.array(counts[:, j]), pa.string()))
+    for j, c in enumerate(CAT):
+        miss = idx[:, j] < 0
+        cols[c] = _hex_column(model.hashes[j][np.maximum(idx[:, j], 0)], miss)
+    return pa.table([cols[c] for c in COLUMNS], names=list(COLUMNS))
+
+
+def file_names(spec: CriteoSpec) -> list[str]:
+    """The files :func:`write_logs` writes, in order."""
+    names = ["train.txt"] if spec.days == 1 else [f"day_{d}" for d in range(spec.days)]
+    return [n + ".gz" if spec.gzip else n for n in names]
+
+
+def write_logs(spec: CriteoSpec, out: str | Path) -> list[Path]:
+    """Write the spec's files into ``out`` (each written to a temporary name, then renamed); returns them."""
+    bad = spec.problems()
+    if bad:
+        raise ValueError("CriteoSpec: " + "; ".join(bad))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, paths = ClickModel(spec), []
+    per_day = np.diff(np.linspace(0, spec.lines, spec.days + 1).round().astype(int))
+    options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
+    for day, (name, n) in enumerate(zip(file_names(spec), per_day)):
+        path, tmp = out / name, out / (name + ".partial")
+        plain = tmp.with_suffix(".tsv.partial") if spec.gzip else tmp
+        probs = []
+        with pa.OSFile(str(plain), "wb") as sink:
+            for start in range(0, n, spec.chunk):
+                m = min(spec.chunk, n - start)
+                rng = np.random.default_rng([spec.seed, 2, day, start])
+                idx, counts, p = model.draw(rng, m)
+                labels = (rng.random(m) < p).astype(np.int8)
+                pacsv.write_csv(_table(model, idx, counts, labels), sink, options)
+                probs.append(p)
+        if spec.gzip:
+            with open(plain, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            plain.unlink()
+        np.save(out / (name + ".p.npy"), np.concatenate(probs) if probs else np.zeros(0, np.float32))
+        tmp.replace(path)
+        paths.append(path)
+    return paths
+
+
+def bayes_auc(labels: np.ndarray, p: np.ndarray) -> float:
+    """The AUC of the true click probabilities: the best any model reaches on these labels."""
+    from ..ranking.auc import auc
+
+    return float(auc(np.asarray(labels), np.asarray(p)))

@@ -1,0 +1,208 @@
+"""Reading click logs in the Criteo format, streamed in bounded memory.
+
+One example per line, tab-separated: the label (0 or 1), 13 integer features and 26 categorical features,
+each categorical an 8-digit hex string (a 32-bit hash of the raw value, as Criteo ships them). Any feature may
+be empty (missing). This is the layout of Kaggle's Display Advertising Challenge ``train.txt`` and of the
+Criteo Terabyte log's ``day_0`` ... ``day_23`` (also gzipped).
+
+:func:`read_blocks` parses a file with pyarrow's streaming CSV reader (``pyarrow.csv.open_csv``, one block
+of about ``block_bytes`` at a time, never the whole file) into :class:`Block` s of numpy arrays:
+
+- ``label``: int8, 0 or 1.
+- ``dense``: float32 ``[n, 13]``: missing -> 0, negative -> 0, then ``log(1 + x)`` (the DLRM reference's
+  transform).
+- ``cat``: uint32 ``[n, 26]``, the hex values; ``missing``: bool ``[n, 26]``, where the field was empty.
+
+A bad line (a wrong number of fields, an empty line, a label that is not 0 or 1, an integer feature that is not
+an integer, a categorical that is not 8 hex digits) stops the read with a :class:`FormatError` naming the file,
+the line and the field, unless ``max_bad_lines`` allows that many: those lines are then skipped and counted
+(:attr:`Reader.bad_lines`). An empty file and a truncated ``.gz`` are refused the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+NUM_DENSE = 13
+NUM_CAT = 26
+DENSE = tuple(f"int_{i}" for i in range(1, NUM_DENSE + 1))
+CAT = tuple(f"cat_{i}" for i in range(1, NUM_CAT + 1))
+COLUMNS = ("label", *DENSE, *CAT)
+BLOCK_BYTES = 1 << 24  # pyarrow's block: the most of a file held at once (plus its parsed columns)
+
+_NIBBLE = np.full(256, 255, np.uint8)  # byte -> its hex digit's value, 255 for any other byte
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _NIBBLE[_c] = _i
+for _i, _c in enumerate(b"ABCDEF"):
+    _NIBBLE[_c] = 10 + _i
+_INT = r"^-?[0-9]+$"
+
+
+class FormatError(ValueError):
+    """A line of a Criteo-format file that cannot be read; the message names the file, the line and the fix."""
+
+
+@dataclasses.dataclass
+class Block:
+    """Parsed examples of consecutive lines (bad lines skipped under ``max_bad_lines``)."""
+
+    label: np.ndarray  # int8 [n]
+    dense: np.ndarray  # float32 [n, 13]: log(1 + max(x, 0)), missing -> 0
+    cat: np.ndarray  # uint32 [n, 26]
+    missing: np.ndarray  # bool [n, 26]
+    lines: np.ndarray  # int64 [n]: each example's 1-based line number in its file
+
+    def __len__(self) -> int:
+        return int(self.label.shape[0])
+
+
+def _hint(max_bad_lines: int) -> str:
+    return (f"fix or remove the line, or set data.max_bad_lines above {max_bad_lines} to skip and count such "
+            f"lines (the summary reports how many)")
+
+
+class Reader:
+    """Iterates a file's :class:`Block` s (``iter(reader)``); ``bad_lines`` counts the lines skipped so far and
+    ``first_bad`` describes the first of them."""
+
+    def __init__(self, path: str | Path, max_bad_lines: int = 0, block_bytes: int = BLOCK_BYTES):
+        self.path, self.max_bad_lines, self.block_bytes = Path(path), int(max_bad_lines), int(block_bytes)
+        self.bad_lines, self.first_bad, self.examples = 0, None, 0
+        if self.max_bad_lines < 0:
+            raise ValueError(f"max_bad_lines={max_bad_lines}: must be >= 0 (0 refuses any bad line)")
+
+    def _bad(self, line: int, why: str) -> None:
+        """One bad line: counted, or (past ``max_bad_lines``) refused with a message."""
+        self.bad_lines += 1
+        self.first_bad = self.first_bad or f"{self.path}:{line}: {why}"
+        if self.bad_lines > self.max_bad_lines:
+            raise FormatError(f"{self.path}, line {line}: {why}; "
+                              + (f"it is bad line {self.bad_lines} (data.max_bad_lines={self.max_bad_lines}); "
+                                 if self.max_bad_lines else "") + _hint(self.max_bad_lines))
+
+    def __iter__(self) -> Iterator[Block]:
+        if not self.path.is_file():
+            raise FormatError(f"{self.path}: no such file; give the path of a Criteo-format TSV (or .gz) file")
+        if self.path.stat().st_size == 0:
+            raise FormatError(f"{self.path}: the file is empty; a Criteo-format file has one example per line")
+        skipped: list[tuple[int, str]] = []
+
+        def on_invalid(row) -> str:
+            skipped.append((row.number, f"{row.actual_columns} tab-separated fields, a Criteo line has "
+                                        f"{len(COLUMNS)} (the label, {NUM_DENSE} integer and {NUM_CAT} "
+                                        f"categorical features)"))
+            return "skip"
+
+        gz = self.path.suffix == ".gz"
+        source = pa.input_stream(str(self.path), compression="gzip" if gz else None)
+        try:
+            reader = pacsv.open_csv(
+                source,
+                read_options=pacsv.ReadOptions(column_names=list(COLUMNS), block_size=self.block_bytes,
+                                               use_threads=False),
+                parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False,
+                                                 escape_char=False, ignore_empty_lines=False,
+                                                 invalid_row_handler=on_invalid),
+                convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in COLUMNS},
+                                                     strings_can_be_null=False, quoted_strings_can_be_null=False))
+        except (pa.ArrowInvalid, OSError, EOFError) as e:
+            source.close()
+            self._unreadable(e, gz, 1)
+        next_line = 1
+        with source:
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except (pa.ArrowInvalid, OSError, EOFError) as e:
+                    self._unreadable(e, gz, next_line)
+                for line, why in skipped:
+                    self._bad(line, why)
+                rows = batch.num_rows
+                taken = {line for line, _ in skipped}
+                lines = np.array([n for n in range(next_line, next_line + rows + len(taken)) if n not in taken],
+                                 np.int64)
+                next_line += rows + len(taken)
+                skipped.clear()
+                block = self._parse(batch, lines)
+                if len(block):
+                    self.examples += len(block)
+                    yield block
+        if self.examples == 0 and self.bad_lines == 0:
+            raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per line")
+
+    def _unreadable(self, e: Exception, gz: bool, line: int):
+        if "Empty CSV file" in str(e):
+            raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per "
+                              f"line") from None
+        if gz:
+            raise FormatError(f"{self.path}: the gzip stream ends or breaks near line {line} ({e}); the file is "
+                              f"truncated or damaged: download or copy it again (gzip -t {self.path} checks it)") from None
+        raise FormatError(f"{self.path}: cannot be read as tab-separated text near line {line} ({e})") from None
+
+    def _parse(self, batch: pa.RecordBatch, lines: np.ndarray) -> Block:
+        n = batch.num_rows
+        ok = np.ones(n, bool)
+        cols = {c: batch.column(i) for i, c in enumerate(COLUMNS)}
+        lengths = {c: pc.utf8_length(cols[c]).to_numpy(zero_copy_only=False) for c in COLUMNS}
+        empty = np.all(np.stack([lengths[c] == 0 for c in COLUMNS]), axis=0)
+        why: dict[int, str] = {}
+
+        def flag(mask: np.ndarray, reason) -> None:
+            for i in np.flatnonzero(mask & ok):
+                why[int(i)] = reason(int(i))
+            ok[mask] = False
+
+        flag(empty, lambda i: "the line is empty")
+        label = cols["label"]
+        flag(~pc.match_substring_regex(label, r"^[01]$").to_numpy(zero_copy_only=False),
+             lambda i: f"the label {label[i].as_py()!r} is not 0 or 1")
+        dense = np.zeros((n, NUM_DENSE), np.float32)
+        for j, c in enumerate(DENSE):
+            col = cols[c]
+            good = pc.match_substring_regex(col, _INT).to_numpy(zero_copy_only=False) | (lengths[c] == 0)
+            flag(~good, lambda i, c=c, col=col: f"integer feature {c} is {col[i].as_py()!r}, not an integer")
+            vals = pc.cast(pc.if_else(pa.array(good & (lengths[c] > 0)), col, "0"), pa.int64()).to_numpy()
+            dense[:, j] = np.log1p(np.maximum(vals, 0).astype(np.float64)).astype(np.float32)
+        cat = np.zeros((n, NUM_CAT), np.uint32)
+        missing = np.zeros((n, NUM_CAT), bool)
+        for j, c in enumerate(CAT):
+            col, length = cols[c], lengths[c]
+            missing[:, j] = length == 0
+            value, good = _hex_values(col, length)
+            flag(~good, lambda i, c=c, col=col: f"categorical feature {c} is {col[i].as_py()!r}, not 8 hex digits")
+            cat[:, j] = value
+        for i in sorted(why):
+            self._bad(int(lines[i]), why[i])
+        return Block(np.asarray(pc.cast(pc.if_else(pa.array(ok), label, "0"), pa.int8()))[ok],
+                     dense[ok], cat[ok], missing[ok], lines[ok])
+
+
+def _hex_values(col: pa.Array, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The uint32 value of each 8-hex-digit string of ``col`` (0 where empty) and whether it is one (empty
+    counts as good: a missing value). Read straight from the Arrow string buffer, no Python objects."""
+    n = len(col)
+    value = np.zeros(n, np.uint32)
+    good = (length == 0) | (length == 8)
+    offsets = np.frombuffer(col.buffers()[1], np.int32, count=n + 1, offset=4 * col.offset).astype(np.int64)
+    data = np.frombuffer(col.buffers()[2], np.uint8) if col.buffers()[2] is not None else np.zeros(0, np.uint8)
+    full = np.flatnonzero(length == 8)
+    if full.size:
+        digits = _NIBBLE[data[offsets[full][:, None] + np.arange(8)]]  # [k, 8]
+        hexy = np.all(digits != 255, axis=1)
+        good[full[~hexy]] = False
+        shifts = np.arange(28, -1, -4, dtype=np.uint32)
+        value[full] = np.where(hexy, np.bitwise_or.reduce(digits.astype(np.uint32) << shifts, axis=1), 0)
+    return value, good
+
+
+def read_blocks(path: str | Path, max_bad_lines: int = 0, block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
+    """The :class:`Block` s of one Criteo-format file (see :class:`Reader` for the counts of what was skipped)."""
+    return iter(Reader(path, max_bad_lines, block_bytes))

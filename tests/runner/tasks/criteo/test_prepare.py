@@ -1,0 +1,172 @@
+"""Conversion into shards (splits, records, counts, refusals), the id maps against a Python reference, the
+shard reader, the generator and the ``python -m runner.prepare`` command."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runner.tasks.criteo.ids import HashIds, mix64, vocabulary
+from runner.tasks.criteo.prepare import PrepareError, convert
+from runner.tasks.criteo.shards import Shards
+from runner.tasks.criteo.synthetic import ClickModel, CriteoSpec, bayes_auc, write_logs
+from runner.tasks.criteo.tsv import FormatError, read_blocks
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("logs")
+    return {"days": write_logs(CriteoSpec(lines=6000, days=3, gzip=True, chunk=1000), folder / "days"),
+            "one": write_logs(CriteoSpec(lines=5000, seed=3), folder / "one")}
+
+
+def all_records(paths):
+    blocks = [b for p in paths for b in read_blocks(p)]
+    return {k: np.concatenate([getattr(b, k) for b in blocks]) for k in ("label", "dense", "cat", "missing")}
+
+
+def test_generated_files_are_deterministic_and_carry_their_click_probabilities(logs, tmp_path):
+    again = write_logs(CriteoSpec(lines=6000, days=3, gzip=True, chunk=1000), tmp_path)
+    for a, b in zip(logs["days"], again):
+        assert [p.name for p in logs["days"]] == ["day_0.gz", "day_1.gz", "day_2.gz"]
+        assert np.array_equal(np.load(f"{a}.p.npy"), np.load(f"{b}.p.npy"))
+        assert np.array_equal(all_records([a])["cat"], all_records([b])["cat"])
+    rec = all_records(logs["one"])
+    p = np.load(f"{logs['one'][0]}.p.npy")
+    assert len(p) == len(rec["label"]) == 5000
+    assert 0.15 < rec["label"].mean() < 0.4  # about the planted click rate
+    assert 0.75 < bayes_auc(rec["label"], p) < 0.95  # learnable, not trivial
+    assert 0.02 < rec["missing"].mean() < 0.08  # the spec's 5 percent
+
+
+def test_day_split_trains_on_every_day_but_the_last_and_halves_it(logs, tmp_path):
+    m = convert(logs["days"], tmp_path / "s", shard_lines=1500)
+    assert m["split"] == "day" and m["splits"]["train"]["examples"] == 4000
+    assert (m["splits"]["valid"]["examples"], m["splits"]["test"]["examples"]) == (1000, 1000)
+    last = all_records(logs["days"][2:])
+    valid, test = Shards(tmp_path / "s", "valid"), Shards(tmp_path / "s", "test")
+    np.testing.assert_array_equal(valid.records(np.arange(1000))["cat"], last["cat"][:1000])
+    np.testing.assert_array_equal(test.records(np.arange(1000))["cat"], last["cat"][1000:])
+    train = Shards(tmp_path / "s", "train")
+    assert len(train.arrays) == 3  # 4000 examples in shards of 1500
+    first = all_records(logs["days"][:2])
+    np.testing.assert_array_equal(train.records(np.arange(4000))["label"], first["label"])
+    np.testing.assert_allclose(train.records(np.arange(4000))["dense"], first["dense"])
+
+
+def test_seeded_split_is_90_5_5_of_lines_and_does_not_depend_on_blocks(logs, tmp_path):
+    a = convert(logs["one"], tmp_path / "a", seed=1)
+    b = convert(logs["one"], tmp_path / "b", seed=1, block_bytes=4096, shard_lines=700)
+    c = convert(logs["one"], tmp_path / "c", seed=2)
+    n = {s: a["splits"][s]["examples"] for s in ("train", "valid", "test")}
+    assert a["split"] == "seeded" and sum(n.values()) == 5000
+    assert abs(n["train"] - 4500) < 100 and abs(n["valid"] - 250) < 60
+    for s in ("train", "valid", "test"):
+        x, y = Shards(tmp_path / "a", s), Shards(tmp_path / "b", s)
+        np.testing.assert_array_equal(x.records(np.arange(len(x))), y.records(np.arange(len(y))))
+    assert Shards(tmp_path / "c", "valid").records(np.arange(10)).tobytes() != \
+        Shards(tmp_path / "a", "valid").records(np.arange(10)).tobytes()
+
+
+def test_vocabulary_counts_the_training_split_only_against_a_python_count(logs, tmp_path):
+    convert(logs["days"], tmp_path / "s", min_count=3)
+    train = all_records(logs["days"][:2])
+    vocab = vocabulary(tmp_path / "s", 3)
+    assert (tmp_path / "s" / "vocab_min3.npz").exists()
+    for j in (0, 5, 25):
+        counts = {}
+        for v, miss in zip(train["cat"][:, j], train["missing"][:, j]):
+            if not miss:
+                counts[int(v)] = counts.get(int(v), 0) + 1
+        want = sorted(v for v, c in counts.items() if c >= 3)
+        assert vocab.values[j].tolist() == want
+    # mapping: row i+1 for the i-th kept value, 0 for rare, unseen and missing
+    last = all_records(logs["days"][2:])
+    rows = vocab(last["cat"], (last["missing"].astype(np.uint32) << np.arange(26, dtype=np.uint32)).sum(1))
+    for j in (0, 5):
+        index = {v: i + 1 for i, v in enumerate(vocab.values[j].tolist())}
+        want = [0 if m else index.get(int(v), 0) for v, m in zip(last["cat"][:, j], last["missing"][:, j])]
+        assert rows[:, j].tolist() == want
+    assert vocabulary(tmp_path / "s", 1).table_rows()[0] > vocab.table_rows()[0]  # min_count 1 keeps more
+
+
+def test_hash_ids_against_a_python_splitmix(logs):
+    def splitmix(x):
+        m = (1 << 64) - 1
+        z = (x + 0x9E3779B97F4A7C15) & m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        return z ^ (z >> 31)
+
+    rec = all_records(logs["one"])
+    rows = [10 + 7 * j for j in range(26)]
+    got = HashIds(rows)(rec["cat"][:200], (rec["missing"][:200].astype(np.uint32) << np.arange(26, dtype=np.uint32)).sum(1))
+    for i in range(0, 200, 17):
+        for j in range(26):
+            want = 0 if rec["missing"][i, j] else 1 + splitmix(int(rec["cat"][i, j])) % (rows[j] - 1)
+            assert got[i, j] == want
+    assert int(mix64(np.uint64(12345))) == splitmix(12345)
+    with pytest.raises(ValueError, match="26 row counts >= 2"):
+        HashIds([1] * 26)
+
+
+def test_bad_values_and_used_folders_are_refused(logs, tmp_path):
+    convert(logs["one"], tmp_path / "done")
+    with pytest.raises(PrepareError, match="already holds converted shards"):
+        convert(logs["one"], tmp_path / "done")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("mine")
+    with pytest.raises(PrepareError, match="busy is not empty"):
+        convert(logs["one"], tmp_path / "busy")
+    assert (tmp_path / "busy" / "x").read_text() == "mine"
+    for kw, msg in [({"min_count": 0}, "min_count=0: must be an integer >= 1"),
+                    ({"max_bad_lines": -1}, "max_bad_lines=-1: must be an integer >= 0"),
+                    ({"shard_lines": 0}, "shard_lines=0: must be an integer >= 1")]:
+        with pytest.raises(PrepareError, match=msg):
+            convert(logs["one"], tmp_path / "new", **kw)
+    with pytest.raises(PrepareError, match="no input files"):
+        convert([], tmp_path / "new")
+    with pytest.raises(ValueError, match="days=0: must be 1..lines"):
+        write_logs(CriteoSpec(days=0), tmp_path / "gen")
+
+
+def test_a_failed_conversion_leaves_no_manifest(logs, tmp_path):
+    bad = tmp_path / "train.txt"
+    bad.write_text(Path(logs["one"][0]).read_text().replace("\n", "\nx\n", 1))
+    with pytest.raises(FormatError, match="line 2: 1 tab-separated fields, a Criteo line has 40"):
+        convert([bad], tmp_path / "s")
+    assert not (tmp_path / "s" / "manifest.json").exists()
+    with pytest.raises(FileNotFoundError, match="no manifest.json"):
+        Shards(tmp_path / "s", "train")
+
+
+def test_shards_read_any_order_and_map_ids(logs, tmp_path):
+    convert(logs["one"], tmp_path / "s", shard_lines=500)
+    train = Shards(tmp_path / "s", "train")
+    order = np.random.default_rng(0).permutation(len(train))[:300]
+    batch = train.take(order, HashIds([100] * 26))
+    whole = train.records(np.arange(len(train)))
+    np.testing.assert_array_equal(batch["label"], whole["label"][order])
+    assert batch["cat"].shape == (300, 26) and batch["cat"].dtype == np.int32 and batch["cat"].max() < 100
+    assert train[int(order[0])].tobytes() == whole[order[0]].tobytes()
+    with pytest.raises(IndexError):
+        train.records(np.array([len(train)]))
+
+
+def test_the_command_converts_and_refuses_with_one_message(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "runner.prepare", *a], cwd=ROOT,  # noqa: E731
+                                    capture_output=True, text=True)
+    gen = run("criteo-synthetic", "--out", str(tmp_path / "g"), "--lines", "3000", "--days", "2")
+    assert gen.returncode == 0, gen.stderr
+    ok = run("criteo", str(tmp_path / "g" / "day_0"), str(tmp_path / "g" / "day_1"), "--out", str(tmp_path / "s"))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["splits"] == {"train": 1500, "valid": 750, "test": 750}
+    again = run("criteo", str(tmp_path / "g" / "day_0"), "--out", str(tmp_path / "s"))
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert again.stderr.strip().startswith("runner.prepare: ") and "already holds converted shards" in again.stderr
+    bad = run("criteo", str(tmp_path / "nope"), "--out", str(tmp_path / "t"))
+    assert bad.returncode == 2 and "nope: no such file" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,123 @@
+"""The Criteo-format reader: values against a plain-Python parse of the same lines, and every bad input
+refused by a message naming the file and the line (or skipped and counted under max_bad_lines)."""
+import gzip
+import math
+import random
+
+import numpy as np
+import pytest
+
+from runner.tasks.criteo.tsv import COLUMNS, FormatError, Reader, read_blocks
+
+
+def line(label="1", dense=None, cat=None):
+    rnd = random.Random(hash((label, str(dense), str(cat))) & 0xFFFF)
+    dense = dense if dense is not None else [str(rnd.randint(-2, 500)) for _ in range(13)]
+    cat = cat if cat is not None else [f"{rnd.getrandbits(32):08x}" for _ in range(26)]
+    return "\t".join([label, *dense, *cat])
+
+
+def reference(text: str):
+    """A plain-Python reading of the format: (label, dense, cat values, missing) per line."""
+    out = []
+    for raw in text.splitlines():
+        f = raw.split("\t")
+        dense = [math.log1p(max(int(x), 0)) if x else 0.0 for x in f[1:14]]
+        out.append((int(f[0]), dense, [int(x, 16) if x else 0 for x in f[14:]], [x == "" for x in f[14:]]))
+    return out
+
+
+def write(tmp_path, text, name="train.txt"):
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_values_match_a_plain_python_reading(tmp_path):
+    rows = [line(str(i % 2)) for i in range(300)]
+    rows[5] = line("0", dense=[""] * 13)  # every integer missing
+    rows[6] = line("1", cat=[""] * 10 + ["DEADBEEF"] + [f"{i:08x}" for i in range(15)])  # upper-case hex
+    rows[7] = line("0", dense=["-7"] * 12 + ["0"])
+    text = "\n".join(rows) + "\n"
+    blocks = list(read_blocks(write(tmp_path, text), block_bytes=4096))  # many small blocks
+    assert len(blocks) > 3
+    label = np.concatenate([b.label for b in blocks])
+    dense = np.concatenate([b.dense for b in blocks])
+    cat = np.concatenate([b.cat for b in blocks])
+    missing = np.concatenate([b.missing for b in blocks])
+    lines = np.concatenate([b.lines for b in blocks])
+    want = reference(text)
+    np.testing.assert_array_equal(lines, np.arange(1, 301))
+    np.testing.assert_array_equal(label, [w[0] for w in want])
+    np.testing.assert_allclose(dense, [w[1] for w in want], rtol=1e-6)
+    np.testing.assert_array_equal(cat, [w[2] for w in want])
+    np.testing.assert_array_equal(missing, [w[3] for w in want])
+    assert cat[6, 10] == 0xDEADBEEF and missing[6, :10].all()
+
+
+def test_gzip_reads_like_plain(tmp_path):
+    text = "\n".join(line(str(i % 2)) for i in range(50))  # no newline at the end
+    a = np.concatenate([b.cat for b in read_blocks(write(tmp_path, text))])
+    b = np.concatenate([b.cat for b in read_blocks(write(tmp_path, text, "day_0.gz"))])
+    np.testing.assert_array_equal(a, b)
+    assert len(a) == 50
+
+
+BAD = {
+    "fields": (line().rsplit("\t", 1)[0], "line 3: 39 tab-separated fields, a Criteo line has 40"),
+    "empty line": ("", "line 3: the line is empty"),
+    "label": (line("yes"), "line 3: the label 'yes' is not 0 or 1"),
+    "label 2": (line("2"), "line 3: the label '2' is not 0 or 1"),
+    "integer": (line(dense=["3"] * 5 + ["4.5"] + ["1"] * 7), "line 3: integer feature int_6 is '4.5', not an integer"),
+    "hex": (line(cat=["0000000g"] + ["00000000"] * 25), "line 3: categorical feature cat_1 is '0000000g', not 8 hex digits"),
+    "short hex": (line(cat=["00000000"] * 25 + ["abc"]), "line 3: categorical feature cat_26 is 'abc', not 8 hex digits"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_line_is_refused_by_file_and_line(tmp_path, case):
+    bad, message = BAD[case]
+    path = write(tmp_path, "\n".join([line(), line(), bad, line()]) + "\n")
+    with pytest.raises(FormatError) as e:
+        list(read_blocks(path))
+    assert str(e.value).startswith(f"{path}, {message}")
+    assert "data.max_bad_lines" in str(e.value)
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_max_bad_lines_skips_and_counts(tmp_path, case):
+    bad, _ = BAD[case]
+    rows = [line("1"), bad, line("0"), bad, line("1")]
+    reader = Reader(write(tmp_path, "\n".join(rows) + "\n"), max_bad_lines=2)
+    blocks = list(reader)
+    assert reader.bad_lines == 2 and reader.first_bad.startswith(f"{reader.path}:2: ")
+    np.testing.assert_array_equal(np.concatenate([b.lines for b in blocks]), [1, 3, 5])
+    np.testing.assert_array_equal(np.concatenate([b.label for b in blocks]), [1, 0, 1])
+    with pytest.raises(FormatError, match=r"line 4: .*bad line 2 \(data.max_bad_lines=1\)"):
+        list(Reader(reader.path, max_bad_lines=1))
+
+
+def test_empty_and_missing_files_are_refused(tmp_path):
+    empty = write(tmp_path, "")
+    with pytest.raises(FormatError, match=r"train.txt: the file is empty"):
+        list(read_blocks(empty))
+    with pytest.raises(FormatError, match=r"nope.txt: no such file"):
+        list(read_blocks(tmp_path / "nope.txt"))
+    with pytest.raises(FormatError, match=r"day_0.gz: the file has no lines"):
+        list(read_blocks(write(tmp_path, "", "day_0.gz")))
+
+
+def test_a_truncated_gz_is_refused(tmp_path):
+    path = write(tmp_path, "\n".join(line(str(i % 2)) for i in range(3000)) + "\n", "day_0.gz")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(FormatError, match=r"day_0.gz: the gzip stream ends or breaks near line \d+ .*truncated"):
+        list(read_blocks(path, block_bytes=4096))
+
+
+def test_columns_are_the_criteo_layout():
+    assert len(COLUMNS) == 40 and COLUMNS[0] == "label" and COLUMNS[13] == "int_13" and COLUMNS[-1] == "cat_26"
