@@ -83,7 +83,9 @@ def step_cost(cfg: dict) -> list[dict]:
         runs[name] = run
         pending = holder["state"].pending
         meta[name] = {"staleness": k, "dc": dc, "queue_bytes": common.tree_bytes(pending),
-                      "grads_bytes": common.tree_bytes({n: u.grads for n, u in pending.items()})}
+                      # k > 1: each table's queue is a tuple of k records
+                      "grads_bytes": common.tree_bytes({n: [r.grads for r in (u if k > 1 else (u,))]
+                                                        for n, u in pending.items()})}
     times = common.interleaved(runs, cfg["step_rounds"], 2)
     out = []
     for name, m in meta.items():

@@ -42,8 +42,8 @@ OPTIMIZERS = ("async_adam", "async_rowwise_adagrad", "async_partial_rowwise_adam
 # optimizer.learning_rate=0.002 (chosen for its Adam at the recipe's full budget), so there every optimizer
 # compared, its Adam included, gets the rate that scored best on validation in --lr-grid (seed 0, the study's
 # budget). The ranking task keeps each optimizer's configured rate (chosen on its validation data).
-LEARNING_RATE = {"ml100k": {"async_adam": None, "async_rowwise_adagrad": None, "async_partial_rowwise_adam": None,
-                            "async_ftrl": None}}
+LEARNING_RATE = {"ml100k": {"async_adam": 0.005, "async_rowwise_adagrad": 0.03, "async_partial_rowwise_adam": 0.005,
+                            "async_ftrl": 1.0}}
 LR_GRID = {"async_adam": (0.001, 0.002, 0.005, 0.02), "async_rowwise_adagrad": (0.01, 0.03, 0.1, 0.3),
            "async_partial_rowwise_adam": (0.001, 0.002, 0.005, 0.02), "async_ftrl": (0.0625, 0.25, 1.0, 4.0, 16.0)}
 
@@ -116,14 +116,21 @@ def table(task: str, results: dict, names: list[str]) -> str:
                             "valid by seed", "median s"], rows)
 
 
-def write(out: Path, results: dict, names_of: dict) -> None:
+def study_order(task: str, names) -> list[str]:
+    """``names`` in the study's order (configurations, then the learning-rate and lambda choices), whatever ran
+    first."""
+    order = [*variants(task), *variants(task, lr_grid=True)]
+    return sorted(dict.fromkeys(names), key=lambda n: order.index(n) if n in order else len(order))
+
+
+def write(out: Path, results: dict) -> None:
     body = [__doc__.split("\n\n")[1].replace("\n", " "), ""]
     for task in results:
         if task == "settings":
             continue
         sets = results.get("settings", {}).get(task) or []
         body += [f"## {task}", "", f"Every run: the task's defaults{' with ' + ' '.join(f'`{o}`' for o in sets) if sets else ''}.",
-                 "", table(task, results, names_of.get(task, list(results[task]))), ""]
+                 "", table(task, results, study_order(task, results[task])), ""]
     common.write_result(out, "staleness", "Staleness and delay compensation: quality", "\n".join(body), results)
 
 
@@ -149,10 +156,6 @@ def main(argv: list[str] | None = None) -> None:
     todo = variants(a.task, a.lambdas, a.lr_grid)
     if a.only:
         todo = {k: v for k, v in todo.items() if k in a.only}
-    # the table lists configurations in the study's order, whatever ran first
-    order = [*variants(a.task), *variants(a.task, lr_grid=True)]
-    names_of = {a.task: sorted(dict.fromkeys([*results.get(a.task, {}), *todo]),
-                               key=lambda n: order.index(n) if n in order else len(order))}
     for seed in a.seeds:  # seed by seed: an interrupted study has every configuration at the same seeds
         for name, overrides in todo.items():
             done = results.setdefault(a.task, {}).setdefault(name, {})
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             done[str(seed)] = r
             print(f"{a.task} {name} seed {seed}: valid {r['valid']} test {r['test']} ({r['seconds']:.0f} s, "
                   f"rc {r['rc']})", flush=True)
-            write(a.out, results, names_of)
+            write(a.out, results)
 
 
 if __name__ == "__main__":
