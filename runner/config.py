@@ -350,6 +350,14 @@ def register() -> None:
         ("distributed", "distributed", DistributedConfig), ("logger", "logger", LoggerConfig),
         ("model", "ranking", RankingModelConfig), ("model", "sequential", SequentialModelConfig),
         ("data", "synthetic", SyntheticDataConfig), ("data", "movielens", MovieLensDataConfig),
-        ("data", "synthetic_sequences", SyntheticSequencesDataConfig),
+        ("data", "synthetic_sequences", SyntheticSequencesDataConfig), *task_schemas(),
     ]:
         cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+def task_schemas() -> list[tuple[str, str, type]]:
+    """(group, name, schema) of the schemas a task package keeps beside its code (the Criteo task's)."""
+    from .tasks.criteo import config as criteo  # noqa: PLC0415 (it imports TableConfig from here)
+
+    return [("data", "criteo", criteo.CriteoDataConfig), ("model", "dlrm", criteo.DLRMModelConfig),
+            ("model", "dcn", criteo.DCNModelConfig)]

@@ -64,8 +64,10 @@ def _raise(errors: list[str]) -> None:
 # ---- ranges declared beside the fields (runner/config.py, optimizers/*.py) ----------------------------
 
 DATA_SCHEMAS = {"synthetic": schemas.SyntheticDataConfig, "movielens": schemas.MovieLensDataConfig,
-                "synthetic_sequences": schemas.SyntheticSequencesDataConfig}
-MODEL_SCHEMAS = {"ranking": schemas.RankingModelConfig, "sequential": schemas.SequentialModelConfig}
+                "synthetic_sequences": schemas.SyntheticSequencesDataConfig,
+                **{n: c for g, n, c in schemas.task_schemas() if g == "data"}}
+MODEL_SCHEMAS = {"ranking": schemas.RankingModelConfig, "sequential": schemas.SequentialModelConfig,
+                 **{n: c for g, n, c in schemas.task_schemas() if g == "model"}}
 
 
 def _bound(x: float) -> str:
@@ -182,6 +184,9 @@ def check_config(cfg: DictConfig) -> None:
         errors += section_problems(table, schemas.TableConfig, f"model.tables.{name}.")
     if cfg.model.get("name") == "ranking":
         _positive_list(errors, "model.hidden", cfg.model.hidden, "[128,64]", allow_empty=True)
+    for key, example in (("bottom", "[64]"), ("top", "[128,64]"), ("deep", "[128,64]")):
+        if cfg.model.get("name") in ("dlrm", "dcn") and key in cfg.model:
+            _positive_list(errors, f"model.{key}", cfg.model[key], example, allow_empty=True)
     data_schema = DATA_SCHEMAS.get(cfg.data.get("name"))
     if data_schema is not None:
         errors += section_problems(cfg.data, data_schema, "data.")

@@ -6,6 +6,7 @@ a package here with a ``task.py`` whose factory is decorated ``@TASKS.register("
 
 - ``ranking/``: multi-action ranking on the synthetic generator, per-action AUC against the Bayes limit.
 - ``sequential/``: next-item prediction on MovieLens-style files or synthetic sequences, full ranking.
+- ``criteo/``: click-through prediction on Criteo-format logs (real or generated), DLRM or DCNv2.
 
 Each package's ``report.py`` declares what ``python -m runner.report`` shows of the task's runs
 (:class:`ReportMetrics`); it imports nothing heavy, so a report never imports JAX or a task's data readers.
@@ -93,7 +94,8 @@ TASKS: Registry[Callable[[DictConfig], Task]] = Registry("task", "data.name")
 # The package whose task module registers each data source. A run imports only its own (the sequential
 # task's file readers import pyarrow, ~0.3 s a launch that a ranking run does not need); an unknown name
 # imports them all, so its error lists every registered source. tests/runner/test_imports.py checks the map.
-PACKAGES = {"synthetic": "ranking", "movielens": "sequential", "synthetic_sequences": "sequential"}
+PACKAGES = {"synthetic": "ranking", "movielens": "sequential", "synthetic_sequences": "sequential",
+            "criteo": "criteo"}
 DEFAULT_DATA = "synthetic"  # conf/config.yaml's data default: what a run folder without its config ran
 
 

@@ -30,7 +30,9 @@ from .ids import save_vocabulary, uniform
 from .tsv import BLOCK_BYTES, NUM_CAT, NUM_DENSE, FormatError, Reader
 
 FORMAT = 1
-RECORD = np.dtype([("label", "i1"), ("dense", "<f4", (NUM_DENSE,)), ("cat", "<u4", (NUM_CAT,)), ("missing", "<u4")])
+# p: the line's true click probability where the logs came with one (generated: <file>.p.npy), else NaN
+RECORD = np.dtype([("label", "i1"), ("dense", "<f4", (NUM_DENSE,)), ("cat", "<u4", (NUM_CAT,)), ("missing", "<u4"),
+                   ("p", "<f4")])
 SPLITS = ("train", "valid", "test")
 DAY = re.compile(r"^day_(\d+)(\.gz)?$")
 SHARD_LINES = 1 << 20
@@ -107,10 +109,11 @@ def split_rule(inputs: Sequence[Path]) -> str:
     return "day" if len(inputs) >= 2 and all(DAY.match(p.name) for p in inputs) else "seeded"
 
 
-def records_of(block) -> np.ndarray:
-    """A block's examples as ``RECORD`` s."""
+def records_of(block, truth: np.ndarray | None = None) -> np.ndarray:
+    """A block's examples as ``RECORD`` s; ``truth``: the file's click probability per line, if it has them."""
     rec = np.zeros(len(block), RECORD)
     rec["label"], rec["dense"], rec["cat"] = block.label, block.dense, block.cat
+    rec["p"] = truth[block.lines - 1] if truth is not None else np.nan
     rec["missing"] = (block.missing.astype(np.uint32) << np.arange(NUM_CAT, dtype=np.uint32)).sum(1, dtype=np.uint32)
     return rec
 
@@ -139,10 +142,15 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
     counts, files = _Counts(), []
     for k, path in enumerate(inputs):
         reader = Reader(path, max_bad_lines, block_bytes)
+        truth_file = path.with_name(path.name + ".p.npy")
+        truth = np.load(truth_file, mmap_mode="r") if truth_file.exists() else None
         last_day = rule == "day" and k == len(inputs) - 1
         eval_blocks = []
         for block in reader:
-            rec = records_of(block)
+            if truth is not None and int(block.lines[-1]) > len(truth):
+                raise PrepareError(f"{truth_file}: {len(truth)} click probabilities, but {path} has more lines; "
+                                   f"remove it (it belongs to other logs) or generate the logs again")
+            rec = records_of(block, truth)
             if rule == "day" and not last_day:
                 writers["train"].add(rec)
                 counts.add(block.cat, block.missing)
@@ -160,6 +168,7 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
             writers["valid"].add(day[: len(day) // 2])
             writers["test"].add(day[len(day) // 2:])
         files.append({"file": str(path), "bytes": path.stat().st_size, "examples": reader.examples,
+                      "truth": truth is not None,
                       "bad_lines": reader.bad_lines, "first_bad": reader.first_bad})
     for w in writers.values():
         w.flush()

@@ -62,7 +62,8 @@ class Shards:
         return out
 
     def take(self, indices: np.ndarray, ids) -> dict[str, np.ndarray]:
-        """A batch: ``label`` float32 [n], ``dense`` float32 [n, 13], ``cat`` int32 [n, 26] rows (``ids``)."""
+        """A batch: ``label`` float32 [n], ``dense`` float32 [n, 13], ``cat`` int32 [n, 26] rows (``ids``), ``p``
+        float32 [n] (the true click probability, NaN where the logs had none)."""
         rec = self.records(indices)
         return {"label": rec["label"].astype(np.float32), "dense": np.asarray(rec["dense"]),
-                "cat": ids(rec["cat"], rec["missing"])}
+                "cat": ids(rec["cat"], rec["missing"]), "p": np.asarray(rec["p"])}

@@ -63,8 +63,8 @@ class Block:
 
 
 def _hint(max_bad_lines: int) -> str:
-    return (f"fix or remove the line, or set data.max_bad_lines above {max_bad_lines} to skip and count such "
-            f"lines (the summary reports how many)")
+    return (f"fix or remove the line, or convert with --max-bad-lines above {max_bad_lines} (python -m "
+            f"runner.prepare criteo) to skip and count such lines (the manifest reports how many)")
 
 
 class Reader:
@@ -83,7 +83,7 @@ class Reader:
         self.first_bad = self.first_bad or f"{self.path}:{line}: {why}"
         if self.bad_lines > self.max_bad_lines:
             raise FormatError(f"{self.path}, line {line}: {why}; "
-                              + (f"it is bad line {self.bad_lines} (data.max_bad_lines={self.max_bad_lines}); "
+                              + (f"it is bad line {self.bad_lines} (--max-bad-lines {self.max_bad_lines}); "
                                  if self.max_bad_lines else "") + _hint(self.max_bad_lines))
 
     def __iter__(self) -> Iterator[Block]:

@@ -43,8 +43,9 @@ class RankingTask:
     def from_config(cls, cfg: DictConfig) -> "RankingTask":
         if cfg.model.name != "ranking":
             raise PreflightError(f"data=synthetic is the multi-action ranking source, but model={cfg.model.name}; "
-                                 f"use model=ranking, or data=synthetic_sequences / data=movielens for "
-                                 f"model={cfg.model.name}")
+                                 f"use model=ranking, or " + ("data=criteo" if cfg.model.name in ("dlrm", "dcn") else
+                                                                "data=synthetic_sequences / data=movielens")
+                                 + f" for model={cfg.model.name}")
         d = OmegaConf.to_container(cfg.data, resolve=True)
         d.pop("name")
         d["actions"] = tuple(d["actions"])

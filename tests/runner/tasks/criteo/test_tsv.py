@@ -85,7 +85,7 @@ def test_a_bad_line_is_refused_by_file_and_line(tmp_path, case):
     with pytest.raises(FormatError) as e:
         list(read_blocks(path))
     assert str(e.value).startswith(f"{path}, {message}")
-    assert "data.max_bad_lines" in str(e.value)
+    assert "--max-bad-lines above 0" in str(e.value)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -97,7 +97,7 @@ def test_max_bad_lines_skips_and_counts(tmp_path, case):
     assert reader.bad_lines == 2 and reader.first_bad.startswith(f"{reader.path}:2: ")
     np.testing.assert_array_equal(np.concatenate([b.lines for b in blocks]), [1, 3, 5])
     np.testing.assert_array_equal(np.concatenate([b.label for b in blocks]), [1, 0, 1])
-    with pytest.raises(FormatError, match=r"line 4: .*bad line 2 \(data.max_bad_lines=1\)"):
+    with pytest.raises(FormatError, match=r"line 4: .*bad line 2 \(--max-bad-lines 1\)"):
         list(Reader(reader.path, max_bad_lines=1))
 
 

@@ -1,0 +1,70 @@
+"""Config schemas of the Criteo task: the data (``data=criteo``) and its two models (``model=dlrm``,
+``model=dcn``). Registered with the other schemas by ``runner.config.register`` (which imports this module
+when it runs, after ``runner.config`` itself has loaded)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Dict, List, Optional
+
+from optimizers import hparam
+
+from ...config import TableConfig
+
+MAX_ROWS = 10**8
+MAX_WIDTH = 65536
+
+
+class CriteoIds(str, Enum):
+    """How categorical values become rows (``runner.tasks.criteo.ids``)."""
+
+    hash = "hash"  # 1 + mix(value) mod (rows - 1); rows = min(distinct values + 1, data.hash_rows) per feature
+    vocab = "vocab"  # values seen >= data.min_count times in training each get a row; the rest share row 0
+
+
+@dataclass
+class CriteoDataConfig:
+    """Click logs in the Criteo format, converted into shards (``python -m runner.prepare criteo``), or
+    generated with a planted click model when ``path`` is None."""
+
+    name: str = "criteo"
+    path: Optional[str] = None  # a folder written by python -m runner.prepare criteo; None = generated logs
+    ids: CriteoIds = CriteoIds.hash
+    hash_rows: int = hparam(100_000, "most rows a hashed feature's table gets (DLRM's max-ind-range); "
+                            "model.tables.<cat_NN>.vocab sets one table's", low=2, high=MAX_ROWS)
+    min_count: int = hparam(1, "data.ids=vocab: a value needs this many training occurrences for a row of its own",
+                            low=1, high=2**31 - 1)
+    eval_examples: Optional[int] = hparam(None, "examples of each evaluation split scored (None: all)", low=1,
+                                          high=2**31 - 1)
+    lines: int = hparam(1_000_000, "generated logs (path=None): examples in all", low=100, high=10**9)
+    days: int = hparam(1, "generated logs: 1 writes train.txt (seeded 90/5/5 split); more write day files "
+                       "(the last one evaluates)", low=1, high=1000)
+    seed: int = hparam(0, "generated logs: the click model's seed; also the training order's", low=0,
+                       high=2**32 - 1)
+    cache: Optional[str] = None  # generated logs: where they are converted (None: outputs/criteo_data/<spec>)
+
+
+@dataclass
+class DLRMModelConfig:
+    """DLRM (Naumov et al., 2019): bottom MLP over the 13 dense features, one table per categorical feature,
+    pairwise dot-product interactions, top MLP, BCE."""
+
+    name: str = "dlrm"
+    emb_width: int = hparam(16, "width of every table (and the bottom MLP's output)", low=1, high=MAX_WIDTH)
+    bottom: List[int] = field(default_factory=lambda: [64])  # hidden widths below the emb_width output
+    top: List[int] = field(default_factory=lambda: [128, 64])  # hidden widths above the interactions
+    tables: Dict[str, TableConfig] = field(default_factory=dict)
+
+
+@dataclass
+class DCNModelConfig:
+    """DCNv2 (Wang et al., 2021): the dense features and every embedding concatenated, ``cross_layers`` cross
+    layers (full-rank, or low-rank of ``low_rank``), then an MLP (stacked), BCE."""
+
+    name: str = "dcn"
+    emb_width: int = hparam(16, "width of every table", low=1, high=MAX_WIDTH)
+    cross_layers: int = hparam(3, "cross layers", low=0, high=64)
+    low_rank: Optional[int] = hparam(None, "rank of each cross layer's matrix (None: full rank)", low=1,
+                                     high=MAX_WIDTH)
+    deep: List[int] = field(default_factory=lambda: [128, 64])  # the MLP above the cross layers
+    tables: Dict[str, TableConfig] = field(default_factory=dict)

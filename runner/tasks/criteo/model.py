@@ -1,0 +1,126 @@
+"""DLRM and DCNv2 over Criteo-format features, in plain JAX.
+
+Features: 13 dense values (already ``log(1 + x)``) and 26 categorical rows, one table per feature
+(``cat_01`` ... ``cat_26``), each looked up by the trainer and handed to the model as rows, so the fused
+embedding optimizers see the per-row gradients. Both end in one click logit trained with BCE.
+
+- :class:`DLRM` (Naumov et al., 2019, "Deep Learning Recommendation Model for Personalization and
+  Recommendation Systems"): a bottom MLP maps the dense features to the embedding width; the dot products
+  of every pair among it and the 26 embeddings (351 numbers), with the bottom output, feed the top MLP.
+- :class:`DCN` (Wang et al., 2021, "DCN V2: Improved Deep & Cross Network"): the dense features and every
+  embedding concatenated into ``x0``; cross layers ``x_{l+1} = x0 * (W_l x_l + b_l) + x_l``, ``W_l`` full rank
+  or ``U_l V_l`` of rank ``low_rank``; then an MLP (the stacked structure).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from ...core.embeddings import TableSpec
+from .tsv import NUM_CAT, NUM_DENSE
+
+TABLES = tuple(f"cat_{j:02d}" for j in range(1, NUM_CAT + 1))
+
+
+def _dense_layers(key: jax.Array, sizes: tuple[int, ...]) -> list[dict[str, jax.Array]]:
+    keys = jax.random.split(key, max(len(sizes) - 1, 1))
+    return [{"w": jax.random.normal(k, (i, o), jnp.float32) * jnp.sqrt(2.0 / i), "b": jnp.zeros((o,), jnp.float32)}
+            for k, i, o in zip(keys, sizes[:-1], sizes[1:])]
+
+
+def _mlp(layers, x: jax.Array, last_relu: bool) -> jax.Array:
+    for i, layer in enumerate(layers):
+        x = x @ layer["w"] + layer["b"]
+        if i < len(layers) - 1 or last_relu:
+            x = jax.nn.relu(x)
+    return x
+
+
+def _bce(logit: jax.Array, label: jax.Array) -> jax.Array:
+    return jnp.mean(jnp.maximum(logit, 0) - logit * label + jnp.log1p(jnp.exp(-jnp.abs(logit))))
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClickModel:
+    tables: Mapping[str, TableSpec]
+
+    @property
+    def width(self) -> int:
+        return self.tables[TABLES[0]].width
+
+    def table_ids(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """[B, 1] rows per table: column j of ``batch["cat"]`` (already mapped by the task's id map)."""
+        cat = jnp.asarray(batch["cat"]).astype(jnp.int32)
+        return {name: cat[:, j:j + 1] for j, name in enumerate(TABLES)}
+
+    def embeddings(self, embs: Mapping[str, jax.Array]) -> jax.Array:
+        """[B, 26, D]: each table's one row per example."""
+        return jnp.stack([embs[name][:, 0] for name in TABLES], axis=1)
+
+    def logit(self, params, embs, batch) -> jax.Array:
+        raise NotImplementedError
+
+    def loss(self, params, embs, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Mean BCE of the click logit; returns (loss, {"probs": [B]})."""
+        logit = self.logit(params, embs, batch)
+        return _bce(logit, batch["label"]), {"probs": jax.nn.sigmoid(logit)}
+
+    def predict(self, params, embs, batch, tables=None) -> jax.Array:
+        """Click probabilities [B]."""
+        return jax.nn.sigmoid(self.logit(params, embs, batch))
+
+
+@dataclasses.dataclass(frozen=True)
+class DLRM(_ClickModel):
+    bottom: tuple[int, ...] = (64,)
+    top: tuple[int, ...] = (128, 64)
+
+    def init(self, key: jax.Array) -> dict[str, Any]:
+        kb, kt = jax.random.split(key)
+        pairs = (NUM_CAT + 1) * NUM_CAT // 2
+        return {"bottom": _dense_layers(kb, (NUM_DENSE, *self.bottom, self.width)),
+                "top": _dense_layers(kt, (self.width + pairs, *self.top, 1))}
+
+    def logit(self, params, embs, batch) -> jax.Array:
+        x = _mlp(params["bottom"], batch["dense"].astype(jnp.float32), last_relu=True)  # [B, D]
+        t = jnp.concatenate([x[:, None], self.embeddings(embs)], axis=1)  # [B, 27, D]
+        z = jnp.einsum("bid,bjd->bij", t, t)
+        i, j = jnp.tril_indices(NUM_CAT + 1, k=-1)  # every pair once, no self-products
+        return _mlp(params["top"], jnp.concatenate([x, z[:, i, j]], axis=1), last_relu=False)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class DCN(_ClickModel):
+    cross_layers: int = 3
+    low_rank: int | None = None
+    deep: tuple[int, ...] = (128, 64)
+
+    @property
+    def input_width(self) -> int:
+        return NUM_DENSE + NUM_CAT * self.width
+
+    def init(self, key: jax.Array) -> dict[str, Any]:
+        d = self.input_width
+        kc, kd = jax.random.split(key)
+        cross = []
+        for k in jax.random.split(kc, max(self.cross_layers, 1))[:self.cross_layers]:
+            if self.low_rank is None:
+                layer = {"w": jax.random.normal(k, (d, d), jnp.float32) / jnp.sqrt(d)}
+            else:
+                ku, kv = jax.random.split(k)
+                layer = {"u": jax.random.normal(ku, (d, self.low_rank), jnp.float32) / jnp.sqrt(d),
+                         "v": jax.random.normal(kv, (self.low_rank, d), jnp.float32) / jnp.sqrt(self.low_rank)}
+            cross.append({**layer, "b": jnp.zeros((d,), jnp.float32)})
+        return {"cross": cross, "deep": _dense_layers(kd, (d, *self.deep, 1))}
+
+    def logit(self, params, embs, batch) -> jax.Array:
+        e = self.embeddings(embs)
+        x0 = jnp.concatenate([batch["dense"].astype(jnp.float32), e.reshape(e.shape[0], -1)], axis=1)
+        x = x0
+        for layer in params["cross"]:
+            wx = x @ layer["w"] if "w" in layer else (x @ layer["u"]) @ layer["v"]
+            x = x0 * (wx + layer["b"]) + x
+        return _mlp(params["deep"], x, last_relu=False)[:, 0]

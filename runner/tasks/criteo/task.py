@@ -1,0 +1,171 @@
+"""Click-through prediction on Criteo-format logs: DLRM or DCNv2 over 13 dense and 26 categorical features.
+
+Data (``data=criteo``): a folder converted by ``python -m runner.prepare criteo`` (``data.path``), or, with
+``data.path`` unset, logs generated with a planted click model (``synthetic.py``) and converted once into
+``data.cache`` (default ``outputs/criteo_data/<spec>``), reused by every later run of the same spec. Each
+categorical feature is one table (``cat_01`` ... ``cat_26``), its values mapped to rows by hashing or by the
+training split's vocabulary (``data.ids``, ``ids.py``).
+
+Training reads the train split in a seeded order that is a pure function of the step (``order.py``), so a
+resumed or relaunched run reads exactly the examples an uninterrupted one would. Evaluation scores the valid
+and test splits (``data.eval_examples`` of each, in file order): ``{valid,test}/auc`` and ``/logloss``, and on
+generated logs the Bayes-optimal AUC of the same labels (``bayes/{valid,test}/auc``). Runs are selected and
+tuned on ``valid/auc``; test is reported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from omegaconf import DictConfig
+
+from ...errors import PreflightError
+from .. import TASKS
+from ..ranking.auc import auc
+from .ids import HashIds, VocabIds, vocabulary
+from .model import DCN, DLRM, TABLES
+from .order import examples
+from .prepare import FORMAT, convert
+from .report import REPORT
+from .shards import Shards
+from .synthetic import CriteoSpec, write_logs
+
+SPLITS = ("valid", "test")
+MODELS = ("dlrm", "dcn")
+
+
+def generated(cfg: DictConfig) -> Path:
+    """The converted folder of the generated logs ``cfg.data`` describes, made the first time (written into a
+    temporary folder and renamed, so concurrent processes and interrupted runs leave no half folder)."""
+    d = cfg.data
+    spec = CriteoSpec(lines=int(d.lines), days=int(d.days), seed=int(d.seed))
+    key = hashlib.sha256(json.dumps([FORMAT, dataclasses.asdict(spec)], sort_keys=True).encode()).hexdigest()[:12]
+    folder = Path(d.cache) if d.cache else Path("outputs") / "criteo_data" / f"generated-{key}"
+    if (folder / "manifest.json").exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        logs = write_logs(spec, work / "logs")
+        convert(logs, work / "shards", seed=spec.seed)
+        try:
+            os.rename(work / "shards", folder)
+        except OSError:  # another process made it first
+            if not (folder / "manifest.json").exists():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def check(cfg: DictConfig) -> None:
+    if cfg.model.name not in MODELS:
+        raise PreflightError(f"data=criteo is a click-log source, but model={cfg.model.name}; use model=dlrm or "
+                             f"model=dcn")
+    if cfg.data.path and not (Path(cfg.data.path) / "manifest.json").exists():
+        raise PreflightError(
+            f"data.path={cfg.data.path}: not a converted folder (no manifest.json). Convert the logs first: "
+            f"python -m runner.prepare criteo <train.txt or day_0 ... day_23> --out <folder>, then "
+            f"data.path=<folder>; or unset data.path to train on generated logs")
+
+
+@dataclasses.dataclass
+class CriteoTask:
+    folder: Path
+    ids: Any  # HashIds or VocabIds
+    seed: int
+    eval_examples: int | None
+    model_keys: tuple[str, ...] = ("dense", "cat", "label")
+    objective: str = "valid/auc"
+    report = REPORT
+
+    def __post_init__(self):
+        self.splits = {s: Shards(self.folder, s) for s in ("train", *SPLITS)}
+        self.truth = all(f.get("truth") for f in self.splits["train"].manifest["files"])
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> "CriteoTask":
+        check(cfg)
+        folder = Path(cfg.data.path) if cfg.data.path else generated(cfg)
+        fixed = {n: int(t.vocab) for n, t in (cfg.model.get("tables") or {}).items() if t.get("vocab")}
+        if str(cfg.data.ids) == "vocab":
+            ids = vocabulary(folder, int(cfg.data.min_count))
+            small = {n: (v, ids.table_rows()[TABLES.index(n)]) for n, v in fixed.items()
+                     if n in TABLES and v < ids.table_rows()[TABLES.index(n)]}
+            if small:
+                raise PreflightError(f"model.tables.<name>.vocab below the vocabulary's rows (data.ids=vocab, "
+                                     f"data.min_count={cfg.data.min_count}): {small}; raise them or unset them")
+        else:
+            with np.load(folder / "counts.npz") as z:
+                distinct = [len(z[f"values_{j}"]) for j in range(len(TABLES))]
+            ids = HashIds([fixed.get(n, max(2, min(distinct[j] + 1, int(cfg.data.hash_rows))))
+                           for j, n in enumerate(TABLES)])
+        return cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples)
+
+    def tables(self) -> dict[str, tuple[int, int]]:
+        """One table per categorical feature; ids 0..rows-1 (row 0: missing, or rare under a vocabulary)."""
+        return {n: (r - 1, 1) for n, r in zip(TABLES, self.ids.table_rows())}
+
+    def metric_names(self) -> list[str]:
+        names = [f"{s}/{m}" for s in SPLITS for m in ("auc", "logloss")]
+        return names + ([f"bayes/{s}/auc" for s in SPLITS] if self.truth else [])
+
+    def make_model(self, specs, model_cfg: DictConfig):
+        if model_cfg.name == "dlrm":
+            return DLRM(specs, tuple(model_cfg.bottom), tuple(model_cfg.top))
+        return DCN(specs, int(model_cfg.cross_layers), model_cfg.low_rank, tuple(model_cfg.deep))
+
+    def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
+        train = self.splits["train"]
+        return self.splits["train"].take(examples(step, batch_size, len(train), self.seed, shard, num_shards),
+                                         self.ids)
+
+    def train_metrics(self, host_batch: Mapping[str, np.ndarray], outputs: Mapping[str, Any]) -> dict[str, float]:
+        return {"train/auc": auc(host_batch["label"], np.asarray(outputs["probs"]))}
+
+    def evaluate(self, predict: Callable, state: Any, put: Callable, batch_size: int) -> dict[str, float]:
+        """AUC and log loss of each held-out split (its first ``data.eval_examples``), and on generated logs the
+        Bayes-optimal AUC of the same labels."""
+        out: dict[str, float] = {}
+        for split in SPLITS:
+            data = self.splits[split]
+            n = len(data) if self.eval_examples is None else min(len(data), int(self.eval_examples))
+            labels, scores, truth = [], [], []
+            for start in range(0, n, batch_size):
+                index = np.minimum(np.arange(start, start + batch_size), n - 1)  # the last batch padded
+                b = data.take(index, self.ids)
+                keep = min(batch_size, n - start)
+                scores.append(np.asarray(predict(state, put({k: b[k] for k in self.model_keys})))[:keep])
+                labels.append(b["label"][:keep])
+                truth.append(b["p"][:keep])
+            labels, scores, truth = map(np.concatenate, (labels, scores, truth))
+            p = np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7)
+            out[f"{split}/auc"] = auc(labels, scores)
+            out[f"{split}/logloss"] = float(-(labels * np.log(p) + (1 - labels) * np.log(1 - p)).mean())
+            if self.truth:
+                out[f"bayes/{split}/auc"] = auc(labels, truth)
+        return out
+
+    def summary_lines(self, s: Mapping[str, Any]) -> list[str]:
+        def line(p: str) -> str:
+            text = f"AUC {s[f'{p}/auc']:.4f}, log loss {s[f'{p}/logloss']:.4f}"
+            bayes = s.get(f"bayes/{p.split('/')[-1]}/auc")
+            if bayes is not None and not math.isnan(bayes):
+                text += f" (Bayes-optimal {bayes:.4f}: {s[f'{p}/auc'] / bayes:.4f} of it)"
+            return text
+
+        lines = [f"test  {line('test')}   (valid {line('valid')})"]
+        if "best/step" in s and "best/test/auc" in s:
+            lines.insert(0, f"best  test  {line('best/test')}   (valid {line('best/valid')}; step {s['best/step']})")
+        return lines
+
+
+TASKS.register("criteo")(CriteoTask.from_config)

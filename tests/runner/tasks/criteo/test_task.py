@@ -1,0 +1,168 @@
+"""The Criteo task: DLRM and DCNv2 against a numpy reference of their math, the training order, the
+evaluation against the true click probabilities, a short run that beats a constant predictor, and the
+settings refused before anything compiles."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from runner.core.embeddings import TableSpec
+from runner.tasks.criteo.model import DCN, DLRM, TABLES
+from runner.tasks.criteo.order import examples, shuffled
+
+ROOT = Path(__file__).resolve().parents[4]
+B, D = 5, 4
+
+
+def inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    specs = {n: TableSpec(n, 10, D, 1, rows=10) for n in TABLES}
+    embs = {n: jnp.asarray(rng.normal(size=(B, 1, D)), jnp.float32) for n in TABLES}
+    batch = {"dense": jnp.asarray(rng.random((B, 13)), jnp.float32), "cat": jnp.zeros((B, 26), jnp.int32),
+             "label": jnp.asarray(rng.integers(0, 2, B), jnp.float32)}
+    return specs, embs, batch
+
+
+def np_mlp(layers, x, last_relu):
+    for i, layer in enumerate(layers):
+        x = x @ np.asarray(layer["w"], np.float64) + np.asarray(layer["b"], np.float64)
+        if i < len(layers) - 1 or last_relu:
+            x = np.maximum(x, 0)
+    return x
+
+
+def test_dlrm_matches_a_numpy_reference_of_its_interactions():
+    specs, embs, batch = inputs()
+    model = DLRM(specs, bottom=(8,), top=(6,))
+    params = model.init(jax.random.key(0))
+    got = np.asarray(model.logit(params, embs, batch))
+    x = np_mlp(params["bottom"], np.asarray(batch["dense"], np.float64), True)
+    vecs = [x] + [np.asarray(embs[n][:, 0], np.float64) for n in TABLES]
+    dots = [np.sum(vecs[i] * vecs[j], 1) for i in range(27) for j in range(i)]  # each pair once
+    want = np_mlp(params["top"], np.concatenate([x, np.stack(dots, 1)], 1), False)[:, 0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    loss, out = model.loss(params, embs, batch)
+    p = 1 / (1 + np.exp(-want))
+    y = np.asarray(batch["label"])
+    assert float(loss) == pytest.approx(float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean()), rel=1e-4)
+    assert out["probs"].shape == (B,)
+    ids = model.table_ids({"cat": jnp.arange(B * 26).reshape(B, 26)})
+    assert ids["cat_03"].shape == (B, 1) and int(ids["cat_03"][1, 0]) == 26 + 2
+
+
+@pytest.mark.parametrize("low_rank", [None, 3])
+def test_dcn_matches_a_numpy_reference_of_its_cross_layers(low_rank):
+    specs, embs, batch = inputs(1)
+    model = DCN(specs, cross_layers=2, low_rank=low_rank, deep=(7,))
+    params = model.init(jax.random.key(1))
+    d = 13 + 26 * D
+    for layer in params["cross"]:
+        assert ("w" in layer) == (low_rank is None)
+        assert (layer["w"].shape == (d, d)) if low_rank is None else (layer["u"].shape == (d, 3))
+    x0 = np.concatenate([np.asarray(batch["dense"], np.float64)] +
+                        [np.asarray(embs[n][:, 0], np.float64) for n in TABLES], 1)
+    x = x0
+    for layer in params["cross"]:
+        w = np.asarray(layer["w"], np.float64) if low_rank is None else \
+            np.asarray(layer["u"], np.float64) @ np.asarray(layer["v"], np.float64)
+        x = x0 * (x @ w + np.asarray(layer["b"], np.float64)) + x
+    want = np_mlp(params["deep"], x, False)[:, 0]
+    np.testing.assert_allclose(np.asarray(model.logit(params, embs, batch)), want, rtol=1e-4, atol=1e-5)
+
+
+def test_training_order_is_a_permutation_per_epoch_and_the_same_split_over_processes():
+    for n in (1, 3, 1000, 4099):
+        assert sorted(shuffled(np.arange(n), n, 7, 0).tolist()) == list(range(n))
+    first = np.concatenate([examples(s, 100, 1000, 7) for s in range(10)])  # epoch 0 exactly
+    second = np.concatenate([examples(s, 100, 1000, 7) for s in range(10, 20)])
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(1000))
+    assert not np.array_equal(first, second)  # each epoch its own order
+    for step in (0, 9, 10, 33):  # 4 processes' rows, side by side, are the global batch
+        np.testing.assert_array_equal(np.concatenate([examples(step, 100, 1000, 7, i, 4) for i in range(4)]),
+                                      examples(step, 100, 1000, 7))
+    assert not np.array_equal(examples(0, 100, 1000, 7), examples(0, 100, 1000, 8))
+
+
+def run(tmp_path, *overrides, criteo=True):
+    data = ["data=criteo", f"data.cache={tmp_path.parent / 'criteo_data'}", "data.lines=20000"] if criteo else []
+    return subprocess.run([sys.executable, "-m", "runner", *data, "logger=none", f"hydra.run.dir={tmp_path}",
+                           *overrides], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["dlrm", "dcn"])
+def test_a_short_run_beats_a_constant_predictor(tmp_path, model):
+    proc = run(tmp_path / "run", f"model={model}", "trainer.steps=120", "trainer.batch_size=256",
+               "trainer.eval_interval=120", "model.emb_width=8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["valid/auc"] > 0.6 and s["test/auc"] > 0.6  # a constant scores 0.5
+    assert 0.75 < s["bayes/valid/auc"] < 0.95 and s["valid/auc"] < s["bayes/valid/auc"]
+    assert s["valid/logloss"] < np.log(2)  # below a coin's
+
+
+BAD = [
+    (["model=ranking"], "data=criteo is a click-log source, but model=ranking; use model=dlrm or model=dcn"),
+    (["model=dlrm", "data=synthetic"], "use model=ranking, or data=criteo for model=dlrm"),
+    (["model=dlrm", "data.path=/nonexistent"], "data.path=/nonexistent: not a converted folder (no manifest.json)"),
+    (["model=dlrm", "data.hash_rows=1"], "data.hash_rows=1"),
+    (["model=dcn", "model.cross_layers=-1"], "model.cross_layers=-1"),
+    (["model=dcn", "model.low_rank=0"], "model.low_rank=0"),
+    (["model=dlrm", "model.top=[0]"], "model.top"),
+    (["model=dlrm", "data.lines=10"], "data.lines=10"),
+]
+
+
+@pytest.mark.slow
+def test_bad_settings_are_refused_by_one_message(tmp_path):
+    for i, (overrides, message) in enumerate(BAD):
+        proc = run(tmp_path / str(i), *overrides, criteo="data=synthetic" not in overrides)
+        assert proc.returncode != 0 and message in proc.stderr, (overrides, proc.stderr[-1500:])
+        assert "Traceback" not in proc.stderr, overrides
+
+
+
+def test_evaluation_scores_the_splits_against_their_true_click_probabilities(tmp_path):
+    from runner.tasks.criteo.ids import HashIds
+    from runner.tasks.criteo.prepare import convert
+    from runner.tasks.criteo.synthetic import CriteoSpec, write_logs
+    from runner.tasks.criteo.task import CriteoTask
+    from runner.tasks.ranking.auc import auc
+
+    logs = write_logs(CriteoSpec(lines=6000, days=2), tmp_path / "logs")
+    convert(logs, tmp_path / "s")
+    task = CriteoTask(tmp_path / "s", HashIds([50] * 26), seed=0, eval_examples=1500)
+    # score with the true probabilities, looked up by the batch's own rows: a Bayes-optimal model
+    got = {}
+    for split in ("valid", "test"):
+        data = task.splits[split]
+        b = data.take(np.arange(1500), task.ids)
+        got[split] = (auc(b["label"], b["p"]), b)
+    calls = []
+
+    def predict(state, batch):  # the evaluation hands batches in file order, the last one padded
+        calls.append(batch["cat"].shape[0])
+        key = batch["cat"].tobytes()
+        return lookup[key]
+
+    lookup = {}
+    for split in ("valid", "test"):
+        data = task.splits[split]
+        for start in range(0, 1500, 512):
+            index = np.minimum(np.arange(start, start + 512), 1499)
+            b = data.take(index, task.ids)
+            lookup[b["cat"].tobytes()] = b["p"]
+    out = task.evaluate(predict, None, lambda b: b, 512)
+    assert sorted(out) == sorted(task.metric_names())
+    for split in ("valid", "test"):
+        assert out[f"{split}/auc"] == pytest.approx(got[split][0]) and out[f"bayes/{split}/auc"] == out[f"{split}/auc"]
+        y, p = got[split][1]["label"], got[split][1]["p"].astype(np.float64)
+        assert out[f"{split}/logloss"] == pytest.approx(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean(), rel=1e-6)
+    assert set(calls) == {512}  # 3 batches per split, the last padded to the compiled size
+    flat = task.evaluate(lambda state, b: np.full(b["cat"].shape[0], 0.3), None, lambda b: b, 512)
+    assert flat["valid/auc"] == 0.5 and flat["bayes/valid/auc"] == out["bayes/valid/auc"]
