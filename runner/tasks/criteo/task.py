@@ -90,6 +90,9 @@ class CriteoTask:
     def __post_init__(self):
         self.splits = {s: Shards(self.folder, s) for s in ("train", *SPLITS)}
         self.truth = all(f.get("truth") for f in self.splits["train"].manifest["files"])
+        # what a checkpoint fingerprints (checkpoint/data.py): the manifest names every shard and its size, the
+        # files converted and the split, so another conversion is refused on resume
+        self.data_file = str(self.folder / "manifest.json")
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "CriteoTask":
