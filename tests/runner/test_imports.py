@@ -50,7 +50,7 @@ def test_a_ranking_run_without_checkpoints_imports_neither_orbax_nor_pyarrow_and
     # a fresh process that has imported no task yet still lists every known one for an unknown name
     proc = subprocess.run([sys.executable, "-c", UNKNOWN], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
-    assert proc.stdout.strip() == "data.name='bogus' names no task; known: movielens, synthetic, synthetic_sequences"
+    assert proc.stdout.strip() == "data.name='bogus' names no task; known: criteo, movielens, synthetic, synthetic_sequences"
 
 
 def test_every_data_source_is_registered_by_the_package_named_for_it():
