@@ -36,12 +36,12 @@ class CriteoDataConfig:
                             low=1, high=2**31 - 1)
     eval_examples: Optional[int] = hparam(None, "examples of each evaluation split scored (None: all)", low=1,
                                           high=2**31 - 1)
-    lines: int = hparam(1_000_000, "generated logs (path=None): examples in all", low=100, high=10**9)
+    lines: int = hparam(1_000_000, "generated logs (path=None): examples in all", low=1000, high=10**9)
     days: int = hparam(1, "generated logs: 1 writes train.txt (seeded 90/5/5 split); more write day files "
                        "(the last one evaluates)", low=1, high=1000)
     seed: int = hparam(0, "generated logs: the click model's seed; also the training order's", low=0,
                        high=2**32 - 1)
-    cache: Optional[str] = None  # generated logs: where they are converted (None: outputs/criteo_data/<spec>)
+    cache: Optional[str] = None  # generated logs: converted into <cache>/generated-<spec hash> (None: outputs/criteo_data)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Data (``data=criteo``): a folder converted by ``python -m runner.prepare criteo`` (``data.path``), or, with
 ``data.path`` unset, logs generated with a planted click model (``synthetic.py``) and converted once into
-``data.cache`` (default ``outputs/criteo_data/<spec>``), reused by every later run of the same spec. Each
+``<data.cache>/generated-<spec hash>`` (``data.cache`` defaults to ``outputs/criteo_data``), reused by every
+later run of the same spec. Each
 categorical feature is one table (``cat_01`` ... ``cat_26``), its values mapped to rows by hashing or by the
 training split's vocabulary (``data.ids``, ``ids.py``).
 
@@ -40,6 +41,7 @@ from .synthetic import CriteoSpec, write_logs
 
 SPLITS = ("valid", "test")
 MODELS = ("dlrm", "dcn")
+MIN_EXAMPLES = 100  # per split: fewer gives an evaluation without both labels (AUC undefined)
 
 
 def generated(cfg: DictConfig) -> Path:
@@ -48,7 +50,7 @@ def generated(cfg: DictConfig) -> Path:
     d = cfg.data
     spec = CriteoSpec(lines=int(d.lines), days=int(d.days), seed=int(d.seed))
     key = hashlib.sha256(json.dumps([FORMAT, dataclasses.asdict(spec)], sort_keys=True).encode()).hexdigest()[:12]
-    folder = Path(d.cache) if d.cache else Path("outputs") / "criteo_data" / f"generated-{key}"
+    folder = Path(d.cache or Path("outputs") / "criteo_data") / f"generated-{key}"
     if (folder / "manifest.json").exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -70,6 +72,10 @@ def check(cfg: DictConfig) -> None:
     if cfg.model.name not in MODELS:
         raise PreflightError(f"data=criteo is a click-log source, but model={cfg.model.name}; use model=dlrm or "
                              f"model=dcn")
+    if not cfg.data.path:
+        bad = CriteoSpec(lines=int(cfg.data.lines), days=int(cfg.data.days), seed=int(cfg.data.seed)).problems()
+        if bad:
+            raise PreflightError("generated Criteo logs (data.path unset): " + "; ".join(f"data.{b}" for b in bad))
     if cfg.data.path and not (Path(cfg.data.path) / "manifest.json").exists():
         raise PreflightError(
             f"data.path={cfg.data.path}: not a converted folder (no manifest.json). Convert the logs first: "
@@ -111,7 +117,12 @@ class CriteoTask:
                 distinct = [len(z[f"values_{j}"]) for j in range(len(TABLES))]
             ids = HashIds([fixed.get(n, max(2, min(distinct[j] + 1, int(cfg.data.hash_rows))))
                            for j, n in enumerate(TABLES)])
-        return cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples)
+        task = cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples)
+        small = {s: len(d) for s, d in task.splits.items() if len(d) < MIN_EXAMPLES}
+        if small:
+            raise PreflightError(f"{folder}: too few examples to train and evaluate on ({small}; each split needs "
+                                 f">= {MIN_EXAMPLES}): convert more lines, or raise data.lines for generated logs")
+        return task
 
     def tables(self) -> dict[str, tuple[int, int]]:
         """One table per categorical feature; ids 0..rows-1 (row 0: missing, or rare under a vocabulary)."""

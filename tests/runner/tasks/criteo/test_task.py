@@ -119,6 +119,8 @@ BAD = [
     (["model=dcn", "model.low_rank=0"], "model.low_rank=0"),
     (["model=dlrm", "model.top=[0]"], "model.top"),
     (["model=dlrm", "data.lines=10"], "data.lines=10"),
+    (["model=dlrm", "data.days=30000"], "data.days=30000 is outside [1, 1000]"),
+    (["model=dlrm", "data.lines=1000", "data.days=500"], "too few examples to train and evaluate on ({'valid': 1, 'test': 1}"),
 ]
 
 
