@@ -3,6 +3,7 @@
     python -m runner.prepare criteo train.txt --out data/criteo_kaggle            # Kaggle: seeded 90/5/5
     python -m runner.prepare criteo day_{0..23}.gz --out data/criteo_tb --min-count 3   # Terabyte: by day
     python -m runner.prepare criteo-synthetic --out data/criteo_gen --lines 200000       # generated logs
+    python -m runner.prepare criteo-synthetic --out data/mh --bag-sizes 3,2,1,... (26)  # multi-hot logs
 
 ``criteo`` streams the files once (``runner.tasks.criteo.prepare``); ``criteo-synthetic`` writes
 Criteo-format files with a planted click model (``runner.tasks.criteo.synthetic``). A bad value or a bad
@@ -16,7 +17,20 @@ import sys
 
 from .tasks.criteo.prepare import PrepareError, convert
 from .tasks.criteo.synthetic import CriteoSpec, write_logs
-from .tasks.criteo.tsv import FormatError
+from .tasks.criteo.tsv import NUM_CAT, ONE_HOT, FormatError, check_bags
+
+
+def bag_sizes(text: str) -> tuple[int, ...]:
+    """``--bag-sizes``: 26 comma-separated sizes, or one size for every feature."""
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: integers joined by commas (26 of them, or one for all)") from None
+    sizes = sizes * NUM_CAT if len(sizes) == 1 else sizes
+    try:
+        return check_bags(sizes)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,21 +43,26 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--max-bad-lines", type=int, default=0, help="bad lines to skip and count per file (0: refuse)")
     c.add_argument("--seed", type=int, default=0, help="the seeded 90/5/5 split's seed (single-file logs)")
     c.add_argument("--shard-lines", type=int, default=1 << 20, help="examples per shard file")
+    bags = dict(type=bag_sizes, default=None, help="multi-hot: the most values (comma-separated in a field) each of "
+                "the 26 categorical features holds, 26 sizes joined by commas or one for all (default: 1 each)")
+    c.add_argument("--bag-sizes", **bags)
     g = sub.add_parser("criteo-synthetic", help="write Criteo-format files with a planted click model")
     g.add_argument("--out", required=True)
     g.add_argument("--lines", type=int, default=CriteoSpec.lines)
     g.add_argument("--days", type=int, default=1, help="1: train.txt; more: day_0 ... day_<days-1>")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--gzip", action="store_true")
+    g.add_argument("--bag-sizes", **bags)
     a = p.parse_args(argv)
     try:
         if a.what == "criteo":
             m = convert(a.inputs, a.out, seed=a.seed, min_count=a.min_count, max_bad_lines=a.max_bad_lines,
-                        shard_lines=a.shard_lines)
+                        shard_lines=a.shard_lines, bags=a.bag_sizes)
             print(json.dumps({"splits": {s: v["examples"] for s, v in m["splits"].items()},
                               "split": m["split"], "bad_lines": m["bad_lines"]}))
         else:
-            for path in write_logs(CriteoSpec(lines=a.lines, days=a.days, seed=a.seed, gzip=a.gzip), a.out):
+            spec = CriteoSpec(lines=a.lines, days=a.days, seed=a.seed, gzip=a.gzip, bags=a.bag_sizes or ONE_HOT)
+            for path in write_logs(spec, a.out):
                 print(path)
     except (FormatError, PrepareError, ValueError, OSError) as e:
         print(f"runner.prepare: {e}", file=sys.stderr)

@@ -11,6 +11,8 @@ from optimizers import hparam
 
 from ...config import TableConfig
 
+TABLES = tuple(f"cat_{j:02d}" for j in range(1, 27))  # one table per categorical feature (tsv.CAT's order)
+
 MAX_ROWS = 10**8
 MAX_WIDTH = 65536
 
@@ -18,8 +20,15 @@ MAX_WIDTH = 65536
 class CriteoIds(str, Enum):
     """How categorical values become rows (``runner.tasks.criteo.ids``)."""
 
-    hash = "hash"  # 1 + mix(value) mod (rows - 1); rows = min(distinct values + 1, data.hash_rows) per feature
-    vocab = "vocab"  # values seen >= data.min_count times in training each get a row; the rest share row 0
+    hash = "hash"  # 2 + mix(value) mod (rows - 2); rows = min(distinct values + 2, data.hash_rows) per feature
+    vocab = "vocab"  # values seen >= data.min_count times in training each get a row; the rest share row 1
+
+
+class Pooling(str, Enum):
+    """How a multi-hot feature's bag of rows becomes one vector (EmbeddingBag's modes)."""
+
+    sum = "sum"
+    mean = "mean"
 
 
 @dataclass
@@ -29,9 +38,9 @@ class CriteoDataConfig:
 
     name: str = "criteo"
     path: Optional[str] = None  # a folder written by python -m runner.prepare criteo; None = generated logs
-    ids: CriteoIds = CriteoIds.hash
-    hash_rows: int = hparam(100_000, "most rows a hashed feature's table gets (DLRM's max-ind-range); "
-                            "model.tables.<cat_NN>.vocab sets one table's", low=2, high=MAX_ROWS)
+    ids: CriteoIds = CriteoIds.vocab
+    hash_rows: int = hparam(100_000, "data.ids=hash: most rows a feature's table gets (DLRM's max-ind-range); "
+                            "model.tables.<cat_NN>.vocab sets one table's", low=3, high=MAX_ROWS)
     min_count: int = hparam(1, "data.ids=vocab: a value needs this many training occurrences for a row of its own",
                             low=1, high=2**31 - 1)
     eval_examples: Optional[int] = hparam(None, "examples of each evaluation split scored (None: all)", low=1,
@@ -42,6 +51,9 @@ class CriteoDataConfig:
     seed: int = hparam(0, "generated logs: the click model's seed; also the training order's", low=0,
                        high=2**32 - 1)
     cache: Optional[str] = None  # generated logs: converted into <cache>/generated-<spec hash> (None: outputs/criteo_data)
+    # generated logs: the most values each of the 26 features holds per line (multi-hot; None: one each). A
+    # converted folder's bags are fixed at conversion (python -m runner.prepare criteo --bag-sizes)
+    bags: Optional[List[int]] = None
 
 
 @dataclass
@@ -53,7 +65,8 @@ class DLRMModelConfig:
     emb_width: int = hparam(16, "width of every table (and the bottom MLP's output)", low=1, high=MAX_WIDTH)
     bottom: List[int] = field(default_factory=lambda: [64])  # hidden widths below the emb_width output
     top: List[int] = field(default_factory=lambda: [128, 64])  # hidden widths above the interactions
-    tables: Dict[str, TableConfig] = field(default_factory=dict)
+    pooling: Pooling = Pooling.sum  # a multi-hot feature's bag: the sum or the mean of its rows
+    tables: Dict[str, TableConfig] = field(default_factory=lambda: {n: TableConfig() for n in TABLES})
 
 
 @dataclass
@@ -67,4 +80,5 @@ class DCNModelConfig:
     low_rank: Optional[int] = hparam(None, "rank of each cross layer's matrix (None: full rank)", low=1,
                                      high=MAX_WIDTH)
     deep: List[int] = field(default_factory=lambda: [128, 64])  # the MLP above the cross layers
-    tables: Dict[str, TableConfig] = field(default_factory=dict)
+    pooling: Pooling = Pooling.sum  # a multi-hot feature's bag: the sum or the mean of its rows
+    tables: Dict[str, TableConfig] = field(default_factory=lambda: {n: TableConfig() for n in TABLES})

@@ -1,13 +1,21 @@
 """Categorical values -> embedding rows, the two ways the field uses.
 
-- **Hashing** (``HashIds(rows)``): ``row = 1 + mix(value) mod (rows - 1)`` per feature, each feature with its own
-  row count; row 0 is the feature's missing value. ``mix`` is SplitMix64's finaliser, a fixed 64-bit mixing
-  function, so the same value lands on the same row in every process and every run.
+Every table has the same three kinds of row: row 0 pads a bag (an empty slot of a multi-hot feature; a zero
+row the fused update never touches, as a padding id everywhere in this runner), row 1 is the feature's
+missing value (and, under a vocabulary, every rare or unseen value), learned like any other row, and rows 2
+onwards hold values.
+
+- **Hashing** (``HashIds(rows)``): ``row = 2 + mix(value) mod (rows - 2)`` per feature, each feature with its own
+  row count. ``mix`` is SplitMix64's finaliser, a fixed 64-bit mixing function, so the same value lands on the
+  same row in every process and every run; distinct values may share a row (a collision), as hashing does.
 - **A vocabulary** (``VocabIds``): the values seen at least ``min_count`` times in the training split
-  (``counts.npz``, written by the conversion) each get a row, 1..n in value order; every other value and the
-  missing value share row 0 (the out-of-vocabulary row, as the MLPerf/TorchRec Criteo preprocessing maps rare
-  values to one row). The vocabulary is saved beside the shards (``vocab_min<k>.npz``), so evaluation and a
-  resumed run map exactly as training did.
+  (``counts.npz``, written by the conversion) each get a row, 2..n+1 in value order; every other value shares
+  row 1 with the missing value (one out-of-vocabulary row, as the MLPerf/TorchRec Criteo preprocessing maps
+  rare values to one row). The vocabulary is saved beside the shards (``vocab_min<k>.npz``), so evaluation
+  and a resumed run map exactly as training did.
+
+Both map a record's ``cat`` slots and ``count`` (``prepare.record_dtype``) to int32 rows of the same shape:
+feature ``j``'s slots past its count get row 0, and a missing feature's first slot row 1.
 """
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tsv import NUM_CAT
+from .tsv import NUM_CAT, ONE_HOT, offsets
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -36,47 +44,60 @@ def uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
     return (mix64(np.asarray(index, np.uint64) ^ key) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def _missing(mask: np.ndarray) -> np.ndarray:
-    """The ``missing`` bitmask of records -> bool ``[n, 26]``."""
-    return ((np.asarray(mask, np.uint32)[:, None] >> np.arange(NUM_CAT, dtype=np.uint32)) & 1).astype(bool)
+PADDING, MISSING, FIRST = 0, 1, 2  # the rows every table has (see the module's docstring)
+
+
+def _place(rows: np.ndarray, count: np.ndarray, bags) -> np.ndarray:
+    """Value rows ``[n, sum(bags)]`` -> the records' rows: 0 past each feature's count, 1 in a missing
+    feature's first slot."""
+    start = offsets(bags)
+    feature = np.repeat(np.arange(NUM_CAT), np.diff(start))  # the feature of each slot
+    slot = np.arange(len(feature)) - start[feature]
+    count = np.asarray(count, np.int64)[:, feature]
+    out = np.where(slot < count, rows, PADDING)
+    return np.where((count == 0) & (slot == 0), MISSING, out).astype(np.int32)
 
 
 class HashIds:
-    """``rows`` per feature (26 counts, each >= 2): a record's values -> rows by hashing."""
+    """``rows`` per feature (26 counts, each >= 3): a record's values -> rows by hashing."""
 
-    def __init__(self, rows: Sequence[int]):
+    def __init__(self, rows: Sequence[int], bags=ONE_HOT):
         rows = [int(r) for r in rows]
-        if len(rows) != NUM_CAT or min(rows) < 2:
-            raise ValueError(f"hash rows: {NUM_CAT} row counts >= 2, one per categorical feature (row 0 is the "
-                             f"missing value); got {rows}")
-        self.rows = np.asarray(rows, np.uint64)
+        if len(rows) != NUM_CAT or min(rows) < FIRST + 1:
+            raise ValueError(f"hash rows: {NUM_CAT} row counts >= {FIRST + 1}, one per categorical feature (rows 0 "
+                             f"and 1 are padding and the missing value); got {rows}")
+        self.rows, self.bags = np.asarray(rows, np.uint64), tuple(bags)
+        self.slot_rows = np.repeat(self.rows, np.diff(offsets(self.bags)))
 
-    def __call__(self, cat: np.ndarray, missing: np.ndarray) -> np.ndarray:
-        """int32 ``[n, 26]`` rows of uint32 values ``cat`` with the records' ``missing`` bitmask."""
-        row = np.uint64(1) + mix64(cat) % (self.rows - np.uint64(1))
-        return np.where(_missing(missing), 0, row).astype(np.int32)
+    def __call__(self, cat: np.ndarray, count: np.ndarray) -> np.ndarray:
+        """int32 rows of the records' uint32 ``cat`` slots ``[n, sum(bags)]`` with their ``count`` ``[n, 26]``."""
+        row = np.uint64(FIRST) + mix64(cat) % (self.slot_rows - np.uint64(FIRST))
+        return _place(row.astype(np.int64), count, self.bags)
 
     def table_rows(self) -> list[int]:
         return [int(r) for r in self.rows]
 
 
 class VocabIds:
-    """A saved vocabulary (``vocabulary``): a record's values -> rows (0 for rare, unseen and missing)."""
+    """A saved vocabulary (``vocabulary``): a record's values -> rows (1 for rare, unseen and missing)."""
 
-    def __init__(self, values: Sequence[np.ndarray], min_count: int):
+    def __init__(self, values: Sequence[np.ndarray], min_count: int, bags=ONE_HOT):
         self.values, self.min_count = [np.asarray(v, np.uint32) for v in values], int(min_count)
+        self.bags = tuple(bags)
 
-    def __call__(self, cat: np.ndarray, missing: np.ndarray) -> np.ndarray:
-        out = np.zeros(cat.shape, np.int32)
+    def __call__(self, cat: np.ndarray, count: np.ndarray) -> np.ndarray:
+        start = offsets(self.bags)
+        out = np.zeros(cat.shape, np.int64)
         for j, v in enumerate(self.values):
-            pos = np.minimum(np.searchsorted(v, cat[:, j]), max(len(v) - 1, 0))
-            hit = (v[pos] == cat[:, j]) if len(v) else np.zeros(len(cat), bool)
-            out[:, j] = np.where(hit, pos + 1, 0)
-        return np.where(_missing(missing), 0, out).astype(np.int32)
+            c = cat[:, start[j]:start[j + 1]]
+            pos = np.minimum(np.searchsorted(v, c), max(len(v) - 1, 0))
+            hit = (v[pos] == c) if len(v) else np.zeros(c.shape, bool)
+            out[:, start[j]:start[j + 1]] = np.where(hit, pos + FIRST, MISSING)
+        return _place(out, count, self.bags)
 
     def table_rows(self) -> list[int]:
-        """Each feature's table size: its vocabulary plus the shared row 0."""
-        return [len(v) + 1 for v in self.values]
+        """Each feature's table size: its vocabulary plus the padding and the shared out-of-vocabulary row."""
+        return [len(v) + FIRST for v in self.values]
 
 
 def vocabulary_path(folder: str | Path, min_count: int) -> Path:
@@ -96,7 +117,7 @@ def save_vocabulary(folder: str | Path, min_count: int) -> Path:
     return path
 
 
-def vocabulary(folder: str | Path, min_count: int) -> VocabIds:
+def vocabulary(folder: str | Path, min_count: int, bags=ONE_HOT) -> VocabIds:
     """The saved vocabulary of ``min_count`` (derived from ``counts.npz`` and saved the first time)."""
     path = vocabulary_path(folder, min_count)
     if not path.exists():
@@ -104,4 +125,4 @@ def vocabulary(folder: str | Path, min_count: int) -> VocabIds:
             raise FileNotFoundError(f"{folder}: no counts.npz; convert the logs first (python -m runner.prepare)")
         save_vocabulary(folder, min_count)
     with np.load(path) as z:
-        return VocabIds([z[f"values_{j}"] for j in range(NUM_CAT)], min_count)
+        return VocabIds([z[f"values_{j}"] for j in range(NUM_CAT)], min_count, bags)

@@ -1,8 +1,11 @@
 """DLRM and DCNv2 over Criteo-format features, in plain JAX.
 
-Features: 13 dense values (already ``log(1 + x)``) and 26 categorical rows, one table per feature
-(``cat_01`` ... ``cat_26``), each looked up by the trainer and handed to the model as rows, so the fused
-embedding optimizers see the per-row gradients. Both end in one click logit trained with BCE.
+Features: 13 dense values (already ``log(1 + x)``) and 26 categorical features, one table per feature
+(``cat_01`` ... ``cat_26``). A feature's rows (one, or a bag of up to ``tokens_per_example`` for a multi-hot
+feature, padded with row 0) are looked up by the trainer and handed to the model, which pools each bag by
+its sum or its mean (``pooling``: FBGEMM's and TorchRec's EmbeddingBag), so the fused embedding optimizers
+see the gradient of every id of a bag (the pooled gradient, divided by the bag's length under the mean). Both
+models end in one click logit trained with BCE.
 
 - :class:`DLRM` (Naumov et al., 2019, "Deep Learning Recommendation Model for Personalization and
   Recommendation Systems"): a bottom MLP maps the dense features to the embedding width; the dot products
@@ -20,9 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from ...core.embeddings import TableSpec
+from .config import TABLES  # cat_01 ... cat_26
 from .tsv import NUM_CAT, NUM_DENSE
-
-TABLES = tuple(f"cat_{j:02d}" for j in range(1, NUM_CAT + 1))
 
 
 def _dense_layers(key: jax.Array, sizes: tuple[int, ...]) -> list[dict[str, jax.Array]]:
@@ -46,19 +48,36 @@ def _bce(logit: jax.Array, label: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class _ClickModel:
     tables: Mapping[str, TableSpec]
+    pooling: str = "sum"  # a bag's rows: "sum" or "mean" (over its ids; padding row 0 left out)
 
     @property
     def width(self) -> int:
         return self.tables[TABLES[0]].width
 
     def table_ids(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        """[B, 1] rows per table: column j of ``batch["cat"]`` (already mapped by the task's id map)."""
+        """``[B, L]`` rows per table (``L``: the table's ``tokens_per_example``, its bag size): feature ``j``'s
+        columns of ``batch["cat"]`` (already mapped by the task's id map, 0 padding a bag)."""
         cat = jnp.asarray(batch["cat"]).astype(jnp.int32)
-        return {name: cat[:, j:j + 1] for j, name in enumerate(TABLES)}
+        out, start = {}, 0
+        for name in TABLES:
+            size = self.tables[name].tokens_per_example
+            out[name], start = cat[:, start:start + size], start + size
+        return out
 
-    def embeddings(self, embs: Mapping[str, jax.Array]) -> jax.Array:
-        """[B, 26, D]: each table's one row per example."""
-        return jnp.stack([embs[name][:, 0] for name in TABLES], axis=1)
+    def embeddings(self, embs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]) -> jax.Array:
+        """[B, 26, D]: each table's bag pooled (a one-hot feature's row itself)."""
+        ids = self.table_ids(batch)
+        pooled = []
+        for name in TABLES:
+            rows = embs[name]
+            if rows.shape[1] == 1:
+                pooled.append(rows[:, 0])
+                continue
+            total = rows.sum(axis=1)  # padding reads row 0, which is zero
+            if self.pooling == "mean":
+                total = total / jnp.maximum((ids[name] > 0).sum(axis=1, keepdims=True), 1).astype(total.dtype)
+            pooled.append(total)
+        return jnp.stack(pooled, axis=1)
 
     def logit(self, params, embs, batch) -> jax.Array:
         raise NotImplementedError
@@ -86,7 +105,7 @@ class DLRM(_ClickModel):
 
     def logit(self, params, embs, batch) -> jax.Array:
         x = _mlp(params["bottom"], batch["dense"].astype(jnp.float32), last_relu=True)  # [B, D]
-        t = jnp.concatenate([x[:, None], self.embeddings(embs)], axis=1)  # [B, 27, D]
+        t = jnp.concatenate([x[:, None], self.embeddings(embs, batch)], axis=1)  # [B, 27, D]
         z = jnp.einsum("bid,bjd->bij", t, t)
         i, j = jnp.tril_indices(NUM_CAT + 1, k=-1)  # every pair once, no self-products
         return _mlp(params["top"], jnp.concatenate([x, z[:, i, j]], axis=1), last_relu=False)[:, 0]
@@ -117,7 +136,7 @@ class DCN(_ClickModel):
         return {"cross": cross, "deep": _dense_layers(kd, (d, *self.deep, 1))}
 
     def logit(self, params, embs, batch) -> jax.Array:
-        e = self.embeddings(embs)
+        e = self.embeddings(embs, batch)
         x0 = jnp.concatenate([batch["dense"].astype(jnp.float32), e.reshape(e.shape[0], -1)], axis=1)
         x = x0
         for layer in params["cross"]:

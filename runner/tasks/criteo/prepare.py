@@ -1,9 +1,10 @@
 """Converting Criteo-format logs into training shards: one streaming pass, bounded memory.
 
 ``convert(inputs, out)`` reads each file block by block (``tsv.read_blocks``; never a file whole), splits the
-examples, and writes each split as shards of fixed-size records (``RECORD``: the label, the 13 transformed
-integer features, the 26 raw categorical values and a bitmask of the missing ones), each a ``.npy`` file a
-reader maps and indexes at random (``shards.Shards``). Beside the shards: ``manifest.json`` (the files read,
+examples, and writes each split as shards of fixed-size records (``record_dtype(bags)``: the label, the 13
+transformed integer features, the raw categorical values (``bags[j]`` slots for feature ``j``) and how many
+values each feature holds, 0 where missing), each a ``.npy`` file a reader maps and indexes at random
+(``shards.Shards``). ``bags`` (``--bag-sizes``) is fixed at conversion and recorded in the manifest. Beside the shards: ``manifest.json`` (the files read,
 the examples and bad lines of each, the split rule, every shard) and ``counts.npz``, each categorical
 feature's values with their counts over the training split, from which a vocabulary for any ``min_count`` is
 derived (``ids.vocabulary``; the one given here is saved as ``vocab_min<k>.npz``).
@@ -27,12 +28,19 @@ from typing import Sequence
 import numpy as np
 
 from .ids import save_vocabulary, uniform
-from .tsv import BLOCK_BYTES, NUM_CAT, NUM_DENSE, FormatError, Reader
+from .tsv import BLOCK_BYTES, NUM_CAT, NUM_DENSE, ONE_HOT, FormatError, Reader, check_bags, offsets
 
-FORMAT = 1
-# p: the line's true click probability where the logs came with one (generated: <file>.p.npy), else NaN
-RECORD = np.dtype([("label", "i1"), ("dense", "<f4", (NUM_DENSE,)), ("cat", "<u4", (NUM_CAT,)), ("missing", "<u4"),
-                   ("p", "<f4")])
+FORMAT = 2
+
+
+def record_dtype(bags=ONE_HOT) -> np.dtype:
+    """One example: ``cat`` holds feature j's values from slot ``offsets(bags)[j]`` (0 past its ``count``);
+    ``p`` is the line's true click probability where the logs came with one (generated: <file>.p.npy), else NaN."""
+    return np.dtype([("label", "i1"), ("dense", "<f4", (NUM_DENSE,)), ("cat", "<u4", (int(offsets(bags)[-1]),)),
+                     ("count", "u1", (NUM_CAT,)), ("p", "<f4")])
+
+
+RECORD = record_dtype()
 SPLITS = ("train", "valid", "test")
 DAY = re.compile(r"^day_(\d+)(\.gz)?$")
 SHARD_LINES = 1 << 20
@@ -82,9 +90,11 @@ class _Counts:
         self.pending: list[list] = [[] for _ in range(NUM_CAT)]
         self.pending_size = [0] * NUM_CAT
 
-    def add(self, cat: np.ndarray, missing: np.ndarray) -> None:
+    def add(self, cat: np.ndarray, count: np.ndarray, bags) -> None:
+        start = offsets(bags)
         for j in range(NUM_CAT):
-            v, c = np.unique(cat[~missing[:, j], j], return_counts=True)
+            slots = cat[:, start[j]:start[j + 1]]
+            v, c = np.unique(slots[np.arange(slots.shape[1]) < count[:, j, None]], return_counts=True)
             self.pending[j].append((v, c))
             self.pending_size[j] += len(v)
             if self.pending_size[j] > max(1 << 20, 2 * len(self.merged[j][0])):
@@ -109,19 +119,21 @@ def split_rule(inputs: Sequence[Path]) -> str:
     return "day" if len(inputs) >= 2 and all(DAY.match(p.name) for p in inputs) else "seeded"
 
 
-def records_of(block, truth: np.ndarray | None = None) -> np.ndarray:
-    """A block's examples as ``RECORD`` s; ``truth``: the file's click probability per line, if it has them."""
-    rec = np.zeros(len(block), RECORD)
-    rec["label"], rec["dense"], rec["cat"] = block.label, block.dense, block.cat
+def records_of(block, truth: np.ndarray | None = None, bags=ONE_HOT) -> np.ndarray:
+    """A block's examples as records of ``record_dtype(bags)``; ``truth``: the file's click probability per
+    line, if it has them."""
+    rec = np.zeros(len(block), record_dtype(bags))
+    rec["label"], rec["dense"], rec["cat"], rec["count"] = block.label, block.dense, block.cat, block.count
     rec["p"] = truth[block.lines - 1] if truth is not None else np.nan
-    rec["missing"] = (block.missing.astype(np.uint32) << np.arange(NUM_CAT, dtype=np.uint32)).sum(1, dtype=np.uint32)
     return rec
 
 
 def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min_count: int = 1,
-            max_bad_lines: int = 0, shard_lines: int = SHARD_LINES, block_bytes: int = BLOCK_BYTES) -> dict:
+            max_bad_lines: int = 0, shard_lines: int = SHARD_LINES, block_bytes: int = BLOCK_BYTES,
+            bags=None) -> dict:
     """Convert Criteo-format files into shards under ``out``; returns the manifest (also ``out/manifest.json``).
-    ``max_bad_lines`` applies to each file; ``min_count`` is the saved vocabulary's threshold."""
+    ``max_bad_lines`` applies to each file; ``min_count`` is the saved vocabulary's threshold; ``bags`` the
+    most values each categorical feature may hold (26 ints, None: one each)."""
     inputs = [Path(p) for p in inputs]
     out = Path(out)
     if not inputs:
@@ -130,6 +142,10 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
                          ("shard_lines", shard_lines, 1), ("block_bytes", block_bytes, 1 << 10)):
         if int(v) != v or v < low:
             raise PrepareError(f"{name}={v}: must be an integer >= {low}")
+    try:
+        bags = check_bags(bags)
+    except ValueError as e:
+        raise PrepareError(f"--bag-sizes: {e}") from None
     if (out / "manifest.json").exists():
         raise PrepareError(f"{out} already holds converted shards (manifest.json); give another output folder, "
                            f"or remove {out} to convert again")
@@ -141,7 +157,7 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
     writers = {s: _Writer(out / s, shard_lines) for s in SPLITS}
     counts, files = _Counts(), []
     for k, path in enumerate(inputs):
-        reader = Reader(path, max_bad_lines, block_bytes)
+        reader = Reader(path, max_bad_lines, block_bytes, bags)
         truth_file = path.with_name(path.name + ".p.npy")
         truth = np.load(truth_file, mmap_mode="r") if truth_file.exists() else None
         last_day = rule == "day" and k == len(inputs) - 1
@@ -150,10 +166,10 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
             if truth is not None and int(block.lines[-1]) > len(truth):
                 raise PrepareError(f"{truth_file}: {len(truth)} click probabilities, but {path} has more lines; "
                                    f"remove it (it belongs to other logs) or generate the logs again")
-            rec = records_of(block, truth)
+            rec = records_of(block, truth, bags)
             if rule == "day" and not last_day:
                 writers["train"].add(rec)
-                counts.add(block.cat, block.missing)
+                counts.add(block.cat, block.count, bags)
             elif last_day:  # halves need the day's length: its records are split once it is read
                 eval_blocks.append(rec)
             else:  # seeded 90/5/5 by the line's position in its file: the same lines whatever the blocks
@@ -162,9 +178,9 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
                 for i, s in enumerate(SPLITS):
                     writers[s].add(rec[part == i])
                 train = part == 0
-                counts.add(block.cat[train], block.missing[train])
+                counts.add(block.cat[train], block.count[train], bags)
         if last_day:
-            day = np.concatenate(eval_blocks) if eval_blocks else np.zeros(0, RECORD)
+            day = np.concatenate(eval_blocks) if eval_blocks else np.zeros(0, record_dtype(bags))
             writers["valid"].add(day[: len(day) // 2])
             writers["test"].add(day[len(day) // 2:])
         files.append({"file": str(path), "bytes": path.stat().st_size, "examples": reader.examples,
@@ -176,7 +192,7 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
     _save(out / "counts.npz", **{f"values_{j}": v for j, (v, _) in enumerate(values)},
           **{f"counts_{j}": c for j, (_, c) in enumerate(values)})
     save_vocabulary(out, min_count)
-    manifest = {"format": FORMAT, "split": rule, "seed": seed, "min_count": min_count,
+    manifest = {"format": FORMAT, "split": rule, "seed": seed, "min_count": min_count, "bags": list(bags),
                 "max_bad_lines": max_bad_lines, "files": files,
                 "splits": {s: {"examples": sum(x["examples"] for x in w.shards), "shards": w.shards}
                            for s, w in writers.items()},
@@ -197,4 +213,4 @@ def _save(path: Path, **arrays) -> None:
     tmp.replace(path)
 
 
-__all__ = ["convert", "FormatError", "PrepareError", "RECORD", "SPLITS", "split_rule"]
+__all__ = ["convert", "FormatError", "PrepareError", "RECORD", "SPLITS", "record_dtype", "split_rule"]

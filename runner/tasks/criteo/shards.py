@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .prepare import FORMAT, RECORD, SPLITS
+from .prepare import FORMAT, SPLITS, record_dtype
 
 
 class Shards:
@@ -31,10 +31,12 @@ class Shards:
                              f"convert the logs again")
         if split not in SPLITS:
             raise ValueError(f"split {split!r}: one of {', '.join(SPLITS)}")
+        self.bags = tuple(self.manifest["bags"])
+        self.dtype = record_dtype(self.bags)
         entries = self.manifest["splits"][split]["shards"]
         self.arrays = [np.load(folder / e["file"], mmap_mode="r") for e in entries]
         for e, a in zip(entries, self.arrays):
-            if a.dtype != RECORD or len(a) != e["examples"]:
+            if a.dtype != self.dtype or len(a) != e["examples"]:
                 raise ValueError(f"{folder / e['file']}: {len(a)} records of {a.dtype}, the manifest says "
                                  f"{e['examples']} of the converter's record; the folder is damaged: convert again")
         self.starts = np.concatenate([[0], np.cumsum([len(a) for a in self.arrays])]).astype(np.int64)
@@ -55,15 +57,15 @@ class Shards:
         if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"examples outside 0..{len(self) - 1}")
         shard = np.searchsorted(self.starts, indices, side="right") - 1
-        out = np.empty(indices.shape, RECORD)
+        out = np.empty(indices.shape, self.dtype)
         for s in np.unique(shard):
             sel = shard == s
             out[sel] = self.arrays[s][indices[sel] - self.starts[s]]
         return out
 
     def take(self, indices: np.ndarray, ids) -> dict[str, np.ndarray]:
-        """A batch: ``label`` float32 [n], ``dense`` float32 [n, 13], ``cat`` int32 [n, 26] rows (``ids``), ``p``
-        float32 [n] (the true click probability, NaN where the logs had none)."""
+        """A batch: ``label`` float32 [n], ``dense`` float32 [n, 13], ``cat`` int32 [n, sum(bags)] rows (``ids``;
+        0 pads a bag), ``p`` float32 [n] (the true click probability, NaN where the logs had none)."""
         rec = self.records(indices)
         return {"label": rec["label"].astype(np.float32), "dense": np.asarray(rec["dense"]),
-                "cat": ids(rec["cat"], rec["missing"]), "p": np.asarray(rec["p"])}
+                "cat": ids(rec["cat"], rec["count"]), "p": np.asarray(rec["p"])}

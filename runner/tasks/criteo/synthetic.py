@@ -12,6 +12,10 @@ likewise). The click logit is a bias, plus a weight per categorical value, plus 
 plus a rank-``rank`` interaction between the values of pairs of features (``u_a[v_a] . u_b[v_b]``, which
 only a model with feature interactions, like DLRM's or DCNv2's, can learn). Everything is a pure function of
 ``seed``: the same spec writes the same bytes.
+
+Multi-hot (``bags``, as MLPerf DLRMv2's multi-hot Criteo): a feature of bag size ``L > 1`` holds 1 to ``L``
+values per line (uniform), each drawn by popularity; its weight and its interaction factor are the mean over
+the bag's values (so a model pooling the bag by its mean can represent the planted logit exactly).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from .tsv import CAT, COLUMNS, DENSE, NUM_CAT, NUM_DENSE
+from .tsv import CAT, COLUMNS, DENSE, NUM_CAT, NUM_DENSE, ONE_HOT, check_bags, offsets
 
 DEFAULT_CARDINALITIES = (1000, 500, 20000, 8000, 300, 20, 5000, 600, 3, 15000, 3000, 20000, 3000, 27, 5000,
                          20000, 10, 2000, 2000, 4, 20000, 15, 15, 10000, 80, 8000)  # Criteo-like spread
@@ -46,6 +50,7 @@ class CriteoSpec:
         bias: the logit's constant (sets the click rate: -1.5 gives about 25 percent clicks).
         gzip: write ``.gz`` files.
         chunk: lines generated and written at a time.
+        bags: the most values each feature holds per line (1: one value, the real logs' layout).
     """
 
     lines: int = 200_000
@@ -58,6 +63,7 @@ class CriteoSpec:
     bias: float = -1.5
     gzip: bool = False
     chunk: int = 100_000
+    bags: tuple[int, ...] = ONE_HOT
 
     def problems(self) -> list[str]:
         """Each bad value, named with its valid range."""
@@ -75,6 +81,10 @@ class CriteoSpec:
             out.append(f"zipf={self.zipf}: must be > 0")
         if self.rank < 0 or self.chunk < 1:
             out.append(f"rank={self.rank}, chunk={self.chunk}: rank >= 0 and chunk >= 1")
+        try:
+            check_bags(self.bags)
+        except ValueError as e:
+            out.append(f"bags: {e}")
         return out
 
 
@@ -101,40 +111,63 @@ class ClickModel:
         return np.cumsum(rng.permutation(p / p.sum()))
 
     def draw(self, rng: np.random.Generator, n: int):
-        """``n`` examples: (value indices [n, 26] with -1 missing, counts [n, 13] with -1 missing, p [n])."""
+        """``n`` examples: (value indices ``[n, sum(bags)]``, feature j's bag from column ``offsets(bags)[j]``,
+        -1 missing or past the bag's count; counts [n, 13] with -1 missing; p [n])."""
         s = self.spec
-        idx = np.stack([np.minimum(np.searchsorted(c, rng.random(n)), len(c) - 1) for c in self.popularity], 1)
-        idx[rng.random((n, NUM_CAT)) < s.missing] = -1
+        one = np.stack([np.minimum(np.searchsorted(c, rng.random(n)), len(c) - 1) for c in self.popularity], 1)
+        one[rng.random((n, NUM_CAT)) < s.missing] = -1
         counts = np.floor(np.exp(rng.normal(0.0, 1.0, (n, NUM_DENSE)) * self.dense_scale)).astype(np.int64)
         counts[rng.random((n, NUM_DENSE)) < s.missing] = -1
+        start = offsets(s.bags)
+        idx = np.full((n, int(start[-1])), -1, np.int64)
+        for j, bag in enumerate(s.bags):  # the extra values of multi-hot features, drawn after the one-hot ones
+            idx[:, start[j]] = one[:, j]
+            if bag > 1:
+                k = np.where(one[:, j] >= 0, rng.integers(1, bag + 1, n), 0)
+                more = np.minimum(np.searchsorted(self.popularity[j], rng.random((n, bag - 1))),
+                                  len(self.popularity[j]) - 1)
+                idx[:, start[j] + 1:start[j + 1]] = np.where(np.arange(1, bag) < k[:, None], more, -1)
+
+        def mean(j: int, table: np.ndarray) -> np.ndarray:  # feature j's bag mean of table rows (0 if missing)
+            v = idx[:, start[j]:start[j + 1]]
+            if v.shape[1] == 1:  # one-hot: the row itself, in the table's dtype
+                return np.where((v[:, 0] >= 0).reshape(-1, *(1,) * (table.ndim - 1)), table[np.maximum(v[:, 0], 0)], 0)
+            w = table[np.maximum(v, 0)] * (v >= 0).reshape(*v.shape, *(1,) * (table.ndim - 1))
+            return w.sum(1) / np.maximum((v >= 0).sum(1), 1).reshape(-1, *(1,) * (table.ndim - 1))
+
         logit = np.full(n, s.bias, np.float64)
         for j in range(NUM_CAT):
-            logit += np.where(idx[:, j] >= 0, self.weights[j][np.maximum(idx[:, j], 0)], 0.0)
+            logit += mean(j, self.weights[j])
         logit += np.log1p(np.maximum(counts, 0)) @ self.dense_weights.astype(np.float64) - 0.2 * self.dense_weights.sum()
         for (a, b), (ua, ub) in self.factors.items():
-            both = (idx[:, a] >= 0) & (idx[:, b] >= 0)
-            dot = np.sum(ua[np.maximum(idx[:, a], 0)] * ub[np.maximum(idx[:, b], 0)], axis=1)
-            logit += np.where(both, dot, 0.0)
+            logit += np.sum(mean(a, ua) * mean(b, ub), axis=1)
         return idx, counts, (1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
 
 
-def _hex_column(values: np.ndarray, missing: np.ndarray) -> pa.Array:
-    """uint32 values as 8-hex-digit strings ('' where missing), built from buffers (no Python strings)."""
-    digits = np.frombuffer(b"0123456789abcdef", np.uint8)[
-        (values[:, None] >> np.arange(28, -1, -4, dtype=np.uint32)) & 0xF]  # [n, 8]
-    lengths = np.where(missing, 0, 8).astype(np.int32)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    data = digits[~missing].tobytes()
-    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.tobytes()), pa.py_buffer(data))
+def _hex_column(values: np.ndarray, present: np.ndarray) -> pa.Array:
+    """Bags of uint32 values ``[n, L]`` (``present``: bool ``[n, L]``, a bag's values first) as strings of 8 hex
+    digits joined by commas ('' for an empty bag), built from buffers (no Python strings)."""
+    n, bag = values.shape
+    chars = np.full((n, bag, 9), ord(","), np.uint8)
+    chars[:, :, :8] = np.frombuffer(b"0123456789abcdef", np.uint8)[
+        (values[:, :, None] >> np.arange(28, -1, -4, dtype=np.uint32)) & 0xF]
+    k = present.sum(1)
+    keep = np.repeat(present, 9, axis=1).reshape(n, bag, 9)
+    keep[np.arange(n), np.maximum(k - 1, 0), 8] = False  # no comma after a bag's last value
+    lengths = np.maximum(9 * k - 1, 0).astype(np.int32)
+    offsets_ = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    data = chars[keep].tobytes()
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets_.tobytes()), pa.py_buffer(data))
 
 
 def _table(model: ClickModel, idx: np.ndarray, counts: np.ndarray, labels: np.ndarray) -> pa.Table:
     cols = {"label": pc.cast(pa.array(labels.astype(np.int8)), pa.string())}
     for j, c in enumerate(DENSE):
         cols[c] = pc.if_else(pa.array(counts[:, j] < 0), "", pc.cast(pa.array(counts[:, j]), pa.string()))
+    start = offsets(model.spec.bags)
     for j, c in enumerate(CAT):
-        miss = idx[:, j] < 0
-        cols[c] = _hex_column(model.hashes[j][np.maximum(idx[:, j], 0)], miss)
+        v = idx[:, start[j]:start[j + 1]]
+        cols[c] = _hex_column(model.hashes[j][np.maximum(v, 0)], v >= 0)
     return pa.table([cols[c] for c in COLUMNS], names=list(COLUMNS))
 
 

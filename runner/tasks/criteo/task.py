@@ -31,13 +31,15 @@ from omegaconf import DictConfig
 from ...errors import PreflightError
 from .. import TASKS
 from ..ranking.auc import auc
-from .ids import HashIds, VocabIds, vocabulary
+from .config import CriteoIds, Pooling
+from .ids import FIRST, HashIds, VocabIds, vocabulary
 from .model import DCN, DLRM, TABLES
 from .order import examples
 from .prepare import FORMAT, convert
 from .report import REPORT
 from .shards import Shards
 from .synthetic import CriteoSpec, write_logs
+from .tsv import ONE_HOT
 
 SPLITS = ("valid", "test")
 MODELS = ("dlrm", "dcn")
@@ -48,7 +50,7 @@ def generated(cfg: DictConfig) -> Path:
     """The converted folder of the generated logs ``cfg.data`` describes, made the first time (written into a
     temporary folder and renamed, so concurrent processes and interrupted runs leave no half folder)."""
     d = cfg.data
-    spec = CriteoSpec(lines=int(d.lines), days=int(d.days), seed=int(d.seed))
+    spec = _spec(d)
     key = hashlib.sha256(json.dumps([FORMAT, dataclasses.asdict(spec)], sort_keys=True).encode()).hexdigest()[:12]
     folder = Path(d.cache or Path("outputs") / "criteo_data") / f"generated-{key}"
     if (folder / "manifest.json").exists():
@@ -57,7 +59,7 @@ def generated(cfg: DictConfig) -> Path:
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         logs = write_logs(spec, work / "logs")
-        convert(logs, work / "shards", seed=spec.seed)
+        convert(logs, work / "shards", seed=spec.seed, bags=spec.bags)
         try:
             os.rename(work / "shards", folder)
         except OSError:  # another process made it first
@@ -68,14 +70,29 @@ def generated(cfg: DictConfig) -> Path:
     return folder
 
 
+def _spec(d: DictConfig) -> CriteoSpec:
+    bags = tuple(int(b) for b in d.bags) if d.get("bags") is not None else ONE_HOT
+    return CriteoSpec(lines=int(d.lines), days=int(d.days), seed=int(d.seed), bags=bags)
+
+
 def check(cfg: DictConfig) -> None:
     if cfg.model.name not in MODELS:
         raise PreflightError(f"data=criteo is a click-log source, but model={cfg.model.name}; use model=dlrm or "
                              f"model=dcn")
+    widths = {n: int(t.width) for n, t in (cfg.model.get("tables") or {}).items()
+              if t.get("width") is not None and int(t.width) != int(cfg.model.emb_width)}
+    if widths:
+        raise PreflightError(f"model.tables.<name>.width={widths}: model={cfg.model.name}'s tables all have "
+                             f"model.emb_width={cfg.model.emb_width} (its features meet in dot products or one "
+                             f"stacked input); unset them, or set model.emb_width")
     if not cfg.data.path:
-        bad = CriteoSpec(lines=int(cfg.data.lines), days=int(cfg.data.days), seed=int(cfg.data.seed)).problems()
+        bad = _spec(cfg.data).problems()
         if bad:
             raise PreflightError("generated Criteo logs (data.path unset): " + "; ".join(f"data.{b}" for b in bad))
+    if cfg.data.path and cfg.data.get("bags") is not None:
+        raise PreflightError(f"data.bags={list(cfg.data.bags)} describes generated logs, but data.path={cfg.data.path} "
+                             f"is a converted folder, whose bags were fixed at conversion (python -m runner.prepare "
+                             f"criteo --bag-sizes); unset data.bags")
     if cfg.data.path and not (Path(cfg.data.path) / "manifest.json").exists():
         raise PreflightError(
             f"data.path={cfg.data.path}: not a converted folder (no manifest.json). Convert the logs first: "
@@ -105,8 +122,10 @@ class CriteoTask:
         check(cfg)
         folder = Path(cfg.data.path) if cfg.data.path else generated(cfg)
         fixed = {n: int(t.vocab) for n, t in (cfg.model.get("tables") or {}).items() if t.get("vocab")}
-        if str(cfg.data.ids) == "vocab":
-            ids = vocabulary(folder, int(cfg.data.min_count))
+        with open(folder / "manifest.json") as f:
+            bags = tuple(json.load(f)["bags"])
+        if CriteoIds(cfg.data.ids) is CriteoIds.vocab:  # an Enum member in a structured config
+            ids = vocabulary(folder, int(cfg.data.min_count), bags)
             small = {n: (v, ids.table_rows()[TABLES.index(n)]) for n, v in fixed.items()
                      if n in TABLES and v < ids.table_rows()[TABLES.index(n)]}
             if small:
@@ -115,8 +134,12 @@ class CriteoTask:
         else:
             with np.load(folder / "counts.npz") as z:
                 distinct = [len(z[f"values_{j}"]) for j in range(len(TABLES))]
-            ids = HashIds([fixed.get(n, max(2, min(distinct[j] + 1, int(cfg.data.hash_rows))))
-                           for j, n in enumerate(TABLES)])
+            low = {n: v for n, v in fixed.items() if n in TABLES and v < FIRST + 1}
+            if low:
+                raise PreflightError(f"model.tables.<name>.vocab={low}: a hashed table needs >= {FIRST + 1} rows (rows "
+                                     f"0 and 1 pad bags and hold the missing value); raise them or unset them")
+            ids = HashIds([fixed.get(n, min(distinct[j] + FIRST, int(cfg.data.hash_rows)))
+                           for j, n in enumerate(TABLES)], bags)
         task = cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples)
         small = {s: len(d) for s, d in task.splits.items() if len(d) < MIN_EXAMPLES}
         if small:
@@ -125,17 +148,19 @@ class CriteoTask:
         return task
 
     def tables(self) -> dict[str, tuple[int, int]]:
-        """One table per categorical feature; ids 0..rows-1 (row 0: missing, or rare under a vocabulary)."""
-        return {n: (r - 1, 1) for n, r in zip(TABLES, self.ids.table_rows())}
+        """One table per categorical feature, ids 0..rows-1 (row 0 pads a bag, row 1 is the missing value, and
+        under a vocabulary every rare one), each example holding up to its bag size of them."""
+        return {n: (r - 1, b) for n, r, b in zip(TABLES, self.ids.table_rows(), self.ids.bags)}
 
     def metric_names(self) -> list[str]:
         names = [f"{s}/{m}" for s in SPLITS for m in ("auc", "logloss")]
         return names + ([f"bayes/{s}/auc" for s in SPLITS] if self.truth else [])
 
     def make_model(self, specs, model_cfg: DictConfig):
+        pooling = Pooling(model_cfg.get("pooling", "sum")).value
         if model_cfg.name == "dlrm":
-            return DLRM(specs, tuple(model_cfg.bottom), tuple(model_cfg.top))
-        return DCN(specs, int(model_cfg.cross_layers), model_cfg.low_rank, tuple(model_cfg.deep))
+            return DLRM(specs, pooling, tuple(model_cfg.bottom), tuple(model_cfg.top))
+        return DCN(specs, pooling, int(model_cfg.cross_layers), model_cfg.low_rank, tuple(model_cfg.deep))
 
     def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
         train = self.splits["train"]

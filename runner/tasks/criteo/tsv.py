@@ -11,10 +11,16 @@ of about ``block_bytes`` at a time, never the whole file) into :class:`Block` s 
 - ``label``: int8, 0 or 1.
 - ``dense``: float32 ``[n, 13]``: missing -> 0, negative -> 0, then ``log(1 + x)`` (the DLRM reference's
   transform).
-- ``cat``: uint32 ``[n, 26]``, the hex values; ``missing``: bool ``[n, 26]``, where the field was empty.
+- ``cat``: uint32 ``[n, sum(bags)]``, the hex values, feature ``j`` in columns ``offsets(bags)[j]`` onwards
+  (one column each unless ``bags`` says otherwise); ``count``: uint8 ``[n, 26]``, the values each field holds
+  (0: empty, a missing value; ``missing`` is ``count == 0``).
+
+Multi-hot features (a bag of values per feature, as MLPerf DLRMv2's multi-hot Criteo): with ``bags[j] > 1``,
+field ``j`` holds up to ``bags[j]`` values of 8 hex digits joined by commas (``0a1b2c3d,ffff0000``); the
+padding columns past a field's count are 0.
 
 A bad line (a wrong number of fields, an empty line, a label that is not 0 or 1, an integer feature that is not
-an integer, a categorical that is not 8 hex digits) stops the read with a :class:`FormatError` naming the file,
+an integer, a categorical that is not 8 hex digits, a bag of more values than its size) stops the read with a :class:`FormatError` naming the file,
 the line and the field, unless ``max_bad_lines`` allows that many: those lines are then skipped and counted
 (:attr:`Reader.bad_lines`). An empty file and a truncated ``.gz`` are refused the same way.
 """
@@ -35,6 +41,8 @@ DENSE = tuple(f"int_{i}" for i in range(1, NUM_DENSE + 1))
 CAT = tuple(f"cat_{i}" for i in range(1, NUM_CAT + 1))
 COLUMNS = ("label", *DENSE, *CAT)
 BLOCK_BYTES = 1 << 24  # pyarrow's block: the most of a file held at once (plus its parsed columns)
+MAX_BAG = 255  # the most values one field's bag holds (a count is one byte)
+ONE_HOT = (1,) * NUM_CAT
 
 _NIBBLE = np.full(256, 255, np.uint8)  # byte -> its hex digit's value, 255 for any other byte
 for _i, _c in enumerate(b"0123456789abcdef"):
@@ -54,12 +62,33 @@ class Block:
 
     label: np.ndarray  # int8 [n]
     dense: np.ndarray  # float32 [n, 13]: log(1 + max(x, 0)), missing -> 0
-    cat: np.ndarray  # uint32 [n, 26]
-    missing: np.ndarray  # bool [n, 26]
+    cat: np.ndarray  # uint32 [n, sum(bags)]: feature j's values from column offsets(bags)[j], 0 past its count
+    count: np.ndarray  # uint8 [n, 26]: the values of each feature (0: missing)
     lines: np.ndarray  # int64 [n]: each example's 1-based line number in its file
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
+
+    @property
+    def missing(self) -> np.ndarray:
+        """bool ``[n, 26]``: where the field was empty."""
+        return self.count == 0
+
+
+def check_bags(bags) -> tuple[int, ...]:
+    """``bags`` as 26 ints in ``1..MAX_BAG`` (None: one value per feature); a ValueError names a bad one."""
+    if bags is None:
+        return ONE_HOT
+    bags = tuple(bags)
+    if len(bags) != NUM_CAT or any(int(b) != b or not 1 <= b <= MAX_BAG for b in bags):
+        raise ValueError(f"bag sizes {list(bags)}: {NUM_CAT} integers in 1..{MAX_BAG}, one per categorical "
+                         f"feature (1: one value)")
+    return tuple(int(b) for b in bags)
+
+
+def offsets(bags) -> np.ndarray:
+    """int64 ``[27]``: feature ``j``'s first column in ``Block.cat`` (and records), then the total."""
+    return np.concatenate([[0], np.cumsum(check_bags(bags))]).astype(np.int64)
 
 
 def _hint(max_bad_lines: int) -> str:
@@ -71,8 +100,9 @@ class Reader:
     """Iterates a file's :class:`Block` s (``iter(reader)``); ``bad_lines`` counts the lines skipped so far and
     ``first_bad`` describes the first of them."""
 
-    def __init__(self, path: str | Path, max_bad_lines: int = 0, block_bytes: int = BLOCK_BYTES):
+    def __init__(self, path: str | Path, max_bad_lines: int = 0, block_bytes: int = BLOCK_BYTES, bags=None):
         self.path, self.max_bad_lines, self.block_bytes = Path(path), int(max_bad_lines), int(block_bytes)
+        self.bags = check_bags(bags)
         self.bad_lines, self.first_bad, self.examples = 0, None, 0
         if self.max_bad_lines < 0:
             raise ValueError(f"max_bad_lines={max_bad_lines}: must be >= 0 (0 refuses any bad line)")
@@ -171,38 +201,51 @@ class Reader:
             flag(~good, lambda i, c=c, col=col: f"integer feature {c} is {col[i].as_py()!r}, not an integer")
             vals = pc.cast(pc.if_else(pa.array(good & (lengths[c] > 0)), col, "0"), pa.int64()).to_numpy()
             dense[:, j] = np.log1p(np.maximum(vals, 0).astype(np.float64)).astype(np.float32)
-        cat = np.zeros((n, NUM_CAT), np.uint32)
-        missing = np.zeros((n, NUM_CAT), bool)
-        for j, c in enumerate(CAT):
-            col, length = cols[c], lengths[c]
-            missing[:, j] = length == 0
-            value, good = _hex_values(col, length)
-            flag(~good, lambda i, c=c, col=col: f"categorical feature {c} is {col[i].as_py()!r}, not 8 hex digits")
-            cat[:, j] = value
+        start = offsets(self.bags)
+        cat = np.zeros((n, int(start[-1])), np.uint32)
+        count = np.zeros((n, NUM_CAT), np.uint8)
+        for j, (c, bag) in enumerate(zip(CAT, self.bags)):
+            col = cols[c]
+            value, count[:, j], good = _hex_values(col, lengths[c], bag)
+            want = "8 hex digits" if bag == 1 else f"1 to {bag} values of 8 hex digits joined by commas (its bag size)"
+            hint = " (a multi-hot feature: convert with --bag-sizes)" if bag == 1 else ""
+            flag(~good, lambda i, c=c, col=col, w=want, h=hint: f"categorical feature {c} is {col[i].as_py()!r}, "
+                                                                 f"not {w}{h}")
+            cat[:, start[j]:start[j + 1]] = value
         for i in sorted(why):
             self._bad(int(lines[i]), why[i])
         return Block(np.asarray(pc.cast(pc.if_else(pa.array(ok), label, "0"), pa.int8()))[ok],
-                     dense[ok], cat[ok], missing[ok], lines[ok])
+                     dense[ok], cat[ok], count[ok], lines[ok])
 
 
-def _hex_values(col: pa.Array, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The uint32 value of each 8-hex-digit string of ``col`` (0 where empty) and whether it is one (empty
-    counts as good: a missing value). Read straight from the Arrow string buffer, no Python objects."""
+def _hex_values(col: pa.Array, length: np.ndarray, bag: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each field of ``col`` as up to ``bag`` uint32 values (8 hex digits each, joined by commas): the values
+    ``[n, bag]`` (0 past a field's count), the count ``[n]`` and whether the field is well formed (empty counts
+    as good: a missing value). Read straight from the Arrow string buffer, no Python objects."""
     n = len(col)
-    value = np.zeros(n, np.uint32)
-    good = (length == 0) | (length == 8)
+    value = np.zeros((n, bag), np.uint32)
+    k = np.where((length + 1) % 9 == 0, (length + 1) // 9, 0)  # values, if the length fits k values and k - 1 commas
+    good = (length == 0) | ((k >= 1) & (k <= bag))
+    k = np.where(good, k, 0)
     offsets = np.frombuffer(col.buffers()[1], np.int32, count=n + 1, offset=4 * col.offset).astype(np.int64)
     data = np.frombuffer(col.buffers()[2], np.uint8) if col.buffers()[2] is not None else np.zeros(0, np.uint8)
-    full = np.flatnonzero(length == 8)
-    if full.size:
-        digits = _NIBBLE[data[offsets[full][:, None] + np.arange(8)]]  # [k, 8]
-        hexy = np.all(digits != 255, axis=1)
-        good[full[~hexy]] = False
-        shifts = np.arange(28, -1, -4, dtype=np.uint32)
-        value[full] = np.where(hexy, np.bitwise_or.reduce(digits.astype(np.uint32) << shifts, axis=1), 0)
-    return value, good
+    shifts = np.arange(28, -1, -4, dtype=np.uint32)
+    for i in range(bag):
+        rows = np.flatnonzero(k > i)
+        if not rows.size:
+            break
+        at = offsets[rows] + 9 * i
+        digits = _NIBBLE[data[at[:, None] + np.arange(8)]]  # [r, 8]
+        fine = np.all(digits != 255, axis=1)
+        more = k[rows] > i + 1
+        fine &= ~more | (data[np.where(more, at + 8, 0)] == ord(","))  # the comma after every value but the last
+        good[rows[~fine]] = False
+        value[rows, i] = np.where(fine, np.bitwise_or.reduce(digits.astype(np.uint32) << shifts, axis=1), 0)
+    value[~good] = 0
+    return value, np.where(good, k, 0).astype(np.uint8), good
 
 
-def read_blocks(path: str | Path, max_bad_lines: int = 0, block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
+def read_blocks(path: str | Path, max_bad_lines: int = 0, block_bytes: int = BLOCK_BYTES,
+                bags=None) -> Iterator[Block]:
     """The :class:`Block` s of one Criteo-format file (see :class:`Reader` for the counts of what was skipped)."""
-    return iter(Reader(path, max_bad_lines, block_bytes))
+    return iter(Reader(path, max_bad_lines, block_bytes, bags))

@@ -24,9 +24,9 @@ def logs(tmp_path_factory):
             "one": write_logs(CriteoSpec(lines=5000, seed=3), folder / "one")}
 
 
-def all_records(paths):
-    blocks = [b for p in paths for b in read_blocks(p)]
-    return {k: np.concatenate([getattr(b, k) for b in blocks]) for k in ("label", "dense", "cat", "missing")}
+def all_records(paths, bags=None):
+    blocks = [b for p in paths for b in read_blocks(p, bags=bags)]
+    return {k: np.concatenate([getattr(b, k) for b in blocks]) for k in ("label", "dense", "cat", "missing", "count")}
 
 
 def test_generated_files_are_deterministic_and_carry_their_click_probabilities(logs, tmp_path):
@@ -84,13 +84,14 @@ def test_vocabulary_counts_the_training_split_only_against_a_python_count(logs, 
                 counts[int(v)] = counts.get(int(v), 0) + 1
         want = sorted(v for v, c in counts.items() if c >= 3)
         assert vocab.values[j].tolist() == want
-    # mapping: row i+1 for the i-th kept value, 0 for rare, unseen and missing
+    # mapping: row i+2 for the i-th kept value, 1 for rare, unseen and missing (0 pads bags only)
     last = all_records(logs["days"][2:])
-    rows = vocab(last["cat"], (last["missing"].astype(np.uint32) << np.arange(26, dtype=np.uint32)).sum(1))
+    rows = vocab(last["cat"], last["count"])
     for j in (0, 5):
-        index = {v: i + 1 for i, v in enumerate(vocab.values[j].tolist())}
-        want = [0 if m else index.get(int(v), 0) for v, m in zip(last["cat"][:, j], last["missing"][:, j])]
+        index = {v: i + 2 for i, v in enumerate(vocab.values[j].tolist())}
+        want = [1 if m else index.get(int(v), 1) for v, m in zip(last["cat"][:, j], last["missing"][:, j])]
         assert rows[:, j].tolist() == want
+    assert rows.min() == 1 and vocab.table_rows()[0] == len(vocab.values[0]) + 2
     assert vocabulary(tmp_path / "s", 1).table_rows()[0] > vocab.table_rows()[0]  # min_count 1 keeps more
 
 
@@ -104,14 +105,48 @@ def test_hash_ids_against_a_python_splitmix(logs):
 
     rec = all_records(logs["one"])
     rows = [10 + 7 * j for j in range(26)]
-    got = HashIds(rows)(rec["cat"][:200], (rec["missing"][:200].astype(np.uint32) << np.arange(26, dtype=np.uint32)).sum(1))
+    got = HashIds(rows)(rec["cat"][:200], rec["count"][:200])
     for i in range(0, 200, 17):
         for j in range(26):
-            want = 0 if rec["missing"][i, j] else 1 + splitmix(int(rec["cat"][i, j])) % (rows[j] - 1)
+            want = 1 if rec["missing"][i, j] else 2 + splitmix(int(rec["cat"][i, j])) % (rows[j] - 2)
             assert got[i, j] == want
     assert int(mix64(np.uint64(12345))) == splitmix(12345)
-    with pytest.raises(ValueError, match="26 row counts >= 2"):
-        HashIds([1] * 26)
+    with pytest.raises(ValueError, match="26 row counts >= 3"):
+        HashIds([2] * 26)
+
+
+BAGS = (3,) + (1,) * 10 + (5,) + (1,) * 13 + (2,)
+
+
+def test_multi_hot_logs_round_trip_through_the_converter_and_the_id_maps(tmp_path):
+    """Generated bags: each line's values (the click model's, by value index) come back from the shards in
+    their order, padded with row 0 past a bag's count, a missing bag one row 1; the vocabulary counts every
+    value of a bag."""
+    spec = CriteoSpec(lines=3000, bags=BAGS, chunk=1000)
+    paths = write_logs(spec, tmp_path / "logs")
+    model = ClickModel(spec)
+    idx = np.concatenate([model.draw(np.random.default_rng([spec.seed, 2, 0, s]), 1000)[0] for s in (0, 1000, 2000)])
+    m = convert(paths, tmp_path / "s", bags=BAGS)
+    assert m["bags"] == list(BAGS)
+    start = np.concatenate([[0], np.cumsum(BAGS)])
+    rec = all_records(paths, BAGS)
+    for j in (0, 11, 25):
+        slots = idx[:, start[j]:start[j + 1]]
+        np.testing.assert_array_equal(rec["count"][:, j], (slots >= 0).sum(1))
+        values = np.where(slots >= 0, model.hashes[j][np.maximum(slots, 0)], 0)
+        np.testing.assert_array_equal(rec["cat"][:, start[j]:start[j + 1]], values)
+    assert (rec["count"][:, 11] > 1).mean() > 0.5 and rec["count"].max() == 5
+    train = Shards(tmp_path / "s", "train")
+    vocab = vocabulary(tmp_path / "s", 1, BAGS)
+    r = train.records(np.arange(len(train)))
+    seen = {int(v) for row, k in zip(r["cat"][:, start[11]:start[12]], r["count"][:, 11]) for v in row[:k]}
+    assert vocab.values[11].tolist() == sorted(seen)
+    batch = train.take(np.arange(200), vocab)
+    index = {v: i + 2 for i, v in enumerate(vocab.values[11].tolist())}
+    for i in range(200):
+        k = int(r["count"][i, 11])
+        want = [index[int(v)] for v in r["cat"][i, start[11]:start[11] + k]] + [0] * (5 - k) if k else [1, 0, 0, 0, 0]
+        assert batch["cat"][i, start[11]:start[12]].tolist() == want
 
 
 def test_bad_values_and_used_folders_are_refused(logs, tmp_path):
@@ -130,6 +165,8 @@ def test_bad_values_and_used_folders_are_refused(logs, tmp_path):
             convert(logs["one"], tmp_path / "new", **kw)
     with pytest.raises(PrepareError, match="no input files"):
         convert([], tmp_path / "new")
+    with pytest.raises(PrepareError, match=r"--bag-sizes: bag sizes \[0, 1, .*26 integers in 1..255"):
+        convert(logs["one"], tmp_path / "new", bags=(0,) + (1,) * 25)
     with pytest.raises(ValueError, match="days=0: must be 1..lines"):
         write_logs(CriteoSpec(days=0), tmp_path / "gen")
 
@@ -165,6 +202,15 @@ def test_the_command_converts_and_refuses_with_one_message(tmp_path):
     ok = run("criteo", str(tmp_path / "g" / "day_0"), str(tmp_path / "g" / "day_1"), "--out", str(tmp_path / "s"))
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["splits"] == {"train": 1500, "valid": 750, "test": 750}
+    bags = run("criteo-synthetic", "--out", str(tmp_path / "m"), "--lines", "2000", "--bag-sizes", "3")
+    assert bags.returncode == 0, bags.stderr
+    flat = run("criteo", str(tmp_path / "m" / "train.txt"), "--out", str(tmp_path / "flat"))
+    assert flat.returncode == 2 and "not 8 hex digits (a multi-hot feature: convert with --bag-sizes)" in flat.stderr
+    multi = run("criteo", str(tmp_path / "m" / "train.txt"), "--out", str(tmp_path / "multi"), "--bag-sizes", "3")
+    assert multi.returncode == 0, multi.stderr
+    assert json.loads((tmp_path / "multi" / "manifest.json").read_text())["bags"] == [3] * 26
+    wrong = run("criteo", str(tmp_path / "m" / "train.txt"), "--out", str(tmp_path / "w"), "--bag-sizes", "3,2")
+    assert wrong.returncode == 2 and "bag sizes [3, 2]: 26 integers in 1..255" in wrong.stderr
     again = run("criteo", str(tmp_path / "g" / "day_0"), "--out", str(tmp_path / "s"))
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert again.stderr.strip().startswith("runner.prepare: ") and "already holds converted shards" in again.stderr

@@ -121,6 +121,11 @@ BAD = [
     (["model=dlrm", "data.lines=10"], "data.lines=10"),
     (["model=dlrm", "data.days=30000"], "data.days=30000 is outside [1, 1000]"),
     (["model=dlrm", "data.lines=1000", "data.days=500"], "too few examples to train and evaluate on ({'valid': 1, 'test': 1}"),
+    (["model=dlrm", "data.bags=[0]"], "data.bags: bag sizes [0]: 26 integers in 1..255"),
+    (["model=dlrm", "data.bags=[2]", "data.path=/x"], "data.bags=[2] describes generated logs, but data.path=/x"),
+    (["model=dlrm", "model.pooling=max"], "model.pooling"),
+    (["model=dlrm", "data.ids=hash", "model.tables.cat_01.vocab=2"], "a hashed table needs >= 3 rows"),
+    (["model=dcn", "model.tables.cat_07.width=3"], "model.tables.<name>.width={'cat_07': 3}: model=dcn's tables all"),
 ]
 
 
@@ -172,3 +177,64 @@ def test_evaluation_scores_the_splits_against_their_true_click_probabilities(tmp
     assert set(calls) == {512}  # 3 batches per split, the last padded to the compiled size
     flat = task.evaluate(lambda state, b: np.full(b["cat"].shape[0], 0.3), None, lambda b: b, 512)
     assert flat["valid/auc"] == 0.5 and flat["bayes/valid/auc"] == out["bayes/valid/auc"]
+
+
+@pytest.mark.parametrize("pooling", ["sum", "mean"])
+def test_a_pooled_bag_updates_each_of_its_rows_as_a_dense_reference_does(tmp_path, pooling):
+    """Multi-hot features through the runner's fused step (sync SGD, one step): every row of a bag gets the
+    pooled gradient (divided by the bag's length under the mean), as the gradient of a dense reference
+    that pools with a count matrix; padding row 0 stays zero; the update record holds B x L ids, no more."""
+    from runner.build import build
+    from runner.core.loop import to_device
+    from runner.tasks.criteo.ids import PADDING
+    from tests.runner.support import compose_config
+
+    bags = [3] + [1] * 24 + [4]
+    B, lr = 64, 0.5
+    cfg = compose_config(["data=criteo", "model=dlrm", "logger=none", "data.lines=3000", f"data.bags={bags}",
+                          f"data.cache={tmp_path / 'data'}", "optimizer=async_sgd", f"optimizer.learning_rate={lr}",
+                          "async_emb=off", "mesh=single", f"trainer.batch_size={B}", "model.emb_width=4",
+                          "model.bottom=[8]", "model.top=[8]", f"model.pooling={pooling}"], tiny=False)
+    program, task, _ = build(cfg)
+    assert program.contexts["cat_01"].tokens_per_batch == B * 3 and program.contexts["cat_26"].tokens_per_batch == B * 4
+    state = program.init_state(0)
+    tables0 = {n: np.asarray(t, np.float64) for n, t in state.tables.items()}
+    params0 = jax.device_get(state.params)
+    batch = task.batch(0, B)
+    step, _, _ = program.compile(state, to_device(program, batch))
+    new, _ = step(state, to_device(program, batch))
+
+    ids = program.model.table_ids({"cat": jnp.asarray(batch["cat"])})
+    counts = {}  # [B, rows]: how often each row is in an example's bag (padding left out)
+    for n, t in tables0.items():
+        c = np.zeros((B, t.shape[0]))
+        np.add.at(c, (np.repeat(np.arange(B), ids[n].shape[1]), np.asarray(ids[n]).ravel()), 1.0)
+        c[:, PADDING] = 0
+        counts[n] = c / c.sum(1, keepdims=True) if pooling == "mean" else c
+    assert (counts["cat_01"] > 0).sum(1).max() > 1  # some bag holds several rows
+    one_hot = DLRM({n: TableSpec(n, 10, 4, 1, rows=10) for n in TABLES}, "sum", (8,), (8,))
+
+    def loss(tables):
+        embs = {n: (jnp.asarray(counts[n], jnp.float32) @ tables[n])[:, None] for n in TABLES}
+        return one_hot.loss(params0, embs, jax.tree.map(jnp.asarray, batch))[0]
+
+    grads = jax.grad(loss)({n: jnp.asarray(t, jnp.float32) for n, t in tables0.items()})
+    for n in ("cat_01", "cat_05", "cat_26"):
+        want = tables0[n] - lr * np.asarray(grads[n], np.float64)
+        np.testing.assert_allclose(np.asarray(new.tables[n]), want, rtol=1e-4, atol=1e-6, err_msg=n)
+        assert not np.asarray(new.tables[n])[PADDING].any()
+
+
+def test_the_id_map_is_the_one_data_ids_names(tmp_path):
+    """data.ids chooses the map (a string compared to the Enum member never matched, so every run hashed):
+    the default is the vocabulary, whose rows are the training values seen plus padding and missing."""
+    from runner.tasks import make_task
+    from runner.tasks.criteo.ids import HashIds, VocabIds
+    from tests.runner.support import compose_config
+
+    base = ["data=criteo", "model=dlrm", "logger=none", "data.lines=3000", f"data.cache={tmp_path}"]
+    vocab = make_task(compose_config(base, tiny=False))
+    assert isinstance(vocab.ids, VocabIds)
+    assert [r - 2 for r in vocab.ids.table_rows()] == [len(v) for v in vocab.ids.values]
+    hashed = make_task(compose_config(base + ["data.ids=hash", "data.hash_rows=7"], tiny=False))
+    assert isinstance(hashed.ids, HashIds) and max(hashed.ids.table_rows()) == 7

@@ -121,3 +121,50 @@ def test_a_truncated_gz_is_refused(tmp_path):
 
 def test_columns_are_the_criteo_layout():
     assert len(COLUMNS) == 40 and COLUMNS[0] == "label" and COLUMNS[13] == "int_13" and COLUMNS[-1] == "cat_26"
+
+
+BAGS = (3,) + (1,) * 24 + (2,)
+
+
+def bag_line(rnd, label="1"):
+    """A line whose cat_1 holds 0..3 values and cat_26 0..2 (empty: missing), the rest one each."""
+    def bag(k):
+        return ",".join(f"{rnd.getrandbits(32):08x}" for _ in range(k))
+    cat = [bag(rnd.randint(0, 3))] + [bag(1) for _ in range(24)] + [bag(rnd.randint(0, 2))]
+    return "\t".join([label, *[str(rnd.randint(0, 9)) for _ in range(13)], *cat])
+
+
+def test_bags_match_a_plain_python_reading(tmp_path):
+    rnd = random.Random(3)
+    text = "\n".join(bag_line(rnd, str(i % 2)) for i in range(400)) + "\n"
+    blocks = list(read_blocks(write(tmp_path, text), block_bytes=4096, bags=BAGS))
+    cat = np.concatenate([b.cat for b in blocks])
+    count = np.concatenate([b.count for b in blocks])
+    assert cat.shape == (400, 3 + 24 + 2) and count.shape == (400, 26)
+    for i, raw in enumerate(text.splitlines()):
+        fields = raw.split("\t")[14:]
+        for j, (start, size) in ((0, (0, 3)), (25, (27, 2))):
+            values = [int(x, 16) for x in fields[j].split(",")] if fields[j] else []
+            assert count[i, j] == len(values)
+            assert cat[i, start:start + size].tolist() == values + [0] * (size - len(values))
+        assert cat[i, 3:27].tolist() == [int(x, 16) for x in fields[1:25]]
+    assert {int(c) for c in count[:, 0]} == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("00000001,00000002,00000003,00000004", "categorical feature cat_1 is '00000001,00000002,00000003,00000004', "
+                                            "not 1 to 3 values of 8 hex digits joined by commas (its bag size)"),
+    ("00000001;00000002", "categorical feature cat_1 is '00000001;00000002', not 1 to 3 values"),
+    ("00000001,", "categorical feature cat_1 is '00000001,', not 1 to 3 values"),
+    ("00000001,0000000x", "categorical feature cat_1 is '00000001,0000000x', not 1 to 3 values"),
+])
+def test_a_bad_bag_is_refused_by_file_and_line(tmp_path, bad, message):
+    rnd = random.Random(4)
+    fields = bag_line(rnd).split("\t")
+    fields[14] = bad
+    path = write(tmp_path, "\n".join([bag_line(rnd), "\t".join(fields)]) + "\n")
+    with pytest.raises(FormatError) as e:
+        list(read_blocks(path, bags=BAGS))
+    assert str(e.value).startswith(f"{path}, line 2: {message}")
+    with pytest.raises(FormatError, match="not 8 hex digits \\(a multi-hot feature: convert with --bag-sizes\\)"):
+        list(read_blocks(path))  # read one-hot, a bag is named as one
