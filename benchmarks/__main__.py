@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import common
 
-BENCHMARKS = ("fused_update", "memory", "sharded", "phases", "trainer", "precision", "async_cost")
+BENCHMARKS = ("fused_update", "memory", "sharded", "phases", "trainer", "precision", "async_cost", "bags")
 OPTIONAL = ("checkpoint",)  # run when its module exists (another part of the project provides it)
 
 

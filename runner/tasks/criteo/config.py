@@ -31,6 +31,14 @@ class Pooling(str, Enum):
     mean = "mean"
 
 
+class CriteoLogs(str, Enum):
+    """Which logs a run expects: generated ones, or a preset's real ones (then data.path is required)."""
+
+    any = "any"  # data.path if set, else generated logs
+    kaggle = "kaggle"  # Kaggle Display Advertising's train.txt (experiment=criteo_kaggle)
+    terabyte = "terabyte"  # Criteo Terabyte's day_0 ... day_23, split by day (experiment=criteo_terabyte)
+
+
 @dataclass
 class CriteoDataConfig:
     """Click logs in the Criteo format, converted into shards (``python -m runner.prepare criteo``), or
@@ -38,6 +46,7 @@ class CriteoDataConfig:
 
     name: str = "criteo"
     path: Optional[str] = None  # a folder written by python -m runner.prepare criteo; None = generated logs
+    logs: CriteoLogs = CriteoLogs.any  # kaggle / terabyte: a preset for real logs, which refuses to run without data.path
     ids: CriteoIds = CriteoIds.vocab
     hash_rows: int = hparam(100_000, "data.ids=hash: most rows a feature's table gets (DLRM's max-ind-range); "
                             "model.tables.<cat_NN>.vocab sets one table's", low=3, high=MAX_ROWS)

@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from ...errors import PreflightError
 from .. import TASKS
 from ..ranking.auc import auc
-from .config import CriteoIds, Pooling
+from .config import CriteoIds, CriteoLogs, Pooling
 from .ids import FIRST, HashIds, VocabIds, vocabulary
 from .model import DCN, DLRM, TABLES
 from .order import examples
@@ -43,6 +43,7 @@ from .tsv import ONE_HOT
 
 SPLITS = ("valid", "test")
 MODELS = ("dlrm", "dcn")
+PRESET_FILES = {CriteoLogs.kaggle: "train.txt", CriteoLogs.terabyte: "day_0.gz ... day_23.gz"}
 MIN_EXAMPLES = 100  # per split: fewer gives an evaluation without both labels (AUC undefined)
 
 
@@ -85,6 +86,11 @@ def check(cfg: DictConfig) -> None:
         raise PreflightError(f"model.tables.<name>.width={widths}: model={cfg.model.name}'s tables all have "
                              f"model.emb_width={cfg.model.emb_width} (its features meet in dot products or one "
                              f"stacked input); unset them, or set model.emb_width")
+    logs = CriteoLogs(cfg.data.get("logs", "any"))
+    if logs is not CriteoLogs.any and not cfg.data.path:
+        raise PreflightError(f"data.logs={logs.value} trains on the real Criteo {logs.value} logs, and data.path is "
+                             f"unset: convert them (python -m runner.prepare criteo {PRESET_FILES[logs]} --out DIR) "
+                             f"and set data.path=DIR")
     if not cfg.data.path:
         bad = _spec(cfg.data).problems()
         if bad:
@@ -123,7 +129,12 @@ class CriteoTask:
         folder = Path(cfg.data.path) if cfg.data.path else generated(cfg)
         fixed = {n: int(t.vocab) for n, t in (cfg.model.get("tables") or {}).items() if t.get("vocab")}
         with open(folder / "manifest.json") as f:
-            bags = tuple(json.load(f)["bags"])
+            manifest = json.load(f)
+        bags = tuple(manifest["bags"])
+        if CriteoLogs(cfg.data.get("logs", "any")) is CriteoLogs.terabyte and manifest["split"] != "day":
+            raise PreflightError(f"data.logs=terabyte evaluates on the last day, but data.path={folder} was split "
+                                 f"{manifest['split']} (one input file); convert the day_<d> files together, or use "
+                                 f"data.logs=any")
         if CriteoIds(cfg.data.ids) is CriteoIds.vocab:  # an Enum member in a structured config
             ids = vocabulary(folder, int(cfg.data.min_count), bags)
             small = {n: (v, ids.table_rows()[TABLES.index(n)]) for n, v in fixed.items()
@@ -152,8 +163,26 @@ class CriteoTask:
         under a vocabulary every rare one), each example holding up to its bag size of them."""
         return {n: (r - 1, b) for n, r, b in zip(TABLES, self.ids.table_rows(), self.ids.bags)}
 
+    @property
+    def num_train_examples(self) -> int:
+        """The training split's examples: what ``trainer.epochs`` counts passes over."""
+        return len(self.splits["train"])
+
+    def data_metrics(self) -> dict[str, int]:
+        """``data/bad_lines``: the input lines the conversion skipped (``--max-bad-lines``; 0 unless allowed)."""
+        return {"data/bad_lines": int(self.splits["train"].manifest.get("bad_lines", 0))}
+
+    def warnings(self) -> list[str]:
+        """What a run says about its data before it trains (runner.app prints it)."""
+        m = self.splits["train"].manifest
+        if not m.get("bad_lines"):
+            return []
+        first = next((f["first_bad"] for f in m["files"] if f.get("first_bad")), None)
+        return [f"note: {self.folder} was converted skipping {m['bad_lines']:,} bad input lines (--max-bad-lines "
+                f"{m.get('max_bad_lines')} per file; counted in data/bad_lines); the first: {first}"]
+
     def metric_names(self) -> list[str]:
-        names = [f"{s}/{m}" for s in SPLITS for m in ("auc", "logloss")]
+        names = [f"{s}/{m}" for s in SPLITS for m in ("auc", "logloss", "accuracy")]
         return names + ([f"bayes/{s}/auc" for s in SPLITS] if self.truth else [])
 
     def make_model(self, specs, model_cfg: DictConfig):
@@ -171,8 +200,8 @@ class CriteoTask:
         return {"train/auc": auc(host_batch["label"], np.asarray(outputs["probs"]))}
 
     def evaluate(self, predict: Callable, state: Any, put: Callable, batch_size: int) -> dict[str, float]:
-        """AUC and log loss of each held-out split (its first ``data.eval_examples``), and on generated logs the
-        Bayes-optimal AUC of the same labels."""
+        """AUC, log loss and accuracy (a click predicted above 0.5) of each held-out split (its first
+        ``data.eval_examples``), and on generated logs the Bayes-optimal AUC of the same labels."""
         out: dict[str, float] = {}
         for split in SPLITS:
             data = self.splits[split]
@@ -189,6 +218,7 @@ class CriteoTask:
             p = np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7)
             out[f"{split}/auc"] = auc(labels, scores)
             out[f"{split}/logloss"] = float(-(labels * np.log(p) + (1 - labels) * np.log(1 - p)).mean())
+            out[f"{split}/accuracy"] = float(((scores > 0.5) == (labels > 0)).mean())  # the DLRM reference's
             if self.truth:
                 out[f"bayes/{split}/auc"] = auc(labels, truth)
         return out

@@ -124,6 +124,7 @@ BAD = [
     (["model=dlrm", "data.bags=[0]"], "data.bags: bag sizes [0]: 26 integers in 1..255"),
     (["model=dlrm", "data.bags=[2]", "data.path=/x"], "data.bags=[2] describes generated logs, but data.path=/x"),
     (["model=dlrm", "model.pooling=max"], "model.pooling"),
+    (["model=dlrm", "data.logs=kagle"], "data.logs"),
     (["model=dlrm", "data.ids=hash", "model.tables.cat_01.vocab=2"], "a hashed table needs >= 3 rows"),
     (["model=dcn", "model.tables.cat_07.width=3"], "model.tables.<name>.width={'cat_07': 3}: model=dcn's tables all"),
 ]
@@ -174,6 +175,7 @@ def test_evaluation_scores_the_splits_against_their_true_click_probabilities(tmp
         assert out[f"{split}/auc"] == pytest.approx(got[split][0]) and out[f"bayes/{split}/auc"] == out[f"{split}/auc"]
         y, p = got[split][1]["label"], got[split][1]["p"].astype(np.float64)
         assert out[f"{split}/logloss"] == pytest.approx(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean(), rel=1e-6)
+        assert out[f"{split}/accuracy"] == pytest.approx(np.mean((p > 0.5) == (y == 1)))
     assert set(calls) == {512}  # 3 batches per split, the last padded to the compiled size
     flat = task.evaluate(lambda state, b: np.full(b["cat"].shape[0], 0.3), None, lambda b: b, 512)
     assert flat["valid/auc"] == 0.5 and flat["bayes/valid/auc"] == out["bayes/valid/auc"]
@@ -238,3 +240,42 @@ def test_the_id_map_is_the_one_data_ids_names(tmp_path):
     assert [r - 2 for r in vocab.ids.table_rows()] == [len(v) for v in vocab.ids.values]
     hashed = make_task(compose_config(base + ["data.ids=hash", "data.hash_rows=7"], tiny=False))
     assert isinstance(hashed.ids, HashIds) and max(hashed.ids.table_rows()) == 7
+
+
+def test_lines_skipped_at_conversion_are_reported_by_the_run(tmp_path):
+    from runner.tasks.criteo.ids import HashIds
+    from runner.tasks.criteo.prepare import convert
+    from runner.tasks.criteo.synthetic import CriteoSpec, write_logs
+    from runner.tasks.criteo.task import CriteoTask
+
+    (log,) = write_logs(CriteoSpec(lines=3000), tmp_path / "logs")
+    with open(log, "a") as f:
+        f.write("2" + "\t" * 39 + "\n" + "1\tx" + "\t" * 38 + "\n")  # a label of 2, then an integer feature 'x'
+    convert([log], tmp_path / "s", max_bad_lines=2)
+    task = CriteoTask(tmp_path / "s", HashIds([50] * 26), seed=0, eval_examples=100)
+    assert task.data_metrics() == {"data/bad_lines": 2}
+    (note,) = task.warnings()
+    assert "skipping 2 bad input lines (--max-bad-lines 2 per file" in note and ":3001: " in note
+
+
+def test_the_real_log_presets_need_their_logs(tmp_path):
+    """experiment=criteo_kaggle / criteo_terabyte compose the reference models and stop, naming data.path,
+    rather than train on generated logs; the Terabyte preset refuses a folder not split by day."""
+    from runner.errors import PreflightError
+    from runner.tasks import make_task
+    from runner.tasks.criteo.task import generated
+    from tests.runner.support import compose_config
+
+    folder = generated(compose_config(["data=criteo", "model=dlrm", "data.lines=3000", f"data.cache={tmp_path}"],
+                                      tiny=False))
+    kaggle = compose_config(["experiment=criteo_kaggle"], tiny=False)
+    assert (kaggle.model.emb_width, list(kaggle.model.bottom), list(kaggle.model.top)) == (16, [512, 256, 64], [512, 256])
+    with pytest.raises(PreflightError, match=r"data.logs=kaggle trains on the real Criteo kaggle logs, and data.path "
+                                             r"is unset: convert them \(python -m runner.prepare criteo train.txt"):
+        make_task(kaggle)
+    task = make_task(compose_config(["experiment=criteo_kaggle", f"data.path={folder}"], tiny=False))
+    assert task.num_train_examples == json.loads((folder / "manifest.json").read_text())["splits"]["train"]["examples"]
+    tb = compose_config(["experiment=criteo_terabyte", f"data.path={folder}"], tiny=False)
+    assert (tb.model.emb_width, tb.data.hash_rows, tb.trainer.batch_size) == (128, 40_000_000, 2048)
+    with pytest.raises(PreflightError, match="data.logs=terabyte evaluates on the last day, but data.path=.* was split seeded"):
+        make_task(tb)
