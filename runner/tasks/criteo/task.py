@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -58,6 +59,8 @@ def generated(cfg: DictConfig) -> Path:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    logging.getLogger("runner").info("generating %s Criteo-format lines (data.lines) and converting them into %s: "
+                                     "once, later runs of the same data settings reuse them", f"{spec.lines:,}", folder)
     try:
         logs = write_logs(spec, work / "logs")
         convert(logs, work / "shards", seed=spec.seed, bags=spec.bags)
