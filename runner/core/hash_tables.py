@@ -1,0 +1,291 @@
+"""Hash embedding tables: raw 64-bit ids mapped to a fixed number of slots inside the jitted step.
+
+A table of ``kind=hash`` holds ``capacity`` slots. Each slot has a key (the 64-bit id it holds, as two uint32
+halves, since JAX runs without 64-bit integers), the step it was last seen at and how often it was seen; its
+row is row ``slot + 1`` of the table (row 0 is padding, as in every table; with ``default=shared`` row
+``capacity + 1`` is the row every id without a slot reads and trains). The fused optimizers see only rows:
+the mapping happens before the lookup, and dedupe, segment-sum, gate and scatter work on rows as for a dense
+table.
+
+The policy of one step, on the batch's distinct ids in ascending 64-bit order (``assign``; the test's plain
+Python dict reference implements the same words):
+
+1. **Lookup.** An id lives in one of the ``probes`` slots after its home ``hash(id) mod capacity`` (open
+   addressing with a bounded window, so a lookup is one fixed-size gather). A hit sets the slot's last step
+   to this step and adds the id's occurrences to its count.
+2. **Admission.** A missing id's occurrences go into a count-min sketch (``depth`` rows of ``width``
+   counters, saturating at ``admit_after``); it asks for a slot once its estimate reaches ``admit_after``
+   (1: at first sight, no sketch).
+3. **Choice.** It takes, in its window, the first empty slot; else a slot it may evict: ``lru`` the least
+   recently seen, ``lfu`` the least often seen (then the least recently), ``ttl`` the least recently seen
+   among those not seen for more than ``ttl`` steps (none: no slot). A slot seen this step is never evicted.
+   The missing ids choose together, against the table as the lookup left it; when several choose one slot
+   the smallest id gets it and the others choose again among the slots still free to take, up to ``rounds``
+   times (an id still without a slot then tries again at its next sighting).
+4. **Reset.** A slot given to a new id gets the key, last step = this step, count = its occurrences; its row
+   is drawn afresh (a normal row of the table's ``init_scale`` that depends only on the id) and its
+   optimizer state is the optimizer's initial state of a row, as if the row had never been trained.
+
+Memory: 16 bytes per slot (8 key, 4 last step, 4 count) and the sketch (``depth * width * 4`` bytes, fixed);
+nothing grows with the ids seen.
+
+Async mode: the deferred update of step t-1 names rows; if step t gives one of them to another id, the
+update's gradient for it is dropped (it was computed for the id that lost the slot) and counted
+(``emb/stale_dropped/<table>``). Only then: an update of a row whose id kept its slot lands as in a dense table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from optimizers.rounding import mix32
+
+from .embeddings import normal_block
+
+EVICT_POLICIES = ("lru", "lfu", "ttl")
+DEFAULTS = ("zeros", "shared")
+PAD = np.uint32(0)
+_GOLDEN = np.uint32(0x9E3779B9)
+
+
+@dataclasses.dataclass(frozen=True)
+class HashSpec:
+    """One hash table's policy (``model.tables.<name>``: kind=hash and the settings below)."""
+
+    capacity: int  # slots
+    admit_after: int = 1  # occurrences (sketch estimate) before an id gets a slot; 1 = at first sight
+    evict: str = "lru"  # lru | lfu | ttl
+    ttl: int = 0  # evict=ttl: a slot not seen for more than ttl steps may be given to another id
+    default: str = "zeros"  # what an id without a slot reads: zeros (and no update) or a shared trained row
+    probes: int = 16  # window of slots an id may live in, after its home slot
+    rounds: int = 16  # an id that lost its choice to a smaller id chooses again, up to this many times a step
+    sketch_depth: int = 4
+    sketch_width: int = 1 << 16
+
+    @property
+    def rows(self) -> int:
+        """Rows the table stores: padding row 0, one per slot, and the shared default row."""
+        return self.capacity + 2
+
+    @property
+    def shared_row(self) -> int:
+        return self.capacity + 1
+
+
+class HashState(NamedTuple):
+    """A hash table's slots and sketch: part of the train state (checkpointed and digested with it)."""
+
+    keys: jax.Array  # uint32 [capacity, 2]: (high, low) halves of the id held; (0, 0) = empty
+    last: jax.Array  # int32 [capacity]: step the slot's id was last seen at; -1 = empty
+    count: jax.Array  # int32 [capacity]: occurrences of the slot's id since it got the slot
+    sketch: jax.Array  # int32 [depth, width]: count-min counts of ids without a slot (saturating)
+
+
+class Assigned(NamedTuple):
+    """What ``assign`` did this step."""
+
+    slots: jax.Array  # int32, the batch's shape: each id's slot, -1 for none (padding or not admitted)
+    fresh: jax.Array  # int32 [N]: slots given to a new id this step (capacity where none), N = batch ids
+    fresh_keys: jax.Array  # uint32 [N, 2]: the ids they were given to
+    admitted: jax.Array  # int32: ids given a slot
+    evicted: jax.Array  # int32: of those, slots that held another id
+    unadmitted: jax.Array  # int32: lookups (with repeats) of ids with no slot after the step, padding excluded
+
+
+def init_state(spec: HashSpec) -> HashState:
+    c = spec.capacity
+    return HashState(jnp.zeros((c, 2), jnp.uint32), jnp.full((c,), -1, jnp.int32), jnp.zeros((c,), jnp.int32),
+                     jnp.zeros((spec.sketch_depth, spec.sketch_width), jnp.int32))
+
+
+# ----- ids: fingerprints on the host, hashes in the step --------------------------------------------------
+def fingerprint(ids: Any) -> np.ndarray:
+    """uint32 [..., 2] (high, low) of raw ids: int64 ids as their own 64 bits, strings by an 8-byte blake2b.
+    Id 0 and the empty string are padding (0, 0); an id that would fingerprint to (0, 0) otherwise (string
+    hashes only) becomes 1."""
+    a = np.asarray(ids)
+    if a.dtype.kind in "iu":
+        u = a.astype(np.int64).view(np.uint64)
+    elif a.dtype.kind in "UOS":
+        flat = [int.from_bytes(hashlib.blake2b(str(s).encode(), digest_size=8).digest(), "little") if str(s) else 0
+                for s in a.reshape(-1)]
+        u = np.asarray(flat, np.uint64).reshape(a.shape)
+        u = np.where((u == 0) & (a != ""), np.uint64(1), u)
+    else:
+        raise TypeError(f"raw ids must be integers or strings, not {a.dtype}")
+    return np.stack([(u >> np.uint64(32)).astype(np.uint32), (u & np.uint64(0xFFFFFFFF)).astype(np.uint32)], -1)
+
+
+def key_hash(hi: jax.Array, lo: jax.Array, salt: int) -> jax.Array:
+    """uint32 hash of a 64-bit id (hi, lo) under ``salt``: 0 = the home slot, 1.. = the sketch's rows."""
+    h = mix32(hi ^ jnp.uint32((salt * 0x9E3779B9 + 0x7F4A7C15) & 0xFFFFFFFF))
+    return mix32(h ^ (lo * jnp.uint32(0x85EBCA77) + jnp.uint32(salt)))
+
+
+# ----- the step's mapping ------------------------------------------------------------------------------
+def _distinct(keys: jax.Array):
+    """The distinct non-padding ids of ``keys`` [N, 2] in ascending 64-bit order, padded to N with (0, 0):
+    (hi, lo, valid, occurrences [N], inverse [N]: each position's index into them, N for padding)."""
+    n = keys.shape[0]
+    hi, lo = keys[:, 0], keys[:, 1]
+    pad = ((hi | lo) == 0).astype(jnp.uint32)
+    ps, hs, ls, perm = lax.sort((pad, hi, lo, jnp.arange(n, dtype=jnp.int32)), num_keys=3)
+    real = ps == 0
+    new = jnp.concatenate([jnp.ones((1,), bool), (hs[1:] != hs[:-1]) | (ls[1:] != ls[:-1])]) & real
+    uid = jnp.where(real, jnp.cumsum(new) - 1, n).astype(jnp.int32)
+    at = jnp.where(new, uid, n)
+    uh = jnp.zeros((n,), jnp.uint32).at[at].set(hs, mode="drop")
+    ul = jnp.zeros((n,), jnp.uint32).at[at].set(ls, mode="drop")
+    occ = jnp.zeros((n,), jnp.int32).at[uid].add(1, mode="drop")
+    inverse = jnp.zeros((n,), jnp.int32).at[perm].set(uid)
+    valid = jnp.arange(n) < jnp.sum(new)
+    return uh, ul, valid, occ, inverse
+
+
+def _window(spec: HashSpec, uh, ul):
+    home = key_hash(uh, ul, 0) % jnp.uint32(spec.capacity)
+    probes = min(spec.probes, spec.capacity)
+    return ((home[:, None] + jnp.arange(probes, dtype=jnp.uint32)[None, :]) % jnp.uint32(spec.capacity)
+            ).astype(jnp.int32)
+
+
+def _find(spec: HashSpec, state: HashState, uh, ul, valid):
+    """(hit, slot, window) of each distinct id: whether it holds a slot in its window, and which."""
+    win = _window(spec, uh, ul)
+    wk = state.keys[win]
+    match = (wk[..., 0] == uh[:, None]) & (wk[..., 1] == ul[:, None]) & valid[:, None]
+    hit = jnp.any(match, axis=1)
+    slot = jnp.take_along_axis(win, jnp.argmax(match, axis=1)[:, None], 1)[:, 0]
+    return hit, jnp.where(hit, slot, -1), win
+
+
+def _lexmin(mask_and_keys: list[jax.Array]) -> jax.Array:
+    """Per row, the index of the lexicographically smallest tuple of the given [N, P] int32 keys."""
+    keep = jnp.ones(mask_and_keys[0].shape, bool)
+    for k in mask_and_keys:
+        big = jnp.iinfo(jnp.int32).max
+        v = jnp.where(keep, k, big)
+        keep &= v == jnp.min(v, axis=1, keepdims=True)
+    return jnp.argmax(keep, axis=1)
+
+
+def _choose(spec: HashSpec, last, count, win, wants, step):
+    """(slot, won) of each id that wants one: its choice in its window (first empty, else the policy's
+    victim among the evictable), and whether it keeps it (the smallest id choosing a slot does)."""
+    n, c = win.shape[0], spec.capacity
+    wl, wc = last[win], count[win]
+    empty = wl < 0
+    limit = step - spec.ttl if spec.evict == "ttl" else step  # a slot seen at or after it is kept
+    evictable = ~empty & (wl < limit)
+    cls = jnp.where(empty, 0, jnp.where(evictable, 1, 2)).astype(jnp.int32)
+    j = _lexmin([cls, wc, wl] if spec.evict == "lfu" else [cls, wl])
+    pick = jnp.take_along_axis(win, j[:, None], 1)[:, 0]
+    can = wants & (jnp.take_along_axis(cls, j[:, None], 1)[:, 0] < 2)
+    chosen = jnp.where(can, pick, c)
+    owner = jnp.full((c + 1,), n, jnp.int32).at[chosen].min(jnp.arange(n, dtype=jnp.int32))
+    return chosen, can, can & (owner[chosen] == jnp.arange(n))
+
+
+def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array) -> tuple[HashState, Assigned]:
+    """One step of the policy (module docstring) for the ids ``keys`` [..., 2] uint32 at step ``step``."""
+    shape = keys.shape[:-1]
+    keys = keys.reshape(-1, 2).astype(jnp.uint32)
+    n, c = keys.shape[0], spec.capacity
+    step = jnp.asarray(step, jnp.int32)
+    uh, ul, valid, occ, inverse = _distinct(keys)
+    hit, slot, win = _find(spec, state, uh, ul, valid)
+    last = state.last.at[jnp.where(hit, slot, c)].set(step, mode="drop")
+    count = state.count.at[jnp.where(hit, slot, c)].add(occ, mode="drop")
+    miss = valid & ~hit
+    sketch = state.sketch
+    if spec.admit_after > 1:
+        cols = [(key_hash(uh, ul, d + 1) % jnp.uint32(spec.sketch_width)).astype(jnp.int32)
+                for d in range(spec.sketch_depth)]
+        for d in range(spec.sketch_depth):
+            sketch = sketch.at[d, jnp.where(miss, cols[d], spec.sketch_width)].add(occ, mode="drop")
+        sketch = jnp.minimum(sketch, spec.admit_after)
+        est = jnp.min(jnp.stack([sketch[d, cols[d]] for d in range(spec.sketch_depth)]), axis=0)
+        wants = miss & (est >= spec.admit_after)
+    else:
+        wants = miss
+    def round_(carry):  # the ids that lost a slot to a smaller id choose again among the rest
+        i, keys_, last_, count_, fresh, evicted, wants_, _ = carry
+        chosen, can, won = _choose(spec, last_, count_, win, wants_, step)
+        evicted += jnp.sum(won & (state.last.at[chosen].get(mode="fill", fill_value=-1) >= 0)).astype(jnp.int32)
+        at = jnp.where(won, chosen, c)
+        keys_ = keys_.at[at].set(jnp.stack([uh, ul], -1), mode="drop")
+        last_ = last_.at[at].set(step, mode="drop")  # taken: neither empty nor evictable in the next round
+        count_ = count_.at[at].set(occ, mode="drop")
+        return (i + 1, keys_, last_, count_, jnp.where(won, chosen, fresh), evicted, wants_ & ~won,
+                jnp.any(can & ~won))
+
+    carry = (jnp.int32(0), state.keys, last, count, jnp.full((n,), c, jnp.int32), jnp.int32(0), wants,
+             jnp.any(wants))
+    _, new_keys, last, count, fresh, evicted, _, _ = lax.while_loop(
+        lambda cr: (cr[0] < spec.rounds) & cr[7], round_, carry)
+    won = fresh < c
+    chosen = fresh
+    uslot = jnp.where(hit, slot, jnp.where(won, chosen, -1))
+    slots = jnp.concatenate([uslot, jnp.full((1,), -1, jnp.int32)])[inverse]
+    real = (keys[:, 0] | keys[:, 1]) != 0
+    out = Assigned(slots.reshape(shape), fresh, jnp.stack([uh, ul], -1), jnp.sum(won).astype(jnp.int32), evicted,
+                   jnp.sum(real & (slots < 0)).astype(jnp.int32))
+    return HashState(new_keys, last, count, sketch), out
+
+
+def find(spec: HashSpec, state: HashState, keys: jax.Array) -> jax.Array:
+    """Each id's slot, -1 for none: the read-only lookup (evaluation), which changes nothing."""
+    shape = keys.shape[:-1]
+    k = keys.reshape(-1, 2).astype(jnp.uint32)
+    valid = (k[:, 0] | k[:, 1]) != 0
+    _, slot, _ = _find(spec, state, k[:, 0], k[:, 1], valid)
+    return slot.reshape(shape)
+
+
+def rows_of(spec: HashSpec, slots: jax.Array, out_of_range: int) -> jax.Array:
+    """The table rows of ``slots``: slot i is row i + 1; no slot is the shared row (default=shared) or the
+    out-of-range id ``out_of_range`` (reads zeros, updates nothing). Padding ids read row 0 in neither case:
+    the caller passes their mask."""
+    none = spec.shared_row if spec.default == "shared" else out_of_range
+    return jnp.where(slots >= 0, slots + 1, none).astype(jnp.int32)
+
+
+def occupancy(state: HashState) -> jax.Array:
+    return jnp.mean((state.last >= 0).astype(jnp.float32))
+
+
+# ----- resetting the rows given to new ids --------------------------------------------------------------
+def fresh_rows(spec: HashSpec, seed: jax.Array, fresh_keys: jax.Array, width: int, init_scale: float) -> jax.Array:
+    """[N, width] float32: the initial row of each id, a function of (seed, id) only."""
+    r = key_hash(fresh_keys[:, 0], fresh_keys[:, 1], 0x51ED)
+    return normal_block(seed, r, jnp.arange(width)) * jnp.float32(init_scale)
+
+
+def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: Any, assigned: Assigned,
+               seed: jax.Array, init_scale: float):
+    """The table and optimizer state with each slot given to a new id reset: its row drawn afresh, each per-row
+    leaf of its optimizer state (leading dim = the table's rows) set to ``initial_state``'s row 0 (the
+    optimizer's state of a row never trained)."""
+    rows = jnp.where(assigned.fresh < spec.capacity, assigned.fresh + 1, table.shape[0])
+    vals = fresh_rows(spec, seed, assigned.fresh_keys, table.shape[1], init_scale).astype(table.dtype)
+    table = table.at[rows].set(vals, mode="drop")
+
+    def reset(leaf, init):
+        if getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == table.shape[0]:
+            fill = jnp.broadcast_to(init[0], (rows.shape[0], *leaf.shape[1:])).astype(leaf.dtype)
+            return leaf.at[rows].set(fill, mode="drop")
+        return leaf
+
+    return table, jax.tree.map(reset, opt_state, initial_state)
+
+
+def reassigned_rows(spec: HashSpec, assigned: Assigned, num_rows: int) -> jax.Array:
+    """bool [num_rows + 1]: rows given to a new id this step (index num_rows: the out-of-range id, False)."""
+    rows = jnp.where(assigned.fresh < spec.capacity, assigned.fresh + 1, num_rows)
+    return jnp.zeros((num_rows + 1,), bool).at[rows].set(True, mode="drop").at[num_rows].set(False)

@@ -1,0 +1,181 @@
+"""Hash tables' mapping against a plain Python dict reference of the same policy (``runner/core/hash_tables.py``):
+identical slots, admissions and evictions over a drifting id stream, for every eviction policy, with and
+without admission."""
+from __future__ import annotations
+
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from runner.core import hash_tables as ht
+
+M32 = 0xFFFFFFFF
+
+
+def _mix32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & M32
+    return x ^ (x >> 16)
+
+
+def _hash(key: int, salt: int) -> int:
+    hi, lo = key >> 32, key & M32
+    h = _mix32(hi ^ ((salt * 0x9E3779B9 + 0x7F4A7C15) & M32))
+    return _mix32(h ^ (((lo * 0x85EBCA77) & M32) + salt) & M32)
+
+
+class DictTable:
+    """The policy in plain Python: a dict from id to slot, lists of per-slot metadata, a count-min sketch."""
+
+    def __init__(self, spec: ht.HashSpec):
+        self.spec = spec
+        c = spec.capacity
+        self.slot_of: dict[int, int] = {}
+        self.key_of: list[int | None] = [None] * c
+        self.last, self.count = [-1] * c, [0] * c
+        self.sketch = np.zeros((spec.sketch_depth, spec.sketch_width), np.int64)
+
+    def step(self, ids: list[int], s: int):
+        sp, c = self.spec, self.spec.capacity
+        occ = Counter(k for k in ids if k != 0)
+        for k in sorted(occ):
+            if k in self.slot_of:
+                sl = self.slot_of[k]
+                self.last[sl], self.count[sl] = s, self.count[sl] + occ[k]
+        misses = [k for k in sorted(occ) if k not in self.slot_of]
+        if sp.admit_after > 1:
+            for k in misses:
+                for d in range(sp.sketch_depth):
+                    self.sketch[d, _hash(k, d + 1) % sp.sketch_width] += occ[k]
+            np.minimum(self.sketch, sp.admit_after, out=self.sketch)
+            wants = [k for k in misses if min(self.sketch[d, _hash(k, d + 1) % sp.sketch_width]
+                                              for d in range(sp.sketch_depth)) >= sp.admit_after]
+        else:
+            wants = misses
+        evicted, admitted, taken = 0, 0, set()
+        for _ in range(sp.rounds):  # the ids that lost a slot to a smaller id choose again
+            choice = {}
+            for k in wants:
+                window = [(_hash(k, 0) % c + j) % c for j in range(min(sp.probes, c))]
+                empty = [sl for sl in window if self.last[sl] < 0]
+                if empty:
+                    choice[k] = empty[0]
+                    continue
+                limit = s - sp.ttl if sp.evict == "ttl" else s
+                old = [(j, sl) for j, sl in enumerate(window) if self.last[sl] < limit]
+                if old:
+                    rank = (lambda js: (self.count[js[1]], self.last[js[1]], js[0])) if sp.evict == "lfu" else (
+                        lambda js: (self.last[js[1]], js[0]))
+                    choice[k] = min(old, key=rank)[1]
+            winner = {}
+            for k, sl in choice.items():  # keys in ascending order: the first to choose a slot keeps it
+                winner.setdefault(sl, k)
+            for sl, k in winner.items():
+                if self.key_of[sl] is not None:
+                    evicted += 1
+                    del self.slot_of[self.key_of[sl]]
+                self.key_of[sl], self.slot_of[k] = k, sl
+                self.last[sl], self.count[sl] = s, occ[k]
+            admitted += len(winner)
+            wants = [k for k in wants if k not in self.slot_of]
+        slots = [self.slot_of.get(k, -1) if k else -1 for k in ids]
+        return slots, admitted, evicted
+
+
+def drifting_stream(steps: int, batch: int, population: int, active: int, drift: float, seed: int = 0):
+    """[steps, batch] uint64 raw ids: Zipf draws from a window of ``active`` ids sliding ``drift`` ids per step
+    over a population of random 64-bit ids; about a tenth of the positions are padding (0)."""
+    rng = np.random.default_rng(seed)
+    pop = rng.integers(1, 2**63, size=population, dtype=np.int64).astype(np.uint64)
+    ranks = np.minimum(rng.zipf(1.3, size=(steps, batch)) - 1, active - 1)
+    offset = (np.arange(steps) * drift).astype(np.int64)[:, None]
+    ids = pop[(offset + ranks) % population]
+    ids[rng.random((steps, batch)) < 0.1] = 0
+    return ids
+
+
+def run_jax(spec: ht.HashSpec, ids: np.ndarray):
+    keys = jnp.asarray(ht.fingerprint(ids.view(np.int64)))
+
+    def body(state, x):
+        s, k = x
+        state, a = ht.assign(spec, state, k, s)
+        return state, (a.slots, a.admitted, a.evicted, a.unadmitted)
+
+    steps = jnp.arange(ids.shape[0], dtype=jnp.int32)
+    state, out = jax.jit(lambda st: jax.lax.scan(body, st, (steps, keys)))(ht.init_state(spec))
+    return state, jax.tree.map(np.asarray, out)
+
+
+def run_dict(spec: ht.HashSpec, ids: np.ndarray):
+    ref = DictTable(spec)
+    out = [ref.step([int(k) for k in row], s) for s, row in enumerate(ids)]
+    return ref, out
+
+
+POLICIES = [dict(evict="lru"), dict(evict="lfu"), dict(evict="ttl", ttl=20), dict(evict="lru", admit_after=3),
+            dict(evict="lfu", admit_after=2, sketch_width=64), dict(evict="ttl", ttl=5, admit_after=2)]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+def test_mapping_matches_the_dict_reference(policy):
+    spec = ht.HashSpec(capacity=48, probes=6, sketch_width=policy.pop("sketch_width", 1024), **policy)
+    ids = drifting_stream(steps=1500, batch=40, population=2000, active=300, drift=0.3, seed=1)
+    state, (slots, admitted, evicted, unadmitted) = run_jax(spec, ids)
+    ref, out = run_dict(spec, ids)
+    assert [list(map(int, r)) for r in slots] == [o[0] for o in out]
+    assert list(admitted) == [o[1] for o in out]
+    assert list(evicted) == [o[2] for o in out]
+    assert list(unadmitted) == [sum(1 for k, sl in zip(row, o[0]) if k and sl < 0) for row, o in zip(ids, out)]
+    # the final table, slot by slot
+    keys = np.asarray(state.keys).astype(np.uint64)
+    held = [int((keys[i, 0] << np.uint64(32)) | keys[i, 1]) or None for i in range(spec.capacity)]
+    assert held == ref.key_of
+    assert list(np.asarray(state.last)) == ref.last and list(np.asarray(state.count)) == ref.count
+    assert sum(evicted) > 50 and sum(admitted) > 100, "the stream must exercise eviction"
+    if spec.admit_after > 1:
+        assert (np.asarray(state.sketch) == ref.sketch).all()
+        assert sum(unadmitted) > 0
+
+
+def test_ten_thousand_steps_of_a_drifting_stream():
+    """The issue's horizon: 10,000 steps, ids 10x the capacity, LRU with admission after 2 sightings."""
+    spec = ht.HashSpec(capacity=256, probes=8, admit_after=2, sketch_width=4096)
+    ids = drifting_stream(steps=10_000, batch=64, population=2560, active=600, drift=0.25, seed=2)
+    _, (slots, admitted, evicted, _) = run_jax(spec, ids)
+    _, out = run_dict(spec, ids)
+    assert np.array_equal(slots, np.asarray([o[0] for o in out]))
+    assert list(admitted) == [o[1] for o in out] and list(evicted) == [o[2] for o in out]
+    assert sum(evicted) > 1000
+
+
+def test_no_collisions_while_there_is_room():
+    """Distinct ids never share a slot, and an id keeps its slot while nothing evicts it."""
+    spec = ht.HashSpec(capacity=1024, probes=16)
+    ids = np.arange(1, 401, dtype=np.int64).reshape(4, 100) * 7919
+    state = ht.init_state(spec)
+    first = None
+    for s, row in enumerate(np.concatenate([ids, ids])):  # 100 new ids a step, then the same again
+        state, a = ht.assign(spec, state, jnp.asarray(ht.fingerprint(row)), s)
+        assert int(a.unadmitted) == 0
+        sl = np.asarray(a.slots)
+        assert len(set(sl.tolist())) == 100
+        if s == 0:
+            first = sl
+    assert np.array_equal(sl, np.asarray(ht.find(spec, state, jnp.asarray(ht.fingerprint(ids[3])))))
+    assert np.array_equal(first, np.asarray(ht.find(spec, state, jnp.asarray(ht.fingerprint(ids[0])))))
+    assert float(ht.occupancy(state)) == pytest.approx(400 / 1024)
+
+
+def test_fingerprints():
+    fp = ht.fingerprint(np.array([0, 1, -1, 2**40 + 3], np.int64))
+    assert fp.dtype == np.uint32 and fp.tolist() == [[0, 0], [0, 1], [M32, M32], [256, 3]]
+    s = ht.fingerprint(np.array(["", "user-1", "user-2", "user-1"]))
+    assert s[0].tolist() == [0, 0] and s[1].tolist() == s[3].tolist() != s[2].tolist() and (s[1:] != 0).any(-1).all()
+    with pytest.raises(TypeError, match="integers or strings"):
+        ht.fingerprint(np.array([1.5]))
