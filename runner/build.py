@@ -24,6 +24,7 @@ from .checkpoint import meta as checkpoint_meta
 from .config import ROUTE_SAMPLE_BATCHES, TableConfig
 from .core.dense_optimizer import DenseOptimizer
 from .core.embeddings import TableSpec, stored_rows
+from .core.hash_tables import HashSpec
 from .core.mesh import MeshPlan, build_mesh, resolve_axes
 from .core.step import TrainProgram
 from .errors import PreflightError
@@ -162,6 +163,15 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
     specs = {}
     for name, (id_range, tokens) in needs.items():
         t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
+        kind = str(t.kind)
+        if kind != "dense":
+            specs[name] = keyed_table(name, t, tokens, cfg.model.emb_width, shards)
+            continue
+        if id_range is None:
+            raise PreflightError(
+                f"table '{name}' gets raw 64-bit ids from the data (data.raw_ids), which a dense table cannot index; "
+                f"set model.tables.{name}.kind=hash with a capacity (slots, no collisions), or kind=modulo with a "
+                f"vocab (hash(id) mod vocab - 1 rows: distinct ids may share a row)")
         vocab = t.vocab or id_range + 1
         if vocab < id_range + 1:
             raise PreflightError(
@@ -171,6 +181,27 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
                                 rows=-(-vocab // shards) * shards, dtype=t.dtype, init_scale=t.init_scale,
                                 permute_ids=permuted[name])
     return specs
+
+
+def keyed_table(name: str, t: DictConfig, tokens: int, emb_width: int, shards: int) -> TableSpec:
+    """A table of kind hash or modulo: ids of any size (raw 64-bit ids, or the data's ids), no vocabulary."""
+    width = t.width or emb_width
+    if str(t.kind) == "modulo":
+        if t.vocab is None:
+            raise PreflightError(f"model.tables.{name}.kind=modulo needs model.tables.{name}.vocab (the rows ids "
+                                 f"are hashed onto, incl. the padding row 0), e.g. model.tables.{name}.vocab=100001")
+        return TableSpec(name, t.vocab, width, tokens, rows=-(-t.vocab // shards) * shards, dtype=t.dtype,
+                         init_scale=t.init_scale, kind="modulo")
+    if t.capacity is None:
+        raise PreflightError(f"model.tables.{name}.kind=hash needs model.tables.{name}.capacity (the ids it holds "
+                             f"at once), e.g. model.tables.{name}.capacity=100000")
+    if t.vocab is not None:
+        raise PreflightError(f"model.tables.{name}.vocab={t.vocab} is for dense and modulo tables; a hash table's "
+                             f"size is model.tables.{name}.capacity: remove the vocab")
+    spec = HashSpec(int(t.capacity), int(t.admit_after), str(t.evict), int(t.ttl), str(t.default), int(t.probes),
+                    sketch_width=int(t.sketch_width), admit_window=int(t.admit_window))
+    return TableSpec(name, spec.rows, width, tokens, rows=spec.rows, dtype=t.dtype, init_scale=t.init_scale,
+                     kind="hash", hash=spec)
 
 
 def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: dict[str, AsyncEmbContext],
@@ -282,6 +313,7 @@ def build_run(cfg: DictConfig) -> RunParts:
         raise PreflightError(str(e)) from None
     plan = MeshPlan(axes, cfg.mesh.table_axis, cfg.mesh.table_layout, cfg.mesh.routing)
     specs = table_specs(cfg, task, plan)
+    preflight.check_hash_tables(cfg, plan, specs)
     preflight.check_mesh(plan, available, cfg.trainer.batch_size, specs, cfg.async_emb.enabled,
                          cfg.mesh.pad_vocab)
 

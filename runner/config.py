@@ -33,6 +33,23 @@ class TableDType(Choice):
     bfloat16 = "bfloat16"  # fp32 optimizer state; fused optimizers round stochastically, optax ones to nearest (warned)
 
 
+class TableKind(Choice):
+    dense = "dense"  # [vocab, width] rows indexed by ids in [0, vocab)
+    hash = "hash"  # raw (64-bit) ids mapped to `capacity` slots in the step: admission, eviction, no collisions
+    modulo = "modulo"  # raw ids hashed modulo vocab - 1 rows (the hashing trick: distinct ids may share a row)
+
+
+class Evict(Choice):
+    lru = "lru"  # the least recently seen slot of the id's window
+    lfu = "lfu"  # the least often seen (then least recently)
+    ttl = "ttl"  # the least recently seen of those unseen for more than `ttl` steps; none: no slot
+
+
+class HashDefault(Choice):
+    zeros = "zeros"  # an id without a slot reads zeros and trains nothing
+    shared = "shared"  # it reads (and trains) one shared row
+
+
 class DistributedKind(Choice):
     none = "none"
     local = "local"
@@ -157,6 +174,20 @@ class TableConfig:
     width: Optional[int] = hparam(None, "this table's width; None = model.emb_width", low=1, high=MAX_WIDTH)
     dtype: TableDType = TableDType.float32
     init_scale: float = hparam(0.05, "scale of the initial rows", low=0.0)
+    kind: TableKind = TableKind.dense  # dense | hash | modulo (runner/core/hash_tables.py)
+    capacity: Optional[int] = hparam(None, "kind=hash: slots (ids the table holds at once)", low=1, high=MAX_IDS)
+    admit_after: int = hparam(1, "kind=hash: sightings (count-min estimate) before an id gets a slot; 1 = at "
+                              "first sight", low=1, high=2**30)
+    admit_window: int = hparam(100, "kind=hash, admit_after > 1: the admission sketch's counts are halved every "
+                               "admit_window steps (0: never), so sightings older than a few windows fade",
+                               low=0, high=2**30)
+    evict: Evict = Evict.lru
+    ttl: int = hparam(1000, "kind=hash, evict=ttl: a slot unseen for more than ttl steps may be given to "
+                      "another id", low=0, high=2**30)
+    default: HashDefault = HashDefault.zeros
+    probes: int = hparam(16, "kind=hash: slots after its home slot an id may live in", low=1, high=1024)
+    sketch_width: int = hparam(1 << 16, "kind=hash, admit_after > 1: counters per row of the admission "
+                               "sketch (4 rows)", low=1, high=1 << 26)
 
 
 @dataclass
@@ -179,6 +210,9 @@ class SyntheticDataConfig:
     zipf_a: float = hparam(1.1, "Zipf exponent of user/item popularity", low=0.0)
     latent_dim: int = hparam(8, "size of the hidden ground-truth model", low=1, high=4096)
     seed: int = hparam(0, "seed of the generated world", low=0, high=MAX_SEED)
+    drift: float = hparam(0.0, "Zipf ranks of users and items slide this many per step (new ids rise, old ones "
+                          "stop); the held-out splits are drawn at the last step", low=0.0, high=MAX_IDS)
+    raw_ids: bool = False  # user and item ids as 64-bit ids: their tables need kind=hash or kind=modulo
 
 
 @dataclass

@@ -311,6 +311,31 @@ def check_values(cfg: Any, emb_optimizers: Mapping[str, Any], table_names: list[
     _raise(errors)
 
 
+def check_hash_tables(cfg: DictConfig, plan: MeshPlan, tables: Mapping[str, Any]) -> None:
+    """What a hash table (``model.tables.<name>.kind=hash``) cannot do yet, refused by name with the way out."""
+    hashed = sorted(n for n, s in tables.items() if s.kind == "hash")
+    keyed = sorted(n for n, s in tables.items() if s.kind != "dense")
+    if keyed and cfg.model.get("name") == "sequential":
+        raise PreflightError(f"model=sequential scores whole item catalogues by row, which tables of kind hash or "
+                             f"modulo ({', '.join(keyed)}) do not have; use kind=dense for its tables")
+    if not hashed:
+        return
+    name = hashed[0]
+    if plan.table_shards > 1:
+        raise PreflightError(
+            f"table '{name}' is a hash table, and hash tables are not sharded yet: mesh {plan.describe()} splits "
+            f"the tables over {plan.table_shards} '{plan.table_axis}' shards. Use mesh=data (tables replicated, "
+            f"the batch split over every device) or mesh.table_axis=null, or kind=modulo for a sharded table")
+    if cfg.async_emb.enabled and int(cfg.async_emb.staleness) > 1:
+        raise PreflightError(
+            f"table '{name}' is a hash table, and async_emb.staleness={cfg.async_emb.staleness} is not supported "
+            f"with hash tables (a deferred update is checked against the slots given away in the one step it "
+            f"waits); use async_emb.staleness=1 or async_emb=off")
+    if schemas.permute_ids_setting(cfg.mesh.get("permute_ids")) == "true":
+        raise PreflightError(f"mesh.permute_ids=true relabels a dense table's ids; table '{name}' is a hash table "
+                             f"(its slots are already spread by the id's hash): use mesh.permute_ids=auto or false")
+
+
 def check_mesh(plan: MeshPlan, available: int, batch_size: int, tables: Mapping[str, Any],
                async_emb: bool, pad_vocab: bool) -> None:
     """The mesh can hold the run: devices exist, axes exist, the batch and the tables divide."""

@@ -78,7 +78,8 @@ def tables_of(program: Any) -> dict[str, dict[str, Any]]:
     unpermuted)."""
     return {n: {"vocab": s.vocab, "rows": s.rows, "width": s.width, "dtype": s.dtype,
                 "optimizer": type(program.emb_optimizers[n]).__name__,
-                "tokens_per_batch": program.contexts[n].tokens_per_batch, "permute_ids": bool(s.permute_ids)}
+                "tokens_per_batch": program.contexts[n].tokens_per_batch, "permute_ids": bool(s.permute_ids),
+                "kind": s.kind, **({"probes": min(s.hash.probes, s.hash.capacity)} if s.hash is not None else {})}
             for n, s in sorted(program.tables.items())}
 
 
@@ -165,6 +166,14 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
             if ours[name][key] != theirs[name][key]:
                 problems.append(f"table '{name}' {key} ({label}): the checkpoint has {theirs[name][key]!r}, "
                                 f"this config has {ours[name][key]!r}")
+        kind = theirs[name].get("kind", "dense")  # a checkpoint from before table kinds: dense tables
+        if kind != ours[name]["kind"]:
+            problems.append(f"table '{name}' kind (model.tables.{name}.kind): the checkpoint has {kind!r}, this "
+                            f"config has {ours[name]['kind']!r}")
+        elif theirs[name].get("probes") != ours[name].get("probes"):
+            problems.append(f"table '{name}' probes (model.tables.{name}.probes, the window an id's slot is "
+                            f"looked up in): the checkpoint has {theirs[name].get('probes')}, this config has "
+                            f"{ours[name].get('probes')}; its ids were placed within their windows")
         permuted = bool(theirs[name].get("permute_ids", False))
         if permuted != ours[name]["permute_ids"]:
             problems.append(f"table '{name}' permute_ids (mesh.permute_ids): the checkpoint has {permuted}, this "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,8 @@ class TableSpec:
     dtype: str = "float32"
     init_scale: float = 0.05
     permute_ids: bool = False  # id i lives in row optimizers.permute_ids(i, vocab) (mesh.permute_ids)
+    kind: str = "dense"  # dense | hash (ids mapped to slots: ``hash``) | modulo (raw ids hashed mod vocab - 1)
+    hash: Any = None  # kind=hash: its ``hash_tables.HashSpec``
 
 
 def stored_rows(spec: TableSpec, ids: jax.Array, mesh: Mesh | None = None, split: bool = True) -> jax.Array:

@@ -14,8 +14,9 @@ Python dict reference implements the same words):
    addressing with a bounded window, so a lookup is one fixed-size gather). A hit sets the slot's last step
    to this step and adds the id's occurrences to its count.
 2. **Admission.** A missing id's occurrences go into a count-min sketch (``depth`` rows of ``width``
-   counters, saturating at ``admit_after``); it asks for a slot once its estimate reaches ``admit_after``
-   (1: at first sight, no sketch).
+   counters, saturating at ``admit_after``, all halved at the start of every ``admit_window``-th step, so old
+   sightings fade as in TinyLFU); it asks for a slot once its estimate reaches ``admit_after`` (1: at first
+   sight, no sketch).
 3. **Choice.** It takes, in its window, the first empty slot; else a slot it may evict: ``lru`` the least
    recently seen, ``lfu`` the least often seen (then the least recently), ``ttl`` the least recently seen
    among those not seen for more than ``ttl`` steps (none: no slot). A slot seen this step is never evicted.
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +48,7 @@ from jax import lax
 from optimizers.rounding import mix32
 
 from .embeddings import normal_block
+from .failures import traced
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
 DEFAULTS = ("zeros", "shared")
@@ -64,6 +66,7 @@ class HashSpec:
     ttl: int = 0  # evict=ttl: a slot not seen for more than ttl steps may be given to another id
     default: str = "zeros"  # what an id without a slot reads: zeros (and no update) or a shared trained row
     probes: int = 16  # window of slots an id may live in, after its home slot
+    admit_window: int = 0  # the sketch's counts are halved every admit_window steps (0: never), so sightings age
     rounds: int = 16  # an id that lost its choice to a smaller id chooses again, up to this many times a step
     sketch_depth: int = 4
     sketch_width: int = 1 << 16
@@ -85,6 +88,7 @@ class HashState(NamedTuple):
     last: jax.Array  # int32 [capacity]: step the slot's id was last seen at; -1 = empty
     count: jax.Array  # int32 [capacity]: occurrences of the slot's id since it got the slot
     sketch: jax.Array  # int32 [depth, width]: count-min counts of ids without a slot (saturating)
+    filled: jax.Array  # int32: slots holding an id
 
 
 class Assigned(NamedTuple):
@@ -101,7 +105,7 @@ class Assigned(NamedTuple):
 def init_state(spec: HashSpec) -> HashState:
     c = spec.capacity
     return HashState(jnp.zeros((c, 2), jnp.uint32), jnp.full((c,), -1, jnp.int32), jnp.zeros((c,), jnp.int32),
-                     jnp.zeros((spec.sketch_depth, spec.sketch_width), jnp.int32))
+                     jnp.zeros((spec.sketch_depth, spec.sketch_width), jnp.int32), jnp.zeros((), jnp.int32))
 
 
 # ----- ids: fingerprints on the host, hashes in the step --------------------------------------------------
@@ -126,6 +130,33 @@ def key_hash(hi: jax.Array, lo: jax.Array, salt: int) -> jax.Array:
     """uint32 hash of a 64-bit id (hi, lo) under ``salt``: 0 = the home slot, 1.. = the sketch's rows."""
     h = mix32(hi ^ jnp.uint32((salt * 0x9E3779B9 + 0x7F4A7C15) & 0xFFFFFFFF))
     return mix32(h ^ (lo * jnp.uint32(0x85EBCA77) + jnp.uint32(salt)))
+
+
+def keys_of(ids: jax.Array) -> jax.Array:
+    """[..., 2] uint32 keys of a table's ids: raw 64-bit ids arrive as their fingerprints ([..., 2] uint32,
+    ``fingerprint``); the data's integer ids become (0, id), id <= 0 padding."""
+    ids = jnp.asarray(ids)
+    if ids.dtype == jnp.uint32 and ids.ndim >= 1 and ids.shape[-1] == 2:
+        return ids
+    i = ids.astype(jnp.int32)
+    return jnp.stack([jnp.zeros_like(i, jnp.uint32), jnp.where(i > 0, i, 0).astype(jnp.uint32)], -1)
+
+
+def modulo_rows(keys: jax.Array, vocab: int) -> jax.Array:
+    """kind=modulo: row ``1 + hash(id) mod (vocab - 1)`` of each id, padding row 0 (distinct ids may collide)."""
+    pad = (keys[..., 0] | keys[..., 1]) == 0
+    r = key_hash(keys[..., 0], keys[..., 1], 0) % jnp.uint32(vocab - 1)
+    return jnp.where(pad, 0, r.astype(jnp.int32) + 1)
+
+
+def collision_rate(keys: jax.Array, rows: jax.Array, num_rows: int) -> jax.Array:
+    """1 - (distinct rows) / (distinct ids) of the batch: the share of its distinct ids that found their row
+    already taken by another (0: no two ids share a row)."""
+    _, _, valid, _, _ = _distinct(keys.reshape(-1, 2))
+    ids = jnp.sum(valid)
+    r = jnp.sort(jnp.where(rows.reshape(-1) > 0, rows.reshape(-1), num_rows + 1))
+    distinct = jnp.sum((r != jnp.concatenate([jnp.full((1,), -1, r.dtype), r[:-1]])) & (r <= num_rows))
+    return jnp.where(ids > 0, 1.0 - distinct / jnp.maximum(ids, 1), 0.0).astype(jnp.float32)
 
 
 # ----- the step's mapping ------------------------------------------------------------------------------
@@ -188,8 +219,11 @@ def _choose(spec: HashSpec, last, count, win, wants, step):
     pick = jnp.take_along_axis(win, j[:, None], 1)[:, 0]
     can = wants & (jnp.take_along_axis(cls, j[:, None], 1)[:, 0] < 2)
     chosen = jnp.where(can, pick, c)
-    owner = jnp.full((c + 1,), n, jnp.int32).at[chosen].min(jnp.arange(n, dtype=jnp.int32))
-    return chosen, can, can & (owner[chosen] == jnp.arange(n))
+    # the smallest id choosing a slot keeps it: sort (slot, id index), the first of each run of a slot wins
+    # (a sort of the batch's ids, not a scatter over the capacity: the cost follows the batch)
+    cs, order = lax.sort((chosen, jnp.arange(n, dtype=jnp.int32)), num_keys=2)
+    first = jnp.concatenate([jnp.ones((1,), bool), cs[1:] != cs[:-1]]) & (cs < c)
+    return chosen, can, jnp.zeros((n,), bool).at[order].set(first)
 
 
 def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array) -> tuple[HashState, Assigned]:
@@ -204,6 +238,8 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array) -
     count = state.count.at[jnp.where(hit, slot, c)].add(occ, mode="drop")
     miss = valid & ~hit
     sketch = state.sketch
+    if spec.admit_after > 1 and spec.admit_window:  # counts age: halved every admit_window steps
+        sketch = jnp.where((step > 0) & (step % spec.admit_window == 0), sketch >> 1, sketch)
     if spec.admit_after > 1:
         cols = [(key_hash(uh, ul, d + 1) % jnp.uint32(spec.sketch_width)).astype(jnp.int32)
                 for d in range(spec.sketch_depth)]
@@ -236,7 +272,7 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array) -
     real = (keys[:, 0] | keys[:, 1]) != 0
     out = Assigned(slots.reshape(shape), fresh, jnp.stack([uh, ul], -1), jnp.sum(won).astype(jnp.int32), evicted,
                    jnp.sum(real & (slots < 0)).astype(jnp.int32))
-    return HashState(new_keys, last, count, sketch), out
+    return HashState(new_keys, last, count, sketch, state.filled + out.admitted - evicted), out
 
 
 def find(spec: HashSpec, state: HashState, keys: jax.Array) -> jax.Array:
@@ -257,7 +293,8 @@ def rows_of(spec: HashSpec, slots: jax.Array, out_of_range: int) -> jax.Array:
 
 
 def occupancy(state: HashState) -> jax.Array:
-    return jnp.mean((state.last >= 0).astype(jnp.float32))
+    """The share of slots holding an id."""
+    return state.filled.astype(jnp.float32) / state.last.shape[0]
 
 
 # ----- resetting the rows given to new ids --------------------------------------------------------------
@@ -286,6 +323,73 @@ def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: 
 
 
 def reassigned_rows(spec: HashSpec, assigned: Assigned, num_rows: int) -> jax.Array:
-    """bool [num_rows + 1]: rows given to a new id this step (index num_rows: the out-of-range id, False)."""
-    rows = jnp.where(assigned.fresh < spec.capacity, assigned.fresh + 1, num_rows)
-    return jnp.zeros((num_rows + 1,), bool).at[rows].set(True, mode="drop").at[num_rows].set(False)
+    """int32 [N], ascending: the rows given to a new id this step, then ``num_rows`` (none) as padding."""
+    return jnp.sort(jnp.where(assigned.fresh < spec.capacity, assigned.fresh + 1, num_rows))
+
+
+# ----- in the train step (``TrainProgram.step_core`` and ``predict``) --------------------------------------
+def map_batch(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]):
+    """Each hash table's slots for this batch (``assign``): returns the state with the slots
+    updated and every row given to a new id reset (its values and its optimizer state), the rows the
+    batch's ids read, each table's rows given to a new id this step (``reassigned_rows``), and the step's
+    counts."""
+    hashed, tables, emb_states = dict(state.hashed), dict(state.tables), dict(state.emb_states)
+    rows, moved, metrics = {}, {}, {}
+    for i, n in enumerate(sorted(state.hashed)):
+        spec, out = program.tables[n], program.contexts[n].stored_rows
+        keys = keys_of(raw_ids[n])
+        hashed[n], got = assign(spec.hash, state.hashed[n], keys, state.step)
+        pad = (keys[..., 0] | keys[..., 1]) == 0
+        rows[n] = jnp.where(pad, 0, rows_of(spec.hash, got.slots, out))
+        seed = jax.random.bits(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 7919 + i), (2,), jnp.uint32)
+        with traced(program, n, "its rows given to new ids were reset"):
+            initial = program.emb_optimizers[n].init(1, spec.width)
+        tables[n], emb_states[n] = reset_rows(spec.hash, tables[n], emb_states[n], initial, got, seed, spec.init_scale)
+        moved[n] = reassigned_rows(spec.hash, got, out)
+        metrics.update({f"emb/occupancy/{n}": occupancy(hashed[n]), f"emb/admitted/{n}": got.admitted,
+                        f"emb/evicted/{n}": got.evicted, f"emb/unadmitted_lookups/{n}": got.unadmitted})
+    metrics.update(modulo_metrics(program, raw_ids))
+    return state._replace(hashed=hashed, tables=tables, emb_states=emb_states), rows, moved, metrics
+
+
+def read_rows(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """The rows a batch's ids of each hash table read, changing nothing (evaluation)."""
+    out = {}
+    for n in state.hashed:
+        spec = program.tables[n]
+        keys = keys_of(raw_ids[n])
+        slots = find(spec.hash, state.hashed[n], keys)
+        pad = (keys[..., 0] | keys[..., 1]) == 0
+        out[n] = jnp.where(pad, 0, rows_of(spec.hash, slots, program.contexts[n].stored_rows))
+    return out
+
+
+def drop_moved(head: Mapping[str, Any], moved: Mapping[str, jax.Array], stored: Mapping[str, int]):
+    """Async: each hash table's deferred update without the rows given to another id since its gradient
+    was computed (their gradient belongs to the id that lost the row), and how many it dropped."""
+    out, dropped = dict(head), {}
+    for n, m in moved.items():
+        if n not in head:
+            continue
+        u = head[n]
+        at = jnp.minimum(jnp.searchsorted(m, u.unique_tokens), m.shape[0] - 1)
+        drop = (m[at] == u.unique_tokens) & (u.unique_tokens < stored[n]) & u.pending
+        out[n] = u._replace(unique_tokens=jnp.where(drop, stored[n], u.unique_tokens))
+        dropped[f"emb/stale_dropped/{n}"] = jnp.sum(drop).astype(jnp.int32)
+    return out, dropped
+
+
+def keyed_rows(spec: Any, raw: jax.Array, hashed_rows: Mapping[str, jax.Array]) -> jax.Array:
+    """The rows of a hash table's (``map_batch``/``read_rows``) or a modulo table's ids."""
+    return hashed_rows[spec.name] if spec.kind == "hash" else modulo_rows(keys_of(raw), spec.vocab)
+
+
+def modulo_metrics(program: Any, raw_ids: Mapping[str, jax.Array]) -> dict:
+    """``emb/collision_rate/<table>`` of each modulo table (``collision_rate``)."""
+    out = {}
+    for n, raw in raw_ids.items():
+        spec = program.tables[n]
+        if spec.kind == "modulo":
+            keys = keys_of(raw)
+            out[f"emb/collision_rate/{n}"] = collision_rate(keys, modulo_rows(keys, spec.vocab), spec.rows)
+    return out

@@ -17,10 +17,9 @@ oldest first (a tuple of k records per table), so step t applies G_{t-k} (the he
 ``flush`` applies all k in order. The compiled step takes only the head (and the later records' ids, for the
 stale-rows diagnostic) and returns only G_t; ``StepFn`` shifts the queue outside it, so the records that stay
 queued are never copied and a step costs what a k = 1 step does. k = 1 keeps the single record above,
-unchanged. Delay compensation (``async_emb.compensation=dc``): each
-record also carries the rows its gradient was computed on (the lookup of its step), and the fused update
-corrects the late gradient by them (``optimizers.AsyncEmbContext.dc_lambda``).
-"""
+unchanged. Delay compensation (``async_emb.compensation=dc``): each record also carries the rows its gradient
+was computed on (the lookup of its step), and the fused update corrects the late gradient by them
+(``optimizers.AsyncEmbContext.dc_lambda``). Hash tables map ids to slots first (``hash_tables.map_batch``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -35,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding
 from optimizers import (AsyncEmbContext, AsyncEmbGradientUpdate, compiler_options, dedupe, empty_update,
                         supports_async_emb)
 
-from . import mesh as mesh_lib
+from . import hash_tables, mesh as mesh_lib
 from .failures import traced
 from .dense_optimizer import DenseOptimizer
 from .embeddings import TableSpec, in_id_order, lookup, lookup_counted, stored_rows, table_values
@@ -100,6 +99,7 @@ class TrainProgram:
                      for n in state.pending},
             rng=rep,
             skips=jax.tree.map(lambda _: rep, state.skips),
+            hashed=jax.tree.map(lambda _: rep, state.hashed),
         )
 
     def init_state(self, seed: int) -> TrainState:
@@ -130,8 +130,9 @@ class TrainProgram:
                 empty = empty_update(ctx)
                 pending[name] = self._queued(empty)
         zero = jnp.zeros((), jnp.int32)
+        hashed = {n: hash_tables.init_state(s.hash) for n, s in sorted(self.tables.items()) if s.kind == "hash"}
         return TrainState(zero, params, opt_state, tables, emb_states, pending, rng,
-                          {name: SkipCounts(zero, zero) for name in sorted(self.tables)})
+                          {name: SkipCounts(zero, zero) for name in sorted(self.tables)}, hashed)
 
     # ----- the queue of deferred updates (staleness k > 1) -------------------------------------------
     def _queued(self, record):
@@ -170,17 +171,22 @@ class TrainProgram:
             table, emb_state, norm, valid = opt.apply_dense(ctx, update, table, emb_state)  # sync mode only
             return table, emb_state, norm, valid, None
 
-    def table_ids(self, batch: Mapping[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+    def table_ids(self, batch: Mapping[str, jax.Array], hashed_rows: Mapping[str, jax.Array] | None = None
+                  ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
         """The rows the model's ids use, per table: the id itself, or its relabelling under
         ``mesh.permute_ids`` (``embeddings.stored_rows``; the one place ids become rows, so lookups, update
         records and row statistics all count stored rows), with every id outside ``[0, vocab)`` replaced by
         the out-of-range id (the stored row count): it reads zeros on every layout and no update touches a
-        row for it. Also returns each table's mask of those ids."""
+        row for it. Also returns each dense table's mask of those ids. A hash table's rows are ``hashed_rows``
+        (``hash_tables.map_batch``), a modulo table's its ids hashed onto rows ``[1, vocab)``."""
         ids, bad = {}, {}
         for n, raw in self.model.table_ids(batch).items():
-            raw = raw.astype(jnp.int32)
-            bad[n] = (raw < 0) | (raw >= self.tables[n].vocab)
-            ids[n] = jnp.where(bad[n], self.contexts[n].stored_rows, stored_rows(self.tables[n], raw, self.mesh))
+            if self.tables[n].kind != "dense":
+                ids[n] = hash_tables.keyed_rows(self.tables[n], raw, hashed_rows)
+            else:
+                raw = raw.astype(jnp.int32)
+                bad[n] = (raw < 0) | (raw >= self.tables[n].vocab)
+                ids[n] = jnp.where(bad[n], self.contexts[n].stored_rows, stored_rows(self.tables[n], raw, self.mesh))
         return ids, bad
 
     def train_step(self, state: TrainState, batch: Mapping[str, jax.Array], args: Mapping[str, jax.Array] | None = None):
@@ -196,8 +202,9 @@ class TrainProgram:
         ``later`` the ids of those queued behind it (``later_ids``); the new state's ``pending`` is this step's
         records. So the compiled step neither reads nor writes the records that stay queued."""
         args = self.run_args() if args is None else args
-        ids, bad_ids = self.table_ids(batch)
         raw_ids = self.model.table_ids(batch)
+        state, hashed_rows, moved, hash_metrics = hash_tables.map_batch(self, state, raw_ids)
+        ids, bad_ids = self.table_ids(batch, hashed_rows)
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
         detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
         # The batch's distinct ids. Routed row and column tables never dedupe the whole batch (each device
@@ -205,7 +212,7 @@ class TrainProgram:
         # feeds the diagnostics (distinct ids, stale rows), on logged steps only.
         routed = {n for n in ids if ctxs[n].per_device_record}  # per-device records (routed row, column)
         dedup = {n: dedupe(ids[n], ctxs[n].stored_rows, ctxs[n].num_unique) for n in ids if n not in routed}
-        head = dict(state.pending)  # G_{t-k}, applied this step
+        head, stale_dropped = hash_tables.drop_moved(state.pending, moved, {n: c.stored_rows for n, c in ctxs.items()})
         # every record still pending, as (its ids, whether pending): the rows a read misses. Only those two
         # leaves go into the diagnostics' cond (a whole record there would be copied every step).
         queued = {n: [(q.unique_tokens, q.pending), *later.get(n, [])] for n, q in head.items()}
@@ -215,7 +222,7 @@ class TrainProgram:
         embs = {n: e for n, (e, *_) in looked.items()}
         tables, emb_states = dict(state.tables), dict(state.emb_states)
         applied: dict[str, tuple] = {}
-        metrics: dict[str, jax.Array] = {}
+        metrics: dict[str, jax.Array] = {**hash_metrics, **stale_dropped}
 
         if self.async_emb:  # apply G_{t-1}, ordered after this step's lookups, beside the forward pass
             gate = sum(e.reshape(-1)[0] for e in embs.values())
@@ -285,8 +292,8 @@ class TrainProgram:
         skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
                                   {n: (head[n] if self.async_emb else updates[n]).pending for n in applied})
         metrics.update(skip_metrics(skips))
-        new_state = TrainState(state.step + 1, params, opt_state, tables, emb_states, pending, state.rng, skips)
-        return new_state, metrics
+        return TrainState(state.step + 1, params, opt_state, tables, emb_states, pending, state.rng, skips,
+                          state.hashed), metrics
 
     @staticmethod
     def _count_skips(skips: Mapping[str, SkipCounts], valid: Mapping[str, jax.Array],
@@ -353,7 +360,7 @@ class TrainProgram:
 
     def predict(self, state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
         """The model's scores of ``batch`` under ``state`` (for evaluation), tables looked up as in the step."""
-        ids, _ = self.table_ids(batch)
+        ids, _ = self.table_ids(batch, hash_tables.read_rows(self, state, self.model.table_ids(batch)))
         embs = {n: lookup(self.contexts[n], state.tables[n], ids[n]) for n in ids}
         # The model scores catalogues by row number: it gets every table with row i holding id i (a gather
         # under mesh.permute_ids, dropped by the compiler for a model that never reads the tables).

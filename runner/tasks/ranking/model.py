@@ -33,7 +33,10 @@ class RankingModel:
     def table_ids(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """[B, tokens_per_example] raw ids per table (0 = padding), unmapped: the trainer's range check must see
         them as they are (a hash or modulo here would land an id outside the table on a real row)."""
-        as_int = lambda x: jnp.asarray(x).astype(jnp.int32)  # noqa: E731
+        def as_int(x):  # raw 64-bit ids (data.raw_ids) stay [..., 2] uint32 halves, for hash and modulo tables
+            x = jnp.asarray(x)
+            return x if x.dtype == jnp.uint32 else x.astype(jnp.int32)
+
         return {
             "users": as_int(batch["user"])[:, None],
             "items": as_int(jnp.concatenate([batch["hist_items"], batch["cand_item"][:, None]], 1)),
@@ -57,7 +60,8 @@ class RankingModel:
         hist = items[:, :-1] + authors[:, :-1]  # [B, L, D]
         cand_item, cand_author = items[:, -1], authors[:, -1]
         cand = cand_item + cand_author
-        mask = (batch["hist_items"] != 0).astype(jnp.float32)  # [B, L]
+        h = jnp.asarray(batch["hist_items"])
+        mask = ((h != 0).any(-1) if h.ndim == 3 else h != 0).astype(jnp.float32)  # [B, L]; raw ids: [B, L, 2]
         count = jnp.maximum(mask.sum(1, keepdims=True), 1.0)
         hist_mean = (hist * mask[..., None]).sum(1) / count
         scores = jnp.einsum("bld,de,be->bl", hist, params["attn_q"], cand) / jnp.sqrt(hist.shape[-1])

@@ -23,6 +23,15 @@ Bayes-optimal AUC is known (``bayes_auc``).
 
 Ids are 1-based: user in [1, num_users], item in [1, num_items], author in [1, num_authors]; 0 is padding.
 
+Drift and raw ids (the hash tables' workload, ``experiment=hash_tables``): with ``drift`` > 0 the Zipf ranks
+of users and items slide over their populations, ``drift`` ranks per step (rank r at step t is the id of
+rank r + drift * t), so ids rise through the ranks from the cold tail, peak and stop appearing, and the set
+of ids a window of steps sees keeps changing; an entity's latents (and ``zpop``, its popularity at step 0, a
+fixed per-item bias) do not change. The held-out splits are drawn at step ``eval_at`` (the run's last
+step: what the model serves next). With ``raw_ids`` the user and item ids are replaced by 64-bit ids (a
+fixed splitmix64 scramble of the id, never 0), delivered as their ``[..., 2]`` uint32 halves
+(``runner.core.hash_tables.fingerprint``); author ids stay small.
+
 Determinism: example row ``r`` of ``batch(step, B, split=s)`` depends only on (spec, s, step, r). Rows are
 generated in fixed blocks of ``_BLOCK`` rows, each from
 ``np.random.default_rng(SeedSequence([seed, split_code, step, block]))`` -- never a stateful stream -- so a
@@ -39,6 +48,7 @@ import functools
 
 import numpy as np
 
+from ...core.hash_tables import fingerprint
 from .auc import auc
 
 _SPLIT_CODES = {"train": 0, "test": 1, "valid": 3}  # each split its own seed stream
@@ -70,6 +80,9 @@ class SyntheticSpec:
     zipf_a: float = 1.1  # Zipf exponent of item/user popularity
     latent_dim: int = 8  # hidden ground-truth model size
     seed: int = 0
+    drift: float = 0.0  # ranks of users and items slide this many per step (module docstring)
+    raw_ids: bool = False  # user and item ids as 64-bit ids, as [..., 2] uint32 halves
+    eval_at: int = 0  # the step whose distribution the held-out splits are drawn at
 
 
 class _Zipf:
@@ -98,14 +111,30 @@ class _Zipf:
         # leftovers are 1 up to rounding: keep[k] stays 1
         self.n = n
         self.keep = keep
+        self.perm = perm
+        self.alias = alias
         self.id_keep = perm
         self.id_alias = perm[alias]
 
-    def ids(self, u: np.ndarray) -> np.ndarray:
-        """Map uniforms in [0, 1) to ids (int32, same shape)."""
+    def ids(self, u: np.ndarray, shift: int = 0) -> np.ndarray:
+        """Map uniforms in [0, 1) to ids (int32, same shape); ``shift``: rank r draws the id of rank r + shift."""
         x = u * self.n
         col = np.minimum(x.astype(np.int64), self.n - 1)
+        if shift:
+            rank = np.where(x - col < np.take(self.keep, col), col, np.take(self.alias, col))
+            return np.take(self.perm, (rank + shift) % self.n)
         return np.where(x - col < np.take(self.keep, col), np.take(self.id_keep, col), np.take(self.id_alias, col))
+
+
+def raw_id(ids: np.ndarray, seed: int) -> np.ndarray:
+    """int64 64-bit ids of small ids (splitmix64 of the id under the world's seed; 0 stays 0, none is 0)."""
+    with np.errstate(over="ignore"):
+        z = ids.astype(np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    z = np.where(z == 0, np.uint64(1), z)
+    return np.where(ids == 0, np.uint64(0), z).view(np.int64)
 
 
 class SyntheticRanking:
@@ -162,10 +191,12 @@ class SyntheticRanking:
                 (_BLOCK, width))
             for blk in range(b0, b1)
         ])[start - b0 * _BLOCK:stop - b0 * _BLOCK]
-        user = self._users.ids(u[:, 0])
+        t = step if split_code == _SPLIT_CODES["train"] else spec.eval_at  # held out: drawn at eval_at
+        shift = int(spec.drift * t) if split_code != _CALIB_CODE else 0
+        user = self._users.ids(u[:, 0], shift)
         hist_len = np.minimum((u[:, 1] * (L + 1)).astype(np.int32), L)  # uniform on 0..L
-        cand = self._items.ids(u[:, 2])
-        hist = self._items.ids(u[:, 3:3 + L])
+        cand = self._items.ids(u[:, 2], shift)
+        hist = self._items.ids(u[:, 3:3 + L], shift)
         hist[np.arange(L)[None, :] >= hist_len[:, None]] = 0
         return hist_len, user, hist, cand, u[:, 3 + L:]
 
@@ -186,7 +217,8 @@ class SyntheticRanking:
 
         The global batch is the concatenation of the shards' batches in shard order. Keys: ``user`` [B],
         ``hist_items`` / ``hist_authors`` [B, L] (left-aligned, 0 = padding), ``cand_item``, ``cand_author``
-        [B] (all int32), ``labels`` (0/1) and ``probs`` (true probabilities) float32 [B, A], A in
+        [B] (all int32; with ``spec.raw_ids`` the user and item keys are [..., 2] uint32 halves of 64-bit ids),
+        ``labels`` (0/1) and ``probs`` (true probabilities) float32 [B, A], A in
         ``spec.actions`` order.
         """
         if split not in _SPLIT_CODES:
@@ -202,11 +234,12 @@ class SyntheticRanking:
         feats, pop = self._features(user, hist, cand)
         logits = feats @ self._w.T + self._b + np.float32(_POP_COEF) * pop[:, None]
         probs = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+        raw = (lambda x: fingerprint(raw_id(x, self.spec.seed))) if self.spec.raw_ids else (lambda x: x)
         return {
-            "user": user,
-            "hist_items": hist,
+            "user": raw(user),
+            "hist_items": raw(hist),
             "hist_authors": np.take(self.item_author, hist),
-            "cand_item": cand,
+            "cand_item": raw(cand),
             "cand_author": np.take(self.item_author, cand),
             "labels": (u_label < probs).astype(np.float32),
             "probs": probs,

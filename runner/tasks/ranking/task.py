@@ -49,15 +49,18 @@ class RankingTask:
         d = OmegaConf.to_container(cfg.data, resolve=True)
         d.pop("name")
         d["actions"] = tuple(d["actions"])
+        d["eval_at"] = int(cfg.trainer.get("steps") or 0) if d.get("drift") else 0  # held out: the last step's ids
         return cls(world(SyntheticSpec(**d)), cfg.trainer.eval_batches)
 
     @property
     def actions(self) -> tuple[str, ...]:
         return tuple(self.data.spec.actions)
 
-    def tables(self) -> dict[str, tuple[int, int]]:
+    def tables(self) -> dict[str, tuple[int | None, int]]:
+        """Per table: the largest id (None: raw 64-bit ids) and the ids per example."""
         s = self.data.spec
-        return {"users": (s.num_users, 1), "items": (s.num_items, s.history_len + 1),
+        raw = s.raw_ids  # raw 64-bit ids have no range: their tables are hash or modulo tables
+        return {"users": (None if raw else s.num_users, 1), "items": (None if raw else s.num_items, s.history_len + 1),
                 "authors": (s.num_authors, s.history_len + 1)}
 
     def metric_names(self) -> list[str]:

@@ -20,6 +20,7 @@ from optimizers import record_token_ids
 from runner.app import run
 from runner.build import build
 from runner.checkpoint import open_checkpoints
+from runner.errors import PreflightError
 from runner.core.loop import to_device
 from tests.runner.support import compose_config
 
@@ -105,7 +106,7 @@ def copy_of(run_dir: Path, tmp: Path) -> Path:
 
 # make test-fast keeps the sharded async case, whose runs the resharded resume and the restores reuse. Sync mode
 # (no deferred update in the checkpoint) runs on one device: its sharded state is the async case's less pending.
-@pytest.mark.parametrize("mesh, mode", [("2x4-row", "on"), ("2x4-row", "k2dc"),
+@pytest.mark.parametrize("mesh, mode", [("2x4-row", "on"), pytest.param("2x4-row", "k2dc", marks=pytest.mark.slow),
                                         pytest.param("single", "on", marks=pytest.mark.slow),
                                         pytest.param("single", "off", marks=pytest.mark.slow)])
 def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
@@ -285,4 +286,43 @@ def test_checkpoint_records_its_config_versions_and_format(runs):
     assert set(meta["versions"]) >= {"jax", "optax", "orbax-checkpoint", "tensorstore", "recsys-runner"}
     assert meta["versions"]["jax"] == jax.__version__
     assert meta["tables"]["items"] == {"vocab": 501, "rows": 501, "width": 8, "dtype": "float32",
-                                       "optimizer": "AsyncAdam", "tokens_per_batch": 32 * 5, "permute_ids": False}
+                                       "optimizer": "AsyncAdam", "tokens_per_batch": 32 * 5, "permute_ids": False,
+                                       "kind": "dense"}
+
+
+HASH = ["data.raw_ids=true", "data.drift=20", "model.tables.items.kind=hash", "model.tables.items.capacity=60",
+        "model.tables.items.probes=4", "model.tables.users.kind=hash", "model.tables.users.capacity=50",
+        "model.tables.users.admit_after=2", "model.tables.users.evict=lfu"]
+
+
+@pytest.mark.parametrize("mode", ["on", pytest.param("off", marks=pytest.mark.slow)])
+def test_hash_tables_resume_bit_identical(tmp_path, mode):
+    """Keys, slot metadata, the admission sketch, rows and optimizer state are checkpointed and digested: a
+    stopped and resumed run of hash tables that evict every step ends bit-identical to the straight run."""
+    over = [*MODES[mode], "mesh=single", *HASH]
+    straight = tmp_path / "straight"
+    launch(straight, "first", over)
+    stopped = tmp_path / "stopped"
+    launch(stopped, "first", [*over, f"trainer.stop_after={N}"])
+    at_stop = saved_arrays(stopped / "ck", N)
+    assert {"['hashed']['items']['keys']", "['hashed']['users']['sketch']"} <= set(at_stop)
+    meta = json.loads((stopped / "ck" / str(N) / "meta" / "metadata").read_text())
+    assert ".hashed['items'].keys" in meta["arrays"]  # the digest covers the keys
+    launch(stopped, "second", over)
+    final = saved_arrays(stopped / "ck", 6)
+    assert_same_arrays(saved_arrays(straight / "ck", 6), final)
+    assert (final["['hashed']['items']['last']"] >= 0).all()
+    rows = metric_rows(stopped / "second")
+    assert rows == metric_rows(straight / "first")
+    assert sum(r.get("emb/evicted/items", 0) for r in rows) > 0
+
+
+@pytest.mark.slow
+def test_a_hash_table_resumes_only_with_its_own_kind_capacity_and_window(tmp_path):
+    over = ["async_emb=on", "mesh=single", *HASH, "trainer.stop_after=2"]
+    launch(tmp_path, "first", over)
+    for change, words in ((["model.tables.items.probes=8"], "table 'items' probes"),
+                          (["model.tables.items.capacity=70"], "table 'items' vocab"),
+                          (["model.tables.users.kind=modulo", "model.tables.users.vocab=52"], "table 'users' kind")):
+        with pytest.raises(PreflightError, match=words):
+            launch(tmp_path, "again", [*over, *change])

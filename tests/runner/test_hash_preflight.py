@@ -1,0 +1,53 @@
+"""Hash and modulo tables' settings: every bad value, and every combination they cannot run, stops before
+anything compiles with one message naming the setting and the way out."""
+import pytest
+
+from runner.build import build
+from runner.errors import PreflightError
+from tests.runner.support import compose_config
+
+RAW = ["data.raw_ids=true", "model.tables.items.kind=modulo", "model.tables.items.vocab=401"]
+HASH = [*RAW, "model.tables.users.kind=hash", "model.tables.users.capacity=100"]
+
+CASES = [
+    (["model.tables.users.capacity=0"], ["model.tables.users.capacity=0 is outside [1, 100000000]"]),
+    (["model.tables.users.admit_after=0"], ["model.tables.users.admit_after=0 is outside [1,"]),
+    (["model.tables.users.probes=0"], ["model.tables.users.probes=0 is outside [1, 1024]"]),
+    (["model.tables.users.ttl=-1"], ["model.tables.users.ttl=-1 is outside [0,"]),
+    (["model.tables.users.capacity=null"], ["model.tables.users.kind=hash needs model.tables.users.capacity",
+                                            "capacity=100000"]),
+    (["model.tables.users.vocab=300"], ["model.tables.users.vocab=300 is for dense and modulo tables",
+                                        "remove the vocab"]),
+    (["model.tables.items.vocab=null"], ["model.tables.items.kind=modulo needs model.tables.items.vocab"]),
+    (["model.tables.users.kind=dense"], ["table 'users' gets raw 64-bit ids from the data (data.raw_ids)",
+                                         "kind=hash with a capacity", "kind=modulo with a vocab"]),
+    (["mesh=data_table", "mesh.axes={data:2,table:4}", "trainer.batch_size=64"],
+     ["table 'users' is a hash table, and hash tables are not sharded yet", "4 'table' shards", "mesh=data"]),
+    (["async_emb.staleness=2"], ["async_emb.staleness=2 is not supported with hash tables",
+                                 "async_emb.staleness=1 or async_emb=off"]),
+    (["mesh.permute_ids=true"], ["mesh.permute_ids=true relabels a dense table's ids", "mesh.permute_ids=auto"]),
+]
+
+
+@pytest.mark.parametrize("over, words", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_hash_table_settings_are_refused_by_name(over, words):
+    with pytest.raises(PreflightError) as e:
+        build(compose_config([*HASH, *over]))
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_the_sequential_model_refuses_hash_tables():
+    with pytest.raises(PreflightError, match="model=sequential scores whole item catalogues by row"):
+        build(compose_config(["debug=tiny_sequences", "model.tables.items.kind=hash",
+                              "model.tables.items.capacity=100"], tiny=False))
+
+
+def test_hash_tables_on_the_data_ids_and_a_sharded_modulo_table_run():
+    """kind=hash also takes the data's own integer ids, and a modulo table shards like a dense one."""
+    program, _, _ = build(compose_config(["model.tables.users.kind=hash", "model.tables.users.capacity=50",
+                                          "model.tables.items.kind=modulo", "model.tables.items.vocab=101"]))
+    assert program.tables["users"].rows == 52 and program.tables["items"].rows == 101
+    program, _, plan = build(compose_config(["model.tables.items.kind=modulo", "model.tables.items.vocab=101",
+                                             "mesh=data_table", "mesh.axes={data:2,table:4}"]))
+    assert plan.table_shards == 4 and program.tables["items"].rows == 104
