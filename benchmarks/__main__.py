@@ -22,7 +22,8 @@ from pathlib import Path
 
 from . import common
 
-BENCHMARKS = ("fused_update", "memory", "sharded", "phases", "trainer", "precision", "async_cost", "bags")
+BENCHMARKS = ("fused_update", "memory", "sharded", "phases", "trainer", "precision", "async_cost", "bags",
+              "hash_tables")
 OPTIONAL = ("checkpoint",)  # run when its module exists (another part of the project provides it)
 
 

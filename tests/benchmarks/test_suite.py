@@ -77,6 +77,9 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
     assert steps["k=2"]["queue_bytes"] == 2 * steps["k=1"]["queue_bytes"]  # the queue is k records
     # compensation adds each token's row (float32, the gradients' shape) to every record
     assert steps["k=1 dc"]["queue_bytes"] - steps["k=1"]["queue_bytes"] == steps["k=1"]["grads_bytes"] > 0
+    hashed = json.loads((out / "hash_tables.json").read_text())["cost"]
+    assert hashed["slot_bytes_per_slot"] == 16 and 0 < hashed["occupancy"] <= 1  # key 8, last step 4, count 4
+    assert hashed["dense"]["n"] == hashed["hash"]["n"] == hashed["x_dense"]["n"] >= 2
     for name in ("fused_update", "memory", "sharded", "trainer"):
         w, h = png_size(out / f"{name}.png")
         assert w > 200 and h > 200, name
