@@ -194,6 +194,7 @@ def test_shards_read_any_order_and_map_ids(logs, tmp_path):
         train.records(np.array([len(train)]))
 
 
+@pytest.mark.slow
 def test_the_command_converts_and_refuses_with_one_message(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "runner.prepare", *a], cwd=ROOT,  # noqa: E731
                                     capture_output=True, text=True)
