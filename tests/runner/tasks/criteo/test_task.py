@@ -130,13 +130,32 @@ BAD = [
 ]
 
 
-@pytest.mark.slow
-def test_bad_settings_are_refused_by_one_message(tmp_path):
-    for i, (overrides, message) in enumerate(BAD):
-        proc = run(tmp_path / str(i), *overrides, criteo="data=synthetic" not in overrides)
-        assert proc.returncode != 0 and message in proc.stderr, (overrides, proc.stderr[-1500:])
-        assert "Traceback" not in proc.stderr, overrides
+# composed in process and refused by build's preflight; CLI marks the values the schema itself refuses (at composition),
+# which, with one preflight refusal, run as the command line a user types: exit != 0, one message, no traceback
+CLI = [(["model=dlrm", "model.pooling=max"], "model.pooling"), (["model=dlrm", "data.logs=kagle"], "data.logs"),
+       BAD[0]]
 
+
+@pytest.mark.parametrize("overrides, message", [b if "data.days=500" not in b[0] else pytest.param(*b, marks=pytest.mark.slow)
+                                                for b in BAD if b not in CLI], ids=lambda v: str(v)[:60])
+def test_bad_settings_are_refused_by_one_message(tmp_path, overrides, message):
+    from runner.build import build
+    from runner.errors import PreflightError
+    from tests.runner.support import compose_config
+
+    data = [] if "data=synthetic" in overrides else ["data=criteo", f"data.cache={tmp_path / 'criteo_data'}",
+                                                     "data.lines=20000"]
+    with pytest.raises(PreflightError) as e:
+        build(compose_config([*data, "logger=none", *overrides], tiny=False))
+    assert message in str(e.value) and "Traceback" not in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides, message", CLI, ids=lambda v: str(v)[:60])
+def test_bad_settings_on_the_command_line_exit_with_one_message(tmp_path, overrides, message):
+    proc = run(tmp_path, *overrides)
+    assert proc.returncode != 0 and message in proc.stderr, (overrides, proc.stderr[-1500:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-1500:]
 
 
 def test_evaluation_scores_the_splits_against_their_true_click_probabilities(tmp_path):
