@@ -184,3 +184,31 @@ def test_fingerprints():
     assert s[0].tolist() == [0, 0] and s[1].tolist() == s[3].tolist() != s[2].tolist() and (s[1:] != 0).any(-1).all()
     with pytest.raises(TypeError, match="integers or strings"):
         ht.fingerprint(np.array([1.5]))
+
+
+@pytest.mark.parametrize("n", [4096, 46_341])  # the rank-packed sort (N * N < 2**31) and the tuple sort above it
+def test_the_batch_dedupe_is_numpys_unique_of_the_64_bit_ids(n):
+    rng = np.random.default_rng(n)
+    pool = np.concatenate([rng.integers(1, 2**63, 500, dtype=np.int64),  # halves shared: same hi, same lo
+                           (rng.integers(1, 5, 300, dtype=np.int64) << 32) | rng.integers(0, 5, 300)])
+    ids = rng.choice(pool, n)
+    ids[rng.random(n) < 0.2] = 0  # padding
+    uh, ul, valid, occ, inverse = map(np.asarray, jax.jit(ht._distinct)(jnp.asarray(ht.fingerprint(ids))))
+    want, counts = np.unique(ids[ids != 0].view(np.uint64), return_counts=True)
+    m = len(want)
+    assert valid.sum() == m and valid[:m].all()
+    got = (uh[:m].astype(np.uint64) << np.uint64(32)) | ul[:m].astype(np.uint64)
+    np.testing.assert_array_equal(got, want)  # ascending 64-bit order
+    np.testing.assert_array_equal(occ[:m], counts)
+    assert (uh[m:] == 0).all() and (ul[m:] == 0).all() and (occ[m:] == 0).all()
+    np.testing.assert_array_equal(inverse, np.where(ids == 0, n, np.searchsorted(want, ids.view(np.uint64))))
+
+
+def test_the_smallest_index_choosing_a_slot_wins_it():
+    rng = np.random.default_rng(0)
+    chosen = np.where(rng.random(5000) < 0.3, 700, rng.integers(0, 700, 5000)).astype(np.int32)  # 700: no claim
+    got = np.asarray(jax.jit(lambda c: ht._first_claims(c, 700))(jnp.asarray(chosen)))
+    first = {}
+    for i, c in enumerate(chosen):
+        first.setdefault(int(c), i)
+    np.testing.assert_array_equal(got, [c < 700 and first[int(c)] == i for i, c in enumerate(chosen)])
