@@ -48,6 +48,7 @@ from jax import lax
 from optimizers.rounding import mix32
 
 from .embeddings import normal_block
+from .id_sort import distinct_keys, first_claims
 from .failures import traced
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
@@ -152,7 +153,7 @@ def modulo_rows(keys: jax.Array, vocab: int) -> jax.Array:
 def collision_rate(keys: jax.Array, rows: jax.Array, num_rows: int) -> jax.Array:
     """1 - (distinct rows) / (distinct ids) of the batch: the share of its distinct ids that found their row
     already taken by another (0: no two ids share a row)."""
-    _, _, valid, _, _ = _distinct(keys.reshape(-1, 2))
+    _, _, valid, _, _ = distinct_keys(keys.reshape(-1, 2))
     ids = jnp.sum(valid)
     r = jnp.sort(jnp.where(rows.reshape(-1) > 0, rows.reshape(-1), num_rows + 1))
     distinct = jnp.sum((r != jnp.concatenate([jnp.full((1,), -1, r.dtype), r[:-1]])) & (r <= num_rows))
@@ -160,53 +161,6 @@ def collision_rate(keys: jax.Array, rows: jax.Array, num_rows: int) -> jax.Array
 
 
 # ----- the step's mapping ------------------------------------------------------------------------------
-def _distinct(keys: jax.Array):
-    """The distinct non-padding ids of ``keys`` [N, 2] in ascending 64-bit order, padded to N with (0, 0):
-    (hi, lo, valid, occurrences [N], inverse [N]: each position's index into them, N for padding).
-
-    XLA:CPU sorts one integer array several times faster than it sorts tuples, so where N * N fits in int32
-    each half is replaced by its rank among the batch's halves (a sort and a search), and the pair of ranks,
-    which orders as the 64-bit id does, is sorted as one int32. Larger batches sort the tuples."""
-    n = keys.shape[0]
-    hi, lo = keys[:, 0], keys[:, 1]
-    pad = (hi | lo) == 0
-    if n * n >= 2**31:
-        ps, hs, ls, perm = lax.sort((pad.astype(jnp.uint32), hi, lo, jnp.arange(n, dtype=jnp.int32)), num_keys=3)
-        real = ps == 0
-        new = jnp.concatenate([jnp.ones((1,), bool), (hs[1:] != hs[:-1]) | (ls[1:] != ls[:-1])]) & real
-        uid = jnp.where(real, jnp.cumsum(new) - 1, n).astype(jnp.int32)
-        inverse = jnp.zeros((n,), jnp.int32).at[perm].set(uid)
-    else:
-        sh, sl = jnp.sort(hi), jnp.sort(lo)
-        packed = jnp.where(pad, n * n, _rank(sh, hi) * n + _rank(sl, lo))
-        sp = jnp.sort(packed)
-        new = jnp.concatenate([jnp.ones((1,), bool), sp[1:] != sp[:-1]]) & (sp < n * n)
-        uid = (jnp.cumsum(new) - 1).astype(jnp.int32)
-        q = jnp.minimum(sp // n, n - 1)
-        hs, ls = sh[q], sl[jnp.minimum(sp - q * n, n - 1)]
-        inverse = jnp.where(pad, n, uid[_rank(sp, packed)])
-    at = jnp.where(new, uid, n)
-    uh = jnp.zeros((n,), jnp.uint32).at[at].set(hs, mode="drop")
-    ul = jnp.zeros((n,), jnp.uint32).at[at].set(ls, mode="drop")
-    occ = jnp.zeros((n,), jnp.int32).at[inverse].add(1, mode="drop")
-    valid = jnp.arange(n) < jnp.sum(new)
-    return uh, ul, valid, occ, inverse
-
-
-def _rank(sorted_values: jax.Array, values: jax.Array) -> jax.Array:
-    """int32: each value's position among ``sorted_values`` (the first of its equals)."""
-    return jnp.searchsorted(sorted_values, values, method="scan").astype(jnp.int32)
-
-
-def _first_claims(chosen: jax.Array, none: int) -> jax.Array:
-    """bool [N]: whether id i is the smallest index choosing its slot (``chosen`` = ``none``: no claim), by a
-    sort of the slots alone and a scatter-min of the indices over their ranks (no tuple sort)."""
-    n = chosen.shape[0]
-    r = _rank(jnp.sort(chosen), chosen)
-    idx = jnp.arange(n, dtype=jnp.int32)
-    return (jnp.full((n,), n, jnp.int32).at[r].min(idx)[r] == idx) & (chosen < none)
-
-
 def _window(spec: HashSpec, uh, ul):
     home = key_hash(uh, ul, 0) % jnp.uint32(spec.capacity)
     probes = min(spec.probes, spec.capacity)
@@ -248,7 +202,7 @@ def _choose(spec: HashSpec, last, count, win, wants, step):
     can = wants & (jnp.take_along_axis(cls, j[:, None], 1)[:, 0] < 2)
     chosen = jnp.where(can, pick, c)
     # the smallest id choosing a slot keeps it (work over the batch's ids, never over the capacity)
-    return chosen, can, _first_claims(chosen, c)
+    return chosen, can, first_claims(chosen, c)
 
 
 def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array) -> tuple[HashState, Assigned]:
@@ -257,7 +211,7 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array) -
     keys = keys.reshape(-1, 2).astype(jnp.uint32)
     n, c = keys.shape[0], spec.capacity
     step = jnp.asarray(step, jnp.int32)
-    uh, ul, valid, occ, inverse = _distinct(keys)
+    uh, ul, valid, occ, inverse = distinct_keys(keys)
     hit, slot, win = _find(spec, state, uh, ul, valid)
     last = state.last.at[jnp.where(hit, slot, c)].set(step, mode="drop")
     count = state.count.at[jnp.where(hit, slot, c)].add(occ, mode="drop")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from runner.core import hash_tables as ht
+from runner.core import id_sort
 
 M32 = 0xFFFFFFFF
 
@@ -193,7 +194,7 @@ def test_the_batch_dedupe_is_numpys_unique_of_the_64_bit_ids(n):
                            (rng.integers(1, 5, 300, dtype=np.int64) << 32) | rng.integers(0, 5, 300)])
     ids = rng.choice(pool, n)
     ids[rng.random(n) < 0.2] = 0  # padding
-    uh, ul, valid, occ, inverse = map(np.asarray, jax.jit(ht._distinct)(jnp.asarray(ht.fingerprint(ids))))
+    uh, ul, valid, occ, inverse = map(np.asarray, jax.jit(id_sort.distinct_keys)(jnp.asarray(ht.fingerprint(ids))))
     want, counts = np.unique(ids[ids != 0].view(np.uint64), return_counts=True)
     m = len(want)
     assert valid.sum() == m and valid[:m].all()
@@ -207,7 +208,7 @@ def test_the_batch_dedupe_is_numpys_unique_of_the_64_bit_ids(n):
 def test_the_smallest_index_choosing_a_slot_wins_it():
     rng = np.random.default_rng(0)
     chosen = np.where(rng.random(5000) < 0.3, 700, rng.integers(0, 700, 5000)).astype(np.int32)  # 700: no claim
-    got = np.asarray(jax.jit(lambda c: ht._first_claims(c, 700))(jnp.asarray(chosen)))
+    got = np.asarray(jax.jit(lambda c: id_sort.first_claims(c, 700))(jnp.asarray(chosen)))
     first = {}
     for i, c in enumerate(chosen):
         first.setdefault(int(c), i)
