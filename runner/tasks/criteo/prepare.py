@@ -23,7 +23,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -52,34 +52,56 @@ class PrepareError(ValueError):
 
 @dataclasses.dataclass
 class _Writer:
-    """One split's shards: records buffered up to ``shard_lines``, then written (temporary name, rename)."""
+    """One split's shards, streamed: each block's records are appended to the open shard file as they come (no
+    shard is held in memory), the ``.npy`` header, of a fixed size, written over its placeholder once the
+    shard's length is known; at ``shard_lines`` records (or the end) the file is renamed from its temporary name."""
 
     folder: Path
     shard_lines: int
-    parts: list = dataclasses.field(default_factory=list)
+    file: Any = None
+    dtype: Any = None
     buffered: int = 0
     shards: list = dataclasses.field(default_factory=list)
 
     def add(self, records: np.ndarray) -> None:
         while len(records):
             take = min(len(records), self.shard_lines - self.buffered)
-            self.parts.append(records[:take])
+            if self.file is None:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                self.file, self.dtype = open(self._tmp(), "wb"), records.dtype
+                self.file.write(npy_header(records.dtype, 0))
+            self.file.write(np.ascontiguousarray(records[:take]).tobytes())
             self.buffered += take
             records = records[take:]
             if self.buffered == self.shard_lines:
                 self.flush()
 
     def flush(self) -> None:
-        if not self.buffered:
+        if self.file is None:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        name = f"shard-{len(self.shards):05d}.npy"
-        tmp = self.folder / (name + ".partial")
-        with open(tmp, "wb") as f:
-            np.save(f, np.concatenate(self.parts))
-        tmp.replace(self.folder / name)
+        self.file.seek(0)
+        self.file.write(npy_header(self.dtype, self.buffered))
+        self.file.close()
+        name = self._tmp().name[:-len(".partial")]
+        self._tmp().replace(self.folder / name)
         self.shards.append({"file": f"{self.folder.name}/{name}", "examples": self.buffered})
-        self.parts, self.buffered = [], 0
+        self.file, self.buffered = None, 0
+
+    def _tmp(self) -> Path:
+        return self.folder / f"shard-{len(self.shards):05d}.npy.partial"
+
+
+HEADER_BYTES = 1024  # every shard's .npy header, padded to this size (a multiple of 64, as the format wants)
+
+
+def npy_header(dtype: np.dtype, n: int) -> bytes:
+    """A version 1.0 ``.npy`` header for ``n`` records of ``dtype``, padded with spaces to ``HEADER_BYTES``."""
+    text = repr({"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+                 "shape": (int(n),)}).encode("latin1")
+    pad = HEADER_BYTES - 10 - len(text) - 1
+    if pad < 0:
+        raise ValueError(f"a record type too long for a {HEADER_BYTES}-byte .npy header: {dtype}")
+    return b"\x93NUMPY\x01\x00" + (HEADER_BYTES - 10).to_bytes(2, "little") + text + b" " * pad + b"\n"
 
 
 class _Counts:
@@ -97,15 +119,18 @@ class _Counts:
             v, c = np.unique(slots[np.arange(slots.shape[1]) < count[:, j, None]], return_counts=True)
             self.pending[j].append((v, c))
             self.pending_size[j] += len(v)
-            if self.pending_size[j] > max(1 << 20, 2 * len(self.merged[j][0])):
+            if self.pending_size[j] > max(1 << 18, len(self.merged[j][0]) // 2):
                 self._merge(j)
 
     def _merge(self, j: int) -> None:
         parts = [self.merged[j], *self.pending[j]]
         v = np.concatenate([p[0] for p in parts])
         c = np.concatenate([p[1] for p in parts])
-        u, inv = np.unique(v, return_inverse=True)
-        self.merged[j] = (u, np.bincount(inv, weights=c, minlength=len(u)).astype(np.int64))
+        order = np.argsort(v, kind="stable")
+        v, c = v[order], c[order]
+        del order
+        starts = np.flatnonzero(np.concatenate([[True], v[1:] != v[:-1]])) if len(v) else np.zeros(0, np.int64)
+        self.merged[j] = (v[starts], np.add.reduceat(c, starts) if len(v) else np.zeros(0, np.int64))
         self.pending[j], self.pending_size[j] = [], 0
 
     def result(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -191,6 +216,7 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
     values = counts.result()
     _save(out / "counts.npz", **{f"values_{j}": v for j, (v, _) in enumerate(values)},
           **{f"counts_{j}": c for j, (_, c) in enumerate(values)})
+    del values, counts  # the vocabulary is derived from the file: the counts are not held twice
     save_vocabulary(out, min_count)
     manifest = {"format": FORMAT, "split": rule, "seed": seed, "min_count": min_count, "bags": list(bags),
                 "max_bad_lines": max_bad_lines, "files": files,

@@ -217,3 +217,21 @@ def test_the_command_converts_and_refuses_with_one_message(tmp_path):
     assert again.stderr.strip().startswith("runner.prepare: ") and "already holds converted shards" in again.stderr
     bad = run("criteo", str(tmp_path / "nope"), "--out", str(tmp_path / "t"))
     assert bad.returncode == 2 and "nope: no such file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_shards_are_streamed_to_disk_and_read_back_as_written(tmp_path):
+    from runner.tasks.criteo.prepare import HEADER_BYTES, RECORD, _Writer
+
+    rng = np.random.default_rng(0)
+    recs = np.zeros(23, RECORD)
+    recs["label"], recs["cat"] = rng.integers(0, 2, 23), rng.integers(0, 2**32, recs["cat"].shape, dtype=np.uint64)
+    w = _Writer(tmp_path / "train", 10)
+    for part in np.split(recs, [4, 9, 21]):  # blocks across shard boundaries
+        w.add(part)
+    assert len(w.shards) == 2 and len(list((tmp_path / "train").glob("*.partial"))) == 1  # the third, still open
+    w.flush()
+    assert [s["examples"] for s in w.shards] == [10, 10, 3] and not list((tmp_path / "train").glob("*.partial"))
+    back = [np.load(tmp_path / s["file"]) for s in w.shards]
+    assert all(b.dtype == RECORD for b in back)
+    np.testing.assert_array_equal(np.concatenate(back), recs)
+    assert (tmp_path / w.shards[2]["file"]).stat().st_size == HEADER_BYTES + 3 * RECORD.itemsize
