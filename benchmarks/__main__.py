@@ -23,7 +23,7 @@ from pathlib import Path
 from . import common
 
 BENCHMARKS = ("fused_update", "memory", "sharded", "phases", "trainer", "precision", "async_cost", "bags",
-              "hash_tables")
+              "hash_tables", "convert")
 OPTIONAL = ("checkpoint",)  # run when its module exists (another part of the project provides it)
 
 

@@ -80,6 +80,9 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
     hashed = json.loads((out / "hash_tables.json").read_text())["cost"]
     assert hashed["slot_bytes_per_slot"] == 16 and 0 < hashed["occupancy"] <= 1  # key 8, last step 4, count 4
     assert hashed["dense"]["n"] == hashed["hash"]["n"] == hashed["x_dense"]["n"] >= 2
+    conv = json.loads((out / "convert.json").read_text())
+    assert conv["results"]["convert"]["examples"] == conv["results"]["pyarrow read"]["examples"] == 20_000
+    assert all(r["peak_rss"] > 0 and r["mb_per_s"] > 0 for r in conv["results"].values())
     for name in ("fused_update", "memory", "sharded", "trainer"):
         w, h = png_size(out / f"{name}.png")
         assert w > 200 and h > 200, name
