@@ -24,7 +24,7 @@ run: install
 
 ## The whole suite, slow tests included (what CI runs).
 test: install
-	$(PY) -m pytest -n 2 --dist worksteal --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist worksteal --durations=30 $(PYTEST_ARGS)
 
 ## Everything but the slow (subprocess, sweep) tests.
 test-fast: install
