@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN_OUTPUTS = ["outputs/2026-12-01/10-00-00/metrics.jsonl", "outputs/2026-12-01/10-00-00/.hydra/config.yaml",
                "outputs/checkpoints/run/4/meta", "multirun/2026-12-01/10-00-00/0/summary.json",
                "wandb/offline-run-1/run-1.wandb", "runner/wandb/offline-run-2/files", "sub/outputs/x/runner.log",
-               "conf/multirun/q"]
+               "conf/multirun/q", ".hydra/config.yaml", "optuna.db"]
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
