@@ -65,7 +65,7 @@ class HashTable:
         def step(table, state, slots, keys, s):
             slots, got = ht.assign(spec, slots, keys, s)
             table, state = ht.reset_rows(spec, table, state, initial, got, seed, 0.05)
-            ids = jnp.where((keys[:, 0] | keys[:, 1]) == 0, 0, ht.rows_of(spec, got.slots, rows))
+            ids = ht.key_rows(spec, keys, got.slots, rows)
             emb = table.at[ids].get(mode="fill", fill_value=0)
             grads = 0.5 * emb + 0.01
             c = ctx.fresh()

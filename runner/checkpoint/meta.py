@@ -79,7 +79,7 @@ def tables_of(program: Any) -> dict[str, dict[str, Any]]:
     return {n: {"vocab": s.vocab, "rows": s.rows, "width": s.width, "dtype": s.dtype,
                 "optimizer": type(program.emb_optimizers[n]).__name__,
                 "tokens_per_batch": program.contexts[n].tokens_per_batch, "permute_ids": bool(s.permute_ids),
-                "kind": s.kind, **({"probes": min(s.hash.probes, s.hash.capacity)} if s.hash is not None else {})}
+                "kind": s.kind, **({"probes": s.hash.window} if s.hash is not None else {})}
             for n, s in sorted(program.tables.items())}
 
 

@@ -81,6 +81,11 @@ class HashSpec:
     def shared_row(self) -> int:
         return self.capacity + 1
 
+    @property
+    def window(self) -> int:
+        """Slots an id's window holds: ``probes``, at most the whole table."""
+        return min(self.probes, self.capacity)
+
 
 class HashState(NamedTuple):
     """A hash table's slots and sketch: part of the train state (checkpointed and digested with it)."""
@@ -143,11 +148,15 @@ def keys_of(ids: jax.Array) -> jax.Array:
     return jnp.stack([jnp.zeros_like(i, jnp.uint32), jnp.where(i > 0, i, 0).astype(jnp.uint32)], -1)
 
 
+def is_pad(keys: jax.Array) -> jax.Array:
+    """bool [...]: which of the keys [..., 2] are padding (id 0: both halves 0)."""
+    return (keys[..., 0] | keys[..., 1]) == 0
+
+
 def modulo_rows(keys: jax.Array, vocab: int) -> jax.Array:
     """kind=modulo: row ``1 + hash(id) mod (vocab - 1)`` of each id, padding row 0 (distinct ids may collide)."""
-    pad = (keys[..., 0] | keys[..., 1]) == 0
     r = key_hash(keys[..., 0], keys[..., 1], 0) % jnp.uint32(vocab - 1)
-    return jnp.where(pad, 0, r.astype(jnp.int32) + 1)
+    return jnp.where(is_pad(keys), 0, r.astype(jnp.int32) + 1)
 
 
 def collision_rate(keys: jax.Array, rows: jax.Array, num_rows: int) -> jax.Array:
@@ -163,8 +172,7 @@ def collision_rate(keys: jax.Array, rows: jax.Array, num_rows: int) -> jax.Array
 # ----- the step's mapping ------------------------------------------------------------------------------
 def _window(spec: HashSpec, uh, ul):
     home = key_hash(uh, ul, 0) % jnp.uint32(spec.capacity)
-    probes = min(spec.probes, spec.capacity)
-    return ((home[:, None] + jnp.arange(probes, dtype=jnp.uint32)[None, :]) % jnp.uint32(spec.capacity)
+    return ((home[:, None] + jnp.arange(spec.window, dtype=jnp.uint32)[None, :]) % jnp.uint32(spec.capacity)
             ).astype(jnp.int32)
 
 
@@ -248,7 +256,7 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array) -
     chosen = fresh
     uslot = jnp.where(hit, slot, jnp.where(won, chosen, -1))
     slots = jnp.concatenate([uslot, jnp.full((1,), -1, jnp.int32)])[inverse]
-    real = (keys[:, 0] | keys[:, 1]) != 0
+    real = ~is_pad(keys)
     out = Assigned(slots.reshape(shape), fresh, jnp.stack([uh, ul], -1), jnp.sum(won).astype(jnp.int32), evicted,
                    jnp.sum(real & (slots < 0)).astype(jnp.int32))
     return HashState(new_keys, last, count, sketch, state.filled + out.admitted - evicted), out
@@ -258,8 +266,7 @@ def find(spec: HashSpec, state: HashState, keys: jax.Array) -> jax.Array:
     """Each id's slot, -1 for none: the read-only lookup (evaluation), which changes nothing."""
     shape = keys.shape[:-1]
     k = keys.reshape(-1, 2).astype(jnp.uint32)
-    valid = (k[:, 0] | k[:, 1]) != 0
-    _, slot, _ = _find(spec, state, k[:, 0], k[:, 1], valid)
+    _, slot, _ = _find(spec, state, k[:, 0], k[:, 1], ~is_pad(k))
     return slot.reshape(shape)
 
 
@@ -269,6 +276,11 @@ def rows_of(spec: HashSpec, slots: jax.Array, out_of_range: int) -> jax.Array:
     the caller passes their mask."""
     none = spec.shared_row if spec.default == "shared" else out_of_range
     return jnp.where(slots >= 0, slots + 1, none).astype(jnp.int32)
+
+
+def key_rows(spec: HashSpec, keys: jax.Array, slots: jax.Array, out_of_range: int) -> jax.Array:
+    """``rows_of`` the ids ``keys`` given ``slots``, padding ids on row 0."""
+    return jnp.where(is_pad(keys), 0, rows_of(spec, slots, out_of_range))
 
 
 def occupancy(state: HashState) -> jax.Array:
@@ -318,8 +330,7 @@ def map_batch(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]):
         spec, out = program.tables[n], program.contexts[n].stored_rows
         keys = keys_of(raw_ids[n])
         hashed[n], got = assign(spec.hash, state.hashed[n], keys, state.step)
-        pad = (keys[..., 0] | keys[..., 1]) == 0
-        rows[n] = jnp.where(pad, 0, rows_of(spec.hash, got.slots, out))
+        rows[n] = key_rows(spec.hash, keys, got.slots, out)
         seed = jax.random.bits(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 7919 + i), (2,), jnp.uint32)
         with traced(program, n, "its rows given to new ids were reset"):
             initial = program.emb_optimizers[n].init(1, spec.width)
@@ -337,9 +348,7 @@ def read_rows(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]) -> dic
     for n in state.hashed:
         spec = program.tables[n]
         keys = keys_of(raw_ids[n])
-        slots = find(spec.hash, state.hashed[n], keys)
-        pad = (keys[..., 0] | keys[..., 1]) == 0
-        out[n] = jnp.where(pad, 0, rows_of(spec.hash, slots, program.contexts[n].stored_rows))
+        out[n] = key_rows(spec.hash, keys, find(spec.hash, state.hashed[n], keys), program.contexts[n].stored_rows)
     return out
 
 

@@ -171,16 +171,16 @@ class TrainProgram:
             table, emb_state, norm, valid = opt.apply_dense(ctx, update, table, emb_state)  # sync mode only
             return table, emb_state, norm, valid, None
 
-    def table_ids(self, batch: Mapping[str, jax.Array], hashed_rows: Mapping[str, jax.Array] | None = None
-                  ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-        """The rows the model's ids use, per table: the id itself, or its relabelling under
-        ``mesh.permute_ids`` (``embeddings.stored_rows``; the one place ids become rows, so lookups, update
-        records and row statistics all count stored rows), with every id outside ``[0, vocab)`` replaced by
-        the out-of-range id (the stored row count): it reads zeros on every layout and no update touches a
-        row for it. Also returns each dense table's mask of those ids. A hash table's rows are ``hashed_rows``
-        (``hash_tables.map_batch``), a modulo table's its ids hashed onto rows ``[1, vocab)``."""
+    def table_ids(self, batch: Mapping[str, jax.Array], hashed_rows: Mapping[str, jax.Array] | None = None,
+                  raw_ids: Mapping[str, jax.Array] | None = None) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+        """The rows the model's ids (``raw_ids``, or ``model.table_ids(batch)``) use, per table: the id, or its
+        relabelling under ``mesh.permute_ids`` (``embeddings.stored_rows``; the one place ids become rows, so
+        lookups, update records and row statistics all count stored rows), with every id outside ``[0, vocab)``
+        replaced by the out-of-range id (the stored row count): it reads zeros on every layout and no update
+        touches a row for it. Also returns each dense table's mask of those ids. A hash table's rows are
+        ``hashed_rows`` (``hash_tables.map_batch``), a modulo table's its ids hashed onto rows ``[1, vocab)``."""
         ids, bad = {}, {}
-        for n, raw in self.model.table_ids(batch).items():
+        for n, raw in (self.model.table_ids(batch) if raw_ids is None else raw_ids).items():
             if self.tables[n].kind != "dense":
                 ids[n] = hash_tables.keyed_rows(self.tables[n], raw, hashed_rows)
             else:
@@ -204,7 +204,7 @@ class TrainProgram:
         args = self.run_args() if args is None else args
         raw_ids = self.model.table_ids(batch)
         state, hashed_rows, moved, hash_metrics = hash_tables.map_batch(self, state, raw_ids)
-        ids, bad_ids = self.table_ids(batch, hashed_rows)
+        ids, bad_ids = self.table_ids(batch, hashed_rows, raw_ids)
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
         detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
         # The batch's distinct ids. Routed row and column tables never dedupe the whole batch (each device
@@ -360,7 +360,8 @@ class TrainProgram:
 
     def predict(self, state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
         """The model's scores of ``batch`` under ``state`` (for evaluation), tables looked up as in the step."""
-        ids, _ = self.table_ids(batch, hash_tables.read_rows(self, state, self.model.table_ids(batch)))
+        raw_ids = self.model.table_ids(batch)
+        ids, _ = self.table_ids(batch, hash_tables.read_rows(self, state, raw_ids), raw_ids)
         embs = {n: lookup(self.contexts[n], state.tables[n], ids[n]) for n in ids}
         # The model scores catalogues by row number: it gets every table with row i holding id i (a gather
         # under mesh.permute_ids, dropped by the compiler for a model that never reads the tables).

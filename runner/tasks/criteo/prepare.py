@@ -82,13 +82,16 @@ class _Writer:
         self.file.seek(0)
         self.file.write(npy_header(self.dtype, self.buffered))
         self.file.close()
-        name = self._tmp().name[:-len(".partial")]
+        name = self._name()
         self._tmp().replace(self.folder / name)
         self.shards.append({"file": f"{self.folder.name}/{name}", "examples": self.buffered})
         self.file, self.buffered = None, 0
 
+    def _name(self) -> str:  # the shard being written
+        return f"shard-{len(self.shards):05d}.npy"
+
     def _tmp(self) -> Path:
-        return self.folder / f"shard-{len(self.shards):05d}.npy.partial"
+        return self.folder / (self._name() + ".partial")
 
 
 HEADER_BYTES = 1024  # every shard's .npy header, padded to this size (a multiple of 64, as the format wants)

@@ -111,9 +111,8 @@ class _Zipf:
         # leftovers are 1 up to rounding: keep[k] stays 1
         self.n = n
         self.keep = keep
-        self.perm = perm
+        self.perm = perm  # rank -> id (the ids of the columns kept)
         self.alias = alias
-        self.id_keep = perm
         self.id_alias = perm[alias]
 
     def ids(self, u: np.ndarray, shift: int = 0) -> np.ndarray:
@@ -123,7 +122,7 @@ class _Zipf:
         if shift:
             rank = np.where(x - col < np.take(self.keep, col), col, np.take(self.alias, col))
             return np.take(self.perm, (rank + shift) % self.n)
-        return np.where(x - col < np.take(self.keep, col), np.take(self.id_keep, col), np.take(self.id_alias, col))
+        return np.where(x - col < np.take(self.keep, col), np.take(self.perm, col), np.take(self.id_alias, col))
 
 
 def raw_id(ids: np.ndarray, seed: int) -> np.ndarray:
