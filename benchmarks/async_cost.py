@@ -51,7 +51,7 @@ def fused_cost(cfg: dict) -> list[dict]:
                 norm, _, _ = opt.gradient_update_done(c, keep[0])
                 return table, state, norm
 
-            jitted = jax.jit(step, donate_argnums=(0, 1))
+            jitted = jax.jit(step, donate_argnums=(0, 1), compiler_options=optimizers.compiler_options(["float32"], 1))
             holder = {"t": jax.jit(lambda: jnp.full((V, D), 0.01, jnp.float32))(),
                       "s": jax.jit(lambda opt=opt: opt.init(V, D))()}
 

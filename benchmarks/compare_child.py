@@ -15,6 +15,15 @@ import sys
 import time
 
 
+def compile_options(options) -> dict:
+    """The commit's compiler options for a one-device step, as its runner compiles one (older commits' take
+    no device count)."""
+    try:
+        return options(["float32"], 1)
+    except TypeError:
+        return options(["float32"])
+
+
 def main(payload: dict) -> dict:
     import jax
     import jax.numpy as jnp
@@ -42,7 +51,7 @@ def main(payload: dict) -> dict:
                 norm, _, _ = opt.gradient_update_done(c, keep[0])
                 return table, state, norm
 
-            kw = {"compiler_options": options(["float32"])} if options else {}
+            kw = {"compiler_options": compile_options(options)} if options else {}
             fn = jax.jit(step, donate_argnums=(0, 1), **kw)
             table = jax.jit(lambda: jnp.zeros((vocab, width), jnp.float32))()
             state = jax.jit(lambda: opt.init(vocab, width))()

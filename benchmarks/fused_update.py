@@ -32,8 +32,9 @@ QUICK = dict(sizes=(1_000, 10_000), width=16, batch=256, rounds=3, warmup=1, den
              opts=("async_rowwise_adagrad", "async_adam"), bf16_opts=("async_rowwise_adagrad",), dense=("adam",))
 
 
-def update_step(opt, ctx: optimizers.AsyncEmbContext, fused: bool, dtype: str = "float32"):
-    """Jitted ``(table, state, ids) -> (table, state, norm)`` with table and state donated."""
+def update_step(opt, ctx: optimizers.AsyncEmbContext, fused: bool, dtype: str = "float32", devices: int = 1):
+    """Jitted ``(table, state, ids) -> (table, state, norm)`` with table and state donated, compiled as the runner
+    compiles a step on ``devices`` devices (``optimizers.compiler_options``)."""
 
     def step(table, state, ids):
         emb = table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32)  # the lookup
@@ -47,7 +48,7 @@ def update_step(opt, ctx: optimizers.AsyncEmbContext, fused: bool, dtype: str = 
             table, state, norm, _ = opt.apply_dense(c, update, table, state)
         return table, state, norm
 
-    return jax.jit(step, donate_argnums=(0, 1), compiler_options=compiler_options([dtype]))
+    return jax.jit(step, donate_argnums=(0, 1), compiler_options=compiler_options([dtype], devices))
 
 
 class Table:

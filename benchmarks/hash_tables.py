@@ -74,7 +74,7 @@ class HashTable:
             norm, _, _ = opt.gradient_update_done(c, keep[0])
             return table, state, slots, norm, got.evicted
 
-        self.step = jax.jit(step, donate_argnums=(0, 1, 2), compiler_options=compiler_options(["float32"]))
+        self.step = jax.jit(step, donate_argnums=(0, 1, 2), compiler_options=compiler_options(["float32"], 1))
         self.keys, self.evicted = keys, []
 
     def __call__(self, i: int):

@@ -49,7 +49,7 @@ def child(cfg: dict) -> dict:
     state_sh = jax.tree.map(shard, ctx.state_specs(state_shape),
                             is_leaf=lambda x: isinstance(x, type(ctx.table_spec())))
     fused = optimizers.supports_async_emb(opt)
-    step = update_step(opt, ctx, fused, cfg["dtype"])
+    step = update_step(opt, ctx, fused, cfg["dtype"], devices)
     table_abs = jax.ShapeDtypeStruct((V, D), jnp.dtype(cfg["dtype"]), sharding=shard(ctx.table_spec()))
     ids_abs = jax.ShapeDtypeStruct((B,), jnp.int32)
     step = step.lower(table_abs, state_shape, ids_abs).compile()

@@ -126,7 +126,8 @@ def child(p: dict) -> dict:
                 norm, valid, _ = opt.gradient_update_done(c, keep[0])
                 return table, state, (norm, valid)
 
-            f = jax.jit(step, donate_argnums=(0, 1))
+            on = 1 if var == "one device" else mesh.size  # compiled as the runner compiles a step on this many devices
+            f = jax.jit(step, donate_argnums=(0, 1), compiler_options=optimizers.compiler_options(["float32"], on))
             compiled = f.lower(table, state, bi[0], bg[0]).compile()
             phases_of = op_phases(compiled.as_text())
             h = {"t": table, "s": state}

@@ -128,7 +128,9 @@ def child(p: dict) -> dict:
                 return table, state, (norm, valid, c.results.get("rows_per_shard"),
                                       c.results.get("route_refused", jnp.zeros((), jnp.int32)))
 
-            f = jax.jit(step, donate_argnums=(0, 1))
+            # compiled as the runner compiles a step on this many devices (optimizers.compiler_options)
+            f = jax.jit(step, donate_argnums=(0, 1),
+                        compiler_options=optimizers.compiler_options(["float32"], 1 if layout is None else S))
             hlo = f.lower(table, state, bi[0], bg[0]).compile().as_text()
             traffic = step_collective_bytes(hlo)  # a usual step: not rerouted
             traffic_rerouted = step_collective_bytes(hlo, "dearest")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 # Rows the routed owner's rule handles at a time: its owned rows come first in a static buffer sized for the
 # capacity (every sender's slots), mostly padding at the default capacity; it skips chunks of padding only.
-RULE_CHUNK = 256
+RULE_CHUNK = 1024
 
 
 class RowRouted(RowLayout):

@@ -109,7 +109,7 @@ class TrainProgram:
 
         def jit_init():
             shapes = jax.eval_shape(self._init, key, rng)
-            opts = compiler_options([t.dtype for t in self.tables.values()])
+            opts = compiler_options([t.dtype for t in self.tables.values()])  # may be traced inside another jit
             return jax.jit(self._init, out_shardings=self.state_shardings(shapes), compiler_options=opts)
 
         return self._reused(("init",), jit_init)(key, rng)
@@ -387,7 +387,8 @@ class TrainProgram:
         """The jitted (step, flush, predict) for states like ``state`` and batches like ``example_batch``."""
         s_sh = self.state_shardings(state)
         b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
-        opts = compiler_options([t.dtype for t in self.tables.values()])  # bf16 tables: no f32 table copies
+        # bf16 tables: no f32 table copies; one device: the older fusion emitters (optimizers.compiler_options)
+        opts = compiler_options([t.dtype for t in self.tables.values()], self.mesh.size)
         head_sh, later_sh = self.split_queue(s_sh.pending)
         step = jax.jit(lambda rest, head, later, batch, a: self.step_core(rest._replace(pending=head), batch, a, later),
                        in_shardings=(s_sh._replace(pending={}), head_sh, self.later_ids(later_sh), b_sh,
