@@ -24,10 +24,12 @@ def mix32(x: jax.Array) -> jax.Array:
 
 def hash2d(rows: jax.Array, cols: jax.Array, row_key: Any, col_key: Any) -> jax.Array:
     """uint32 [len(rows), len(cols)]: a hash of (row id, column) under two keys, the same on any layout.
-    Shared by stochastic rounding and the runner's table initialisation."""
+    Shared by stochastic rounding and the runner's table initialisation. Each key is a scalar, or one per row
+    (rows of several stacked tables, each under its own keys)."""
     r = mix32(rows.astype(jnp.uint32) * jnp.uint32(0x9E3779B1) + jnp.asarray(row_key).astype(jnp.uint32))
-    c = cols.astype(jnp.uint32) * jnp.uint32(0x85EBCA77) + jnp.asarray(col_key).astype(jnp.uint32)
-    return mix32(r[:, None] ^ c[None, :])
+    col_key = jnp.asarray(col_key).astype(jnp.uint32)
+    c = (cols.astype(jnp.uint32) * jnp.uint32(0x85EBCA77))[None, :] + (col_key[:, None] if col_key.ndim else col_key)
+    return mix32(r[:, None] ^ c)
 
 
 def rounding_bits(rows: jax.Array, cols: jax.Array, count: jax.Array) -> jax.Array:

@@ -26,6 +26,7 @@ from .core.dense_optimizer import DenseOptimizer
 from .core.embeddings import TableSpec, stored_rows
 from .core.hash_tables import HashSpec
 from .core.mesh import MeshPlan, build_mesh, resolve_axes
+from .core import stacking
 from .core.step import TrainProgram
 from .errors import PreflightError
 from .tasks import make_task
@@ -204,8 +205,34 @@ def keyed_table(name: str, t: DictConfig, tokens: int, emb_width: int, shards: i
                      kind="hash", hash=spec)
 
 
+def optimizer_key(cfg: DictConfig, name: str) -> str:
+    """The config key of table ``name``'s embedding optimizer (a stack's: its first member's)."""
+    return f"table_optimizers.{name}" if name in cfg.table_optimizers else "optimizer"
+
+
+def stack_tables(cfg: DictConfig, plan: MeshPlan, logical: dict[str, TableSpec],
+                 opts: dict[str, Any]) -> tuple[stacking.Stacking, dict[str, TableSpec], dict[str, Any]]:
+    """``model.stack_tables``: the physical tables (``runner.core.stacking.plan``: dense tables of one width,
+    dtype, initial scale and optimizer share one), their optimizers, and the stacking; else the tables as they
+    are. (The sequential model, which scores whole tables by row, has no such setting.)"""
+    if not bool(cfg.model.get("stack_tables", False)):  # a model whose schema has no such field: never
+        return stacking.identity(logical), logical, opts
+    shards = plan.table_shards if plan.layout.splits_rows and cfg.mesh.pad_vocab else 1
+    stacked, specs, physical_opts = stacking.plan(logical, opts, shards)
+    if stacked.stacks:  # a stack's ids are permuted as the checkpoint resumed records it, or as a new run's
+        permuted = permuted_tables(cfg, plan, list(stacked.stacks))
+        specs = {n: dataclasses.replace(s, permute_ids=permuted[n]) if n in stacked.stacks else s
+                 for n, s in specs.items()}
+        if jax.process_index() == 0:
+            for n, members in stacked.stacks.items():
+                log.info("tables stacked: %s holds %s (%d tables, %s rows, width %d)", n, ", ".join(members),
+                         len(members), f"{specs[n].vocab:,}", specs[n].width)
+    return stacked, specs, physical_opts
+
+
 def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: dict[str, AsyncEmbContext],
-                batch_size: int) -> dict[str, int]:
+                batch_size: int, stacked: stacking.Stacking | None = None,
+                logical: dict[str, TableSpec] | None = None) -> dict[str, int]:
     """Per routed table: the most distinct ids one device sends one row shard over the first
     ``ROUTE_SAMPLE_BATCHES`` train batches (their stored rows, split over the mesh as the step splits them);
     per sharded column table: the most distinct ids one device holds (what its exchange is sized from,
@@ -217,6 +244,10 @@ def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: di
     peaks = dict.fromkeys(routed, 0)
     for step in range(ROUTE_SAMPLE_BATCHES):
         ids = model.table_ids({k: np.asarray(v) for k, v in task.batch(step, batch_size).items()})
+        if stacked is not None and stacked.stacks:  # stacked tables: their ids side by side in the stack's rows
+            dense = {n: np.asarray(x).astype(np.int32) for n, x in ids.items() if n in stacked.members}
+            bad = {n: (x < 0) | (x >= logical[n].vocab) for n, x in dense.items()}
+            ids = {**ids, **stacked.physical_ids(dense, bad)}
         for n in routed:
             spec, ctx = specs[n], contexts[n]
             raw = np.asarray(ids[n]).astype(np.int32)
@@ -312,8 +343,9 @@ def build_run(cfg: DictConfig) -> RunParts:
     except ValueError as e:
         raise PreflightError(str(e)) from None
     plan = MeshPlan(axes, cfg.mesh.table_axis, cfg.mesh.table_layout, cfg.mesh.routing)
-    specs = table_specs(cfg, task, plan)
-    preflight.check_hash_tables(cfg, plan, specs)
+    logical = table_specs(cfg, task, plan)
+    preflight.check_hash_tables(cfg, plan, logical)
+    stacked, specs, opts = stack_tables(cfg, plan, logical, opts)
     preflight.check_mesh(plan, available, cfg.trainer.batch_size, specs, cfg.async_emb.enabled,
                          cfg.mesh.pad_vocab)
 
@@ -324,13 +356,13 @@ def build_run(cfg: DictConfig) -> RunParts:
                                    route_capacity=float(cfg.mesh.route_capacity),
                                    route_overflow=cfg.mesh.route_overflow, dc_lambda=dc_lambda(cfg))
                 for n, s in specs.items()}
-    model = task.make_model(specs, cfg.model)
-    peaks = route_peaks(task, model, specs, contexts, B)
+    model = task.make_model(logical, cfg.model)
+    peaks = route_peaks(task, model, specs, contexts, B, stacked, logical)
     contexts = {n: dataclasses.replace(c, route_peak=peaks.get(n)) for n, c in contexts.items()}
     program = TrainProgram(model, specs, contexts, opts, dense_optimizer(cfg), cfg.async_emb.enabled, mesh,
                            tuple(task.model_keys), detail_interval=int(cfg.trainer.log_interval),
                            detail_last=int(cfg.trainer.steps), reuse_key=program_key(cfg, specs, peaks, opts),
-                           optimizer_keys={n: f"table_optimizers.{n}" if n in cfg.table_optimizers else "optimizer"
-                                           for n in specs},
-                           staleness=int(cfg.async_emb.staleness) if cfg.async_emb.enabled else 1)
+                           optimizer_keys={n: optimizer_key(cfg, stacked.stacks.get(n, (n,))[0]) for n in specs},
+                           staleness=int(cfg.async_emb.staleness) if cfg.async_emb.enabled else 1,
+                           logical=logical, stacking=stacked)
     return RunParts(program, task, plan, run_budget)

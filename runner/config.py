@@ -197,6 +197,8 @@ class RankingModelConfig:
     hidden: List[int] = field(default_factory=lambda: [128, 64])
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {
         "users": TableConfig(), "items": TableConfig(), "authors": TableConfig()})
+    # keep the dense tables of one width, dtype and optimizer as one table (runner/core/stacking.py)
+    stack_tables: bool = False
 
 
 @dataclass

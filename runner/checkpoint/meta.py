@@ -79,7 +79,8 @@ def tables_of(program: Any) -> dict[str, dict[str, Any]]:
     return {n: {"vocab": s.vocab, "rows": s.rows, "width": s.width, "dtype": s.dtype,
                 "optimizer": type(program.emb_optimizers[n]).__name__,
                 "tokens_per_batch": program.contexts[n].tokens_per_batch, "permute_ids": bool(s.permute_ids),
-                "kind": s.kind, **({"probes": s.hash.window} if s.hash is not None else {})}
+                "kind": s.kind, **({"probes": s.hash.window} if s.hash is not None else {}),
+                **({"members": list(program.stacking.stacks[n])} if n in program.stacking.stacks else {})}
             for n, s in sorted(program.tables.items())}
 
 
@@ -158,7 +159,11 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
                             f"rows their gradients were computed on)")
     ours, theirs = tables_of(program), meta["tables"]
     if set(ours) != set(theirs):
-        problems.append(f"tables: the checkpoint has {sorted(theirs)}, this config has {sorted(ours)}")
+        stacked = any("members" in t for t in theirs.values() if isinstance(t, Mapping))
+        hint = (f" (the checkpoint's tables were {'' if stacked else 'not '}stacked: model.stack_tables="
+                f"{str(stacked).lower()} builds them as it has them)"
+                if stacked != bool(program.stacking.stacks) else "")
+        problems.append(f"tables: the checkpoint has {sorted(theirs)}, this config has {sorted(ours)}{hint}")
     for name in sorted(set(ours) & set(theirs)):
         for key, label in _field_names(name).items():
             if key == "tokens_per_batch" and not program.async_emb:
@@ -166,6 +171,9 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
             if ours[name][key] != theirs[name][key]:
                 problems.append(f"table '{name}' {key} ({label}): the checkpoint has {theirs[name][key]!r}, "
                                 f"this config has {ours[name][key]!r}")
+        if theirs[name].get("members", []) != ours[name].get("members", []):
+            problems.append(f"table '{name}' members (model.stack_tables: the tables stacked in it): the checkpoint "
+                            f"has {theirs[name].get('members', [])}, this config has {ours[name].get('members', [])}")
         kind = theirs[name].get("kind", "dense")  # a checkpoint from before table kinds: dense tables
         if kind != ours[name]["kind"]:
             problems.append(f"table '{name}' kind (model.tables.{name}.kind): the checkpoint has {kind!r}, this "

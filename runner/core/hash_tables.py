@@ -376,7 +376,7 @@ def modulo_metrics(program: Any, raw_ids: Mapping[str, jax.Array]) -> dict:
     """``emb/collision_rate/<table>`` of each modulo table (``collision_rate``)."""
     out = {}
     for n, raw in raw_ids.items():
-        spec = program.tables[n]
+        spec = program.logical[n]
         if spec.kind == "modulo":
             keys = keys_of(raw)
             out[f"emb/collision_rate/{n}"] = collision_rate(keys, modulo_rows(keys, spec.vocab), spec.rows)

@@ -285,11 +285,11 @@ def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any]
         if overflow and log is not None and noted is not None and name not in noted:
             noted.add(name)
             log(route_reroute_note(program, name, overflow, peak, where))
-    for name in sorted(program.tables):
+    for name in sorted(program.logical):  # the model's own tables (a stacked one is checked against its own vocab)
         count = int(got.get(f"emb/dropped_ids/{name}", 0))
         if strict and count:
             example = int(got[f"emb/dropped_id_example/{name}"])
-            vocab = program.tables[name].vocab
+            vocab = program.logical[name].vocab
             raise TrainingError(
                 f"table '{name}' got id {example} in the batch of step {step}, outside its vocab [0, {vocab}) "
                 f"({count} such ids in that batch; trainer.strict_ids=true stops on them). Fix the data's ids, "

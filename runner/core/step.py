@@ -34,12 +34,13 @@ from jax.sharding import Mesh, NamedSharding
 from optimizers import (AsyncEmbContext, AsyncEmbGradientUpdate, compiler_options, dedupe, empty_update,
                         supports_async_emb)
 
-from . import hash_tables, mesh as mesh_lib
+from . import hash_tables, mesh as mesh_lib, stacking as stacking_lib
 from .failures import traced
 from .dense_optimizer import DenseOptimizer
 from .embeddings import TableSpec, in_id_order, lookup, lookup_counted, stored_rows, table_values
 from .compiled import FlushFn, StepFn, reused
 from .diagnostics import is_log_step, overlap, routed_diagnostics, skip_metrics
+from .flush import count_skips, flush_state
 from .state import SkipCounts, TrainState
 
 
@@ -68,6 +69,16 @@ class TrainProgram:
     optimizer_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # async: steps a deferred update waits (1: the next step applies it; k > 1: a queue of k records)
     staleness: int = 1
+    # The model's own tables (``tables`` holds the physical ones), and which of them share a physical table
+    # (``stacking``, ``model.stack_tables``). None: the same as ``tables``, nothing stacked.
+    logical: Mapping[str, TableSpec] | None = None
+    stacking: stacking_lib.Stacking | None = None
+
+    def __post_init__(self):
+        if self.logical is None:
+            object.__setattr__(self, "logical", dict(self.tables))
+        if self.stacking is None:
+            object.__setattr__(self, "stacking", stacking_lib.identity(self.tables))
 
     @property
     def dense_tx(self) -> optax.GradientTransformation:
@@ -120,10 +131,13 @@ class TrainProgram:
         params = self.model.init(k_params)
         opt_state = self.dense_tx.init(params)
         tables, emb_states, pending = {}, {}, {}
-        for i, (name, spec) in enumerate(sorted(self.tables.items())):
+        index = {n: i for i, n in enumerate(sorted(self.logical))}  # each model table's own key, stacked or not
+        for name, spec in sorted(self.tables.items()):
             ctx = self.contexts[name]
-            tables[name] = table_values(spec, jax.random.fold_in(k_tables, i),
-                                      NamedSharding(self.mesh, ctx.table_spec()))
+            members = self.stacking.stacks.get(name)
+            key = ([jax.random.fold_in(k_tables, index[m]) for m in members] if members
+                   else jax.random.fold_in(k_tables, index[name]))
+            tables[name] = table_values(spec, key, NamedSharding(self.mesh, ctx.table_spec()))
             with traced(self, name, "its state was built (init)"):
                 emb_states[name] = self.emb_optimizers[name].init(spec.rows, spec.width)
             if self.async_emb:
@@ -179,15 +193,33 @@ class TrainProgram:
         replaced by the out-of-range id (the stored row count): it reads zeros on every layout and no update
         touches a row for it. Also returns each dense table's mask of those ids. A hash table's rows are
         ``hashed_rows`` (``hash_tables.map_batch``), a modulo table's its ids hashed onto rows ``[1, vocab)``."""
-        ids, bad = {}, {}
+        ids, bad, dense = {}, {}, {}
         for n, raw in (self.model.table_ids(batch) if raw_ids is None else raw_ids).items():
-            if self.tables[n].kind != "dense":
-                ids[n] = hash_tables.keyed_rows(self.tables[n], raw, hashed_rows)
+            if self.logical[n].kind != "dense":
+                ids[n] = hash_tables.keyed_rows(self.logical[n], raw, hashed_rows)
             else:
-                raw = raw.astype(jnp.int32)
-                bad[n] = (raw < 0) | (raw >= self.tables[n].vocab)
-                ids[n] = jnp.where(bad[n], self.contexts[n].stored_rows, stored_rows(self.tables[n], raw, self.mesh))
+                dense[n] = raw.astype(jnp.int32)
+                bad[n] = (dense[n] < 0) | (dense[n] >= self.logical[n].vocab)  # the model's own table's vocab
+        # Stacked tables (``stacking``): their ids side by side in their stack's rows, out-of-range ids -1.
+        for n, raw in self.stacking.physical_ids(dense, bad).items():
+            out = (raw < 0) | (raw >= self.tables[n].vocab)
+            ids[n] = jnp.where(out, self.contexts[n].stored_rows, stored_rows(self.tables[n], raw, self.mesh))
         return ids, bad
+
+    def table_of(self, state: TrainState, name: str) -> jax.Array:
+        """The model's table ``name`` as ``[vocab, width]`` rows in id order (row i: id i), out of its stack when
+        it is stacked and unpermuted under ``mesh.permute_ids``: e.g. to read or export one feature's
+        embeddings."""
+        m, spec = self.stacking.members[name], self.logical[name]
+        ids = jnp.arange(spec.vocab, dtype=jnp.int32)
+        phys = jnp.where(ids == 0, 0, ids + (m.base - 1))
+        return state.tables[m.stack][stored_rows(self.tables[m.stack], phys, self.mesh, split=False)]
+
+    def model_loss(self, params, embs: Mapping[str, jax.Array], batch, raw_ids: Mapping[str, jax.Array]):
+        """The model's loss of the physical tables' rows ``embs`` (each logical table's rows split out of its
+        stack), so its gradient comes back per physical table."""
+        return self.model.loss(params, self.stacking.logical_rows(embs, {n: x.shape for n, x in raw_ids.items()}),
+                               batch)
 
     def train_step(self, state: TrainState, batch: Mapping[str, jax.Array], args: Mapping[str, jax.Array] | None = None):
         """One step; ``args`` are ``run_args()`` (traced in the compiled step; None = the same as constants).
@@ -232,8 +264,8 @@ class TrainProgram:
                     queued[n])
                 tables[n], emb_states[n], *applied[n] = self._apply(n, ctxs[n], upd, tables[n], emb_states[n], gate)
 
-        (loss, outputs), (g_params, g_embs) = jax.value_and_grad(self.model.loss, argnums=(0, 1), has_aux=True)(
-            state.params, embs, batch)
+        (loss, outputs), (g_params, g_embs) = jax.value_and_grad(self.model_loss, argnums=(0, 1), has_aux=True)(
+            state.params, embs, batch, raw_ids)
 
         dense_norm = optax.tree.norm(g_params)
         dense_ok = jnp.isfinite(dense_norm)
@@ -289,80 +321,22 @@ class TrainProgram:
             flat = raw_ids[n].reshape(-1).astype(jnp.int32)
             first = jnp.arange(flat.shape[0]) == jnp.argmax(bad.reshape(-1))
             metrics[f"emb/dropped_id_example/{n}"] = jnp.sum(jnp.where(first, flat, 0))
-        skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
-                                  {n: (head[n] if self.async_emb else updates[n]).pending for n in applied})
+        skips = count_skips(state.skips, {n: a[1] for n, a in applied.items()},
+                            {n: (head[n] if self.async_emb else updates[n]).pending for n in applied})
         metrics.update(skip_metrics(skips))
         return TrainState(state.step + 1, params, opt_state, tables, emb_states, pending, state.rng, skips,
                           state.hashed), metrics
 
-    @staticmethod
-    def _count_skips(skips: Mapping[str, SkipCounts], valid: Mapping[str, jax.Array],
-                     pending: Mapping[str, jax.Array]) -> dict[str, SkipCounts]:
-        """A pending update that was not applied is one more skip; an applied one ends the streak."""
-        out = dict(skips)
-        for n, v in valid.items():
-            skipped = pending[n] & ~v
-            s = skips[n]
-            out[n] = SkipCounts(s.total + skipped.astype(jnp.int32),
-                                jnp.where(skipped, s.streak + 1, jnp.where(v, 0, s.streak)).astype(jnp.int32))
-        return out
-
     def flush(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
-        """Apply every pending deferred update now; afterwards nothing is pending. Returns the state and the
-        flush's record: ``emb/flush_grad_norm``, ``emb/flush_valid`` (and per table) and the skip counts
-        after it (sync mode, where nothing is ever pending: the skip counts only)."""
-        if not state.pending:
-            return state, skip_metrics(state.skips)
-        if self.staleness > 1:
-            return self._flush_queue(state)
-        tables, emb_states, pending, applied = dict(state.tables), dict(state.emb_states), {}, {}
-        ctxs = {n: c.fresh() for n, c in self.contexts.items()}
-        for n, upd in state.pending.items():
-            ctx = ctxs[n]
-            tables[n], emb_states[n], *applied[n] = self._apply(n, ctx, upd, tables[n], emb_states[n], jnp.zeros(()))
-            pending[n] = upd._replace(pending=jnp.zeros((), bool))
-        skips = self._count_skips(state.skips, {n: a[1] for n, a in applied.items()},
-                                  {n: u.pending for n, u in state.pending.items()})
-        return self._flushed(state, tables, emb_states, pending, skips, applied, ctxs)
-
-    def _flush_queue(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
-        """``flush`` with a queue of k > 1 records: each table's records applied oldest first, each gated like
-        a step's; afterwards none is pending.
-        A table's record: the norm over its applied records, valid when every pending one was applied and one
-        was."""
-        tables, emb_states, skips = dict(state.tables), dict(state.emb_states), dict(state.skips)
-        applied, pending, ctxs = {}, {}, {}
-        for n, queue in state.pending.items():
-            sq, ok, any_pending, rows = jnp.zeros(()), jnp.ones((), bool), jnp.zeros((), bool), None
-            for upd in queue:  # oldest first
-                ctxs[n] = self.contexts[n].fresh()
-                tables[n], emb_states[n], norm, valid, rows = self._apply(n, ctxs[n], upd, tables[n], emb_states[n],
-                                                                          jnp.zeros(()))
-                skips.update(self._count_skips({n: skips[n]}, {n: valid}, {n: upd.pending}))
-                sq = sq + jnp.where(upd.pending, norm * norm, 0.0)
-                ok, any_pending = ok & (valid | ~upd.pending), any_pending | upd.pending
-            applied[n] = (jnp.sqrt(sq), ok & any_pending, rows)
-            pending[n] = tuple(upd._replace(pending=jnp.zeros((), bool)) for upd in queue)
-        return self._flushed(state, tables, emb_states, pending, skips, applied, ctxs)
-
-    def _flushed(self, state, tables, emb_states, pending, skips, applied, ctxs):
-        """The flushed state and the flush's record (``flush``)."""
-        norms = jnp.stack([a[0] for a in applied.values()])
-        metrics = {"emb/flush_grad_norm": jnp.sqrt(jnp.sum(norms * norms)),
-                   "emb/flush_valid": jnp.all(jnp.stack([a[1] for a in applied.values()]))}
-        for n, (norm, valid, _) in applied.items():
-            if "route_refused" in ctxs[n].results:
-                metrics[f"emb/route_refused/{n}"] = ctxs[n].results["route_refused"]
-            metrics[f"emb/flush_grad_norm/{n}"] = norm
-            metrics[f"emb/flush_valid/{n}"] = valid
-        metrics.update(skip_metrics(skips))
-        return state._replace(tables=tables, emb_states=emb_states, pending=pending, skips=skips), metrics
+        """Apply every pending deferred update now; afterwards nothing is pending (``runner.core.flush``)."""
+        return flush_state(self, state)
 
     def predict(self, state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
         """The model's scores of ``batch`` under ``state`` (for evaluation), tables looked up as in the step."""
         raw_ids = self.model.table_ids(batch)
         ids, _ = self.table_ids(batch, hash_tables.read_rows(self, state, raw_ids), raw_ids)
         embs = {n: lookup(self.contexts[n], state.tables[n], ids[n]) for n in ids}
+        embs = self.stacking.logical_rows(embs, {n: x.shape for n, x in raw_ids.items()})
         # The model scores catalogues by row number: it gets every table with row i holding id i (a gather
         # under mesh.permute_ids, dropped by the compiler for a model that never reads the tables).
         return self.model.predict(state.params, embs, batch,

@@ -89,7 +89,8 @@ def id_rows(spec, array) -> np.ndarray:
 
 
 def batch_size(program) -> int:
-    return program.contexts["items"].tokens_per_batch // program.tables["items"].tokens_per_example
+    name = next(iter(program.tables))  # any table: its update record holds batch x tokens per example ids
+    return program.contexts[name].tokens_per_batch // program.tables[name].tokens_per_example
 
 
 def jitted(program, data):

@@ -76,6 +76,9 @@ class DLRMModelConfig:
     top: List[int] = field(default_factory=lambda: [128, 64])  # hidden widths above the interactions
     pooling: Pooling = Pooling.sum  # a multi-hot feature's bag: the sum or the mean of its rows
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {n: TableConfig() for n in TABLES})
+    # the 26 tables kept as one (those of one width, dtype and optimizer; runner/core/stacking.py): one dedupe,
+    # update and routing exchange a step instead of 26, as FBGEMM's table-batched embeddings do
+    stack_tables: bool = True
 
 
 @dataclass
@@ -91,3 +94,6 @@ class DCNModelConfig:
     deep: List[int] = field(default_factory=lambda: [128, 64])  # the MLP above the cross layers
     pooling: Pooling = Pooling.sum  # a multi-hot feature's bag: the sum or the mean of its rows
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {n: TableConfig() for n in TABLES})
+    # the 26 tables kept as one (those of one width, dtype and optimizer; runner/core/stacking.py): one dedupe,
+    # update and routing exchange a step instead of 26, as FBGEMM's table-batched embeddings do
+    stack_tables: bool = True

@@ -217,9 +217,11 @@ def test_a_pooled_bag_updates_each_of_its_rows_as_a_dense_reference_does(tmp_pat
                           "async_emb=off", "mesh=single", f"trainer.batch_size={B}", "model.emb_width=4",
                           "model.bottom=[8]", "model.top=[8]", f"model.pooling={pooling}"], tiny=False)
     program, task, _ = build(cfg)
-    assert program.contexts["cat_01"].tokens_per_batch == B * 3 and program.contexts["cat_26"].tokens_per_batch == B * 4
+    stack = program.stacking.stack_of("cat_01")  # the 26 tables are stacked (model.stack_tables, the default)
+    assert program.stacking.stacks[stack] == TABLES
+    assert program.contexts[stack].tokens_per_batch == B * sum(bags)  # B x L ids of every bag, no more
     state = program.init_state(0)
-    tables0 = {n: np.asarray(t, np.float64) for n, t in state.tables.items()}
+    tables0 = {n: np.asarray(program.table_of(state, n), np.float64) for n in TABLES}
     params0 = jax.device_get(state.params)
     batch = task.batch(0, B)
     step, _, _ = program.compile(state, to_device(program, batch))
@@ -242,8 +244,9 @@ def test_a_pooled_bag_updates_each_of_its_rows_as_a_dense_reference_does(tmp_pat
     grads = jax.grad(loss)({n: jnp.asarray(t, jnp.float32) for n, t in tables0.items()})
     for n in ("cat_01", "cat_05", "cat_26"):
         want = tables0[n] - lr * np.asarray(grads[n], np.float64)
-        np.testing.assert_allclose(np.asarray(new.tables[n]), want, rtol=1e-4, atol=1e-6, err_msg=n)
-        assert not np.asarray(new.tables[n])[PADDING].any()
+        got = np.asarray(program.table_of(new, n))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=n)
+        assert not got[PADDING].any()
 
 
 def test_the_id_map_is_the_one_data_ids_names(tmp_path):
