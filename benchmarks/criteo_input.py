@@ -4,9 +4,10 @@ The runner's DLRM (``benchmarks/dlrm.py``'s tables: Criteo Kaggle's cardinalitie
 default fused ``async_rowwise_adagrad``) built with ``runner.build`` and compiled as the train loop does.
 Two ways to run ``STEPS`` steps, interleaved round by round:
 
-- **reader**: as the train loop does: each step dispatched, then the next batch read while it runs
-  (``task.batch``: its examples gathered from the memory-mapped shards, ids mapped to rows) and put on the
-  device;
+- **reader**: as the train loop does: each step dispatched, then the next batch taken from the loop's feed
+  (``runner.core.feed.Feed``: a Grain pipeline whose background thread builds batches ahead, ``task.batch``:
+  examples gathered from the memory-mapped shards, ids mapped to rows) and put on the device;
+- **reader, 1 worker**: the same with the batches built by one worker process (``trainer.data_workers=1``);
 - **memory**: the same batches read and put on the device beforehand; only the steps run.
 
 "reader / memory" is the ratio of their times, round by round (1.0: the reader costs the step nothing).
@@ -30,6 +31,7 @@ def run(quick: bool, out: Path) -> dict:
     import jax
 
     from runner.build import build
+    from runner.core.feed import Feed
     from runner.core.loop import to_device
 
     cfg = QUICK if quick else FULL
@@ -40,17 +42,17 @@ def run(quick: bool, out: Path) -> dict:
         B, n = cfg["batch"], cfg["steps"]
         holder = {"state": program.init_state(0)}
         step, _, _ = program.compile(holder["state"], to_device(program, task.batch(0, B)))
-        cursor = {"at": 0}
         ready = [to_device(program, task.batch(i, B)) for i in range(n)]
+        total = n * (cfg["rounds"] + cfg["warmup"])
+        feeds = {w: Feed(task, 0, total, B, workers=w) for w in (0, 1)}  # as the loop feeds it, every round's steps
 
-        def reader(_):
-            t0 = cursor["at"]
-            batch = to_device(program, task.batch(t0, B))
+        def reader(_, workers=0):
+            feed = feeds[workers]
+            batch = to_device(program, next(feed))
             for k in range(n):
                 holder["state"], m = step(holder["state"], batch)
-                if k + 1 < n:  # the loop's order: the next batch is read while this step runs
-                    batch = to_device(program, task.batch(t0 + k + 1, B))
-            cursor["at"] = t0 + n
+                if k + 1 < n:  # the loop's order: the next batch is taken while this step runs
+                    batch = to_device(program, next(feed))
             return m["train/loss"]
 
         def memory(_):
@@ -62,20 +64,27 @@ def run(quick: bool, out: Path) -> dict:
         for i in range(n):
             task.batch(1000 + i, B)
         read_s = (time.perf_counter() - t) / n
-        times = common.interleaved({"reader": reader, "memory": memory}, cfg["rounds"], cfg["warmup"])
+        variants = {"reader": reader, "reader, 1 worker": lambda i: reader(i, 1), "memory": memory}
+        times = common.interleaved(variants, cfg["rounds"], cfg["warmup"])
         jax.block_until_ready(holder["state"])
+        for f in feeds.values():
+            f.close()
     res = {k: common.stats([x / n for x in v]) for k, v in times.items()}
     ratio = common.paired_ratio(times["reader"], times["memory"])
+    ratio_w = common.paired_ratio(times["reader, 1 worker"], times["memory"])
     data = {"config": {**cfg, "rows": sum(int(r.split("=")[1]) for r in tables())}, "step": res,
-            "reader_over_memory": ratio, "batch_read_s": read_s,
+            "reader_over_memory": ratio, "worker_over_memory": ratio_w, "batch_read_s": read_s,
             "targets": [common.target("reader step / memory step (x)", ratio["median"], TARGET, "lower")]}
-    body = (f"DLRM on one device, 26 hashed tables of Kaggle's cardinalities / 10, batches of {B:,}; {n} steps a round, "
-            f"{cfg['rounds']} interleaved rounds after {cfg['warmup']} warm-up. Reading one batch alone "
+    body = (f"DLRM on one device, 26 hashed tables of Kaggle's cardinalities / 10, batches of {B:,}; {n} steps a "
+            f"round, {cfg['rounds']} interleaved rounds after {cfg['warmup']} warm-up. Reading one batch alone "
             f"(`task.batch`): {read_s * 1e3:.1f} ms. {common.machine_line()}.\n\n"
             + common.md_table(["fed by", "step ms, median (min-max)", "x memory"],
                               [["memory", common.spread(res["memory"]), "1"],
-                               ["reader", common.spread(res["reader"]),
-                                f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"]])
+                               ["reader (a background thread, the default)", common.spread(res["reader"]),
+                                f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"],
+                               ["reader (1 worker process: trainer.data_workers=1)",
+                                common.spread(res["reader, 1 worker"]),
+                                f"{ratio_w['median']:.2f} ({ratio_w['min']:.2f}-{ratio_w['max']:.2f})"]])
             + "\n\n## Targets\n\n" + common.md_table(["target", "measured", "wanted", ""],
                                                      [common.target_row(t) for t in data["targets"]]))
     common.write_result(out, "criteo_input", "Criteo input: reader against memory", body, data)

@@ -263,7 +263,7 @@ def route_peaks(task: Any, model: Any, specs: dict[str, TableSpec], contexts: di
 # only in them share one set of jitted functions (``TrainProgram.reuse_key``), each run with its own arguments:
 # a resume, a relaunch or a sweep's trial over the dense learning rate traces and compiles nothing again.
 OUTSIDE_THE_PROGRAM = ("checkpoint", "logger", "trainer.stop_after", "trainer.run_id", "trainer.progress",
-                       "trainer.eval_interval", "distributed.dump_state")
+                       "trainer.eval_interval", "trainer.data_workers", "distributed.dump_state")
 STEP_ARGUMENTS = ("trainer.steps", "trainer.log_interval", "dense_optimizer.learning_rate",
                   "dense_optimizer.warmup_steps", "dense_optimizer.end_learning_rate_ratio")
 

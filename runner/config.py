@@ -197,8 +197,7 @@ class RankingModelConfig:
     hidden: List[int] = field(default_factory=lambda: [128, 64])
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {
         "users": TableConfig(), "items": TableConfig(), "authors": TableConfig()})
-    # keep the dense tables of one width, dtype and optimizer as one table (runner/core/stacking.py)
-    stack_tables: bool = False
+    stack_tables: bool = False  # keep the tables of one width, dtype and optimizer as one (runner/core/stacking.py)
 
 
 @dataclass
@@ -328,6 +327,8 @@ class TrainerConfig:
                                           "embedding updates of one table; 0 = never stop", low=0)
     strict_ids: bool = False  # stop on an id outside [0, vocab); false: it reads zeros and counts in emb/dropped_ids
     progress: ProgressMode = ProgressMode.auto  # auto: a live bar if stderr is a terminal, else plain lines
+    data_workers: int = hparam(0, "processes that build batches ahead of the step (Grain's mp_prefetch); 0 = one "
+                                  "background thread of the run's process (runner/core/feed.py)", low=0, high=64)
 
 
 @dataclass

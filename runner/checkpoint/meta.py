@@ -38,7 +38,8 @@ FORMAT = 2  # 2: digest scheme 2 (any single-bit change is seen); 1: scheme 1, s
 DIGEST_SCHEMES = {1: 1, 2: 2}  # meta format -> the digest scheme its arrays were summed with
 VOLATILE = ("logger", "checkpoint", "mesh", "distributed", "hydra")  # where/how it runs, not what it learns
 VOLATILE_TRAINER = ("run_id", "stop_after", "log_interval", "eval_interval", "eval_batches", "objective",
-                    "progress", "epochs", "default_epochs", "max_skipped_updates", "strict_ids")  # epochs: already in the resolved trainer.steps
+                    "progress", "epochs", "default_epochs", "max_skipped_updates", "strict_ids",
+                    "data_workers")  # epochs: already in the resolved trainer.steps
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 UNIQUE_TOKENS = "unique_tokens"  # the deferred update's id list: resized and re-padded on restore
 SEGMENT_IDS = "segment_ids"  # its tokens' indices into that list: read whole, rebuilt on restore if needed

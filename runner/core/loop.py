@@ -18,6 +18,7 @@ from ..errors import TrainingError
 from . import placement
 from .selection import Selection, selection_metric
 from .diagnostics import is_log_step
+from .feed import Feed
 from .step import TrainProgram
 from ..tracking import Tracker
 
@@ -62,98 +63,105 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     stop = max(getattr(trainer, "stop_after", None) or trainer.steps, start)  # stop_after: pre-emption drill
     if selection.stopped_at is not None:  # a run that had stopped early: nothing more to train
         stop = start
-    host = task.batch(start, B, **rows)
-    step_fn, flush_fn, predict = program.compile(state, put_rows(host))
-    # What the run shows as it goes (trainer.progress): a bar on a terminal, plain lines otherwise; process 0 only.
-    progress = progress_lib.make(getattr(trainer, "progress", "auto"), log=log, enabled=jax.process_index() == 0)
-    progress.start(trainer.steps, start, batch_size=B, objective=task.objective,
-                   steps_per_epoch=train_examples(task) / B if train_examples(task) else None)
-    log = progress.write  # a log line that does not break the bar
-    step_fn = progress.first_call(step_fn, f"the train step (async_emb={'on' if program.async_emb else 'off'}, "
-                                           f"{_devices(program.mesh.devices.size)})")
-    evaluate = progress.evaluation(task.evaluate, getattr(task, "num_eval_batches", lambda _: None)(B))
-    # Selection scores what it keeps: in async mode a mid-run evaluation scores the state with its deferred
-    # update applied (a flushed copy; the live state is not touched), as the final evaluation does.
-    peek = _peek_flush(program, state) if selection.active and program.async_emb else (lambda s: s)
-    tracker.define_summary(task.objective, "maximize")
-    tracker.define_summary("train/loss", "minimize")
+    # The batches of steps [start, stop), built ahead by a Grain pipeline (feed.py): a pure function of the step.
+    feed = Feed(task, start, stop, B, rows, workers=int(getattr(trainer, "data_workers", 0) or 0))
+    try:
+        host = next(feed) if stop > start else task.batch(start, B, **rows)
+        step_fn, flush_fn, predict = program.compile(state, put_rows(host))
+        # What the run shows as it goes (trainer.progress): a bar on a terminal, plain lines otherwise; process 0
+        # only.
+        progress = progress_lib.make(getattr(trainer, "progress", "auto"), log=log,
+                                     enabled=jax.process_index() == 0)
+        progress.start(trainer.steps, start, batch_size=B, objective=task.objective,
+                       steps_per_epoch=train_examples(task) / B if train_examples(task) else None)
+        log = progress.write  # a log line that does not break the bar
+        step_fn = progress.first_call(step_fn, f"the train step (async_emb={'on' if program.async_emb else 'off'}"
+                                               f", {_devices(program.mesh.devices.size)})")
+        evaluate = progress.evaluation(task.evaluate, getattr(task, "num_eval_batches", lambda _: None)(B))
+        # Selection scores what it keeps: in async mode a mid-run evaluation scores the state with its deferred
+        # update applied (a flushed copy; the live state is not touched), as the final evaluation does.
+        peek = _peek_flush(program, state) if selection.active and program.async_emb else (lambda s: s)
+        tracker.define_summary(task.objective, "maximize")
+        tracker.define_summary("train/loss", "minimize")
 
-    t_window, n_window = time.perf_counter(), 0
-    batch = put_rows(host)
-    # XLA:CPU runs a multi-device step's collectives on a shared thread pool; two steps in flight at once
-    # can starve each other's rendezvous on few cores (seen as a 40 s collective timeout). On a CPU mesh,
-    # finish each step (after the next batch is ready) before dispatching the next computation.
-    one_at_a_time = jax.default_backend() == "cpu" and program.mesh.devices.size > 1
-    lagged = None  # (metrics, step) of the step whose health check is still due
-    terminated = False
-    noted: set[str] = set()  # tables whose rerouted overflow has been reported (once a run)
-    for step in range(start, stop):
-        state, metrics = step_fn(state, batch)  # dispatch is asynchronous: prepare the next batch meanwhile
-        progress.step(step + 1)
-        done = step + 1 == trainer.steps
-        logged_host = host
-        if step + 1 < stop:
-            host = task.batch(step + 1, B, **rows)
-            batch = put_rows(host)
-        if one_at_a_time:
-            jax.block_until_ready(metrics["train/loss"])
-        n_window += 1
-        row: dict[str, Any] = {}
-        if is_log_step(step + 1, trainer.log_interval, trainer.steps):
-            m = placement.fetch(metrics)
-            elapsed = time.perf_counter() - t_window
-            row = {k: _scalar(v) for k, v in m.items() if k != "outputs" and not k.startswith(EXAMPLE_ID)}
-            row.update(task.train_metrics(placement.gather_rows(program.mesh, logged_host, B), m["outputs"]))
-            row["perf/examples_per_s"] = n_window * B / elapsed
-            row["perf/step_time_ms"] = 1000 * elapsed / n_window
-            for name, opt in program.emb_optimizers.items():  # the step reports a fused optimizer's (scheduled) one
-                row.setdefault(f"emb/learning_rate/{name}", float(getattr(opt, "learning_rate", float("nan"))))
-        if (step + 1) % trainer.eval_interval == 0 and not done:  # its own schedule, not only on log steps
-            t_eval = time.perf_counter()
-            scored = peek(state)
-            evaluated = evaluate(predict_host, scored, put, B)
-            selection.update(step + 1, evaluated, scored)
-            del scored
-            row.update(evaluated)
-            if "train/loss" not in row:  # keep evaluation time out of the next throughput window
-                t_window += time.perf_counter() - t_eval
-        if row:
-            tracker.log(row, step=step + 1)
-            shown = f"  {task.objective} {row[task.objective]:.4f}" if task.objective in row else ""
-            if "train/loss" in row:
-                last = row
-                log(f"step {step + 1:>6}/{trainer.steps}  loss {row['train/loss']:.4f}{shown}  "
-                    f"emb|g| {row['emb/grad_norm']:.3g}  {row['perf/examples_per_s']:,.0f} ex/s")
-                t_window, n_window = time.perf_counter(), 0
-            else:
-                log(f"step {step + 1:>6}/{trainer.steps}  eval{shown}")
-            progress.logged(row)
-        # Refused updates and out-of-range ids stop the run (after the step's row). A check fetches a few
-        # scalars; checking the previous step's (finished by now) keeps the device busy while the host waits.
-        # With checkpoints on, each step is checked before it can be saved, and the last before the flush.
-        if lagged is not None:
-            check_health(program, trainer, *lagged, checkpoints, log=log, noted=noted)
-        lagged = (metrics, step + 1)
-        if checkpoints is not None or step + 1 == stop:
-            check_health(program, trainer, *lagged, checkpoints, log=log, noted=noted)
-            lagged = None
-        if selection.should_stop():
-            selection.stopped_at = step + 1
-            log(f"stopping early at step {step + 1}: {selection.objective} has not improved for "
-                f"{selection.stale} evaluations (trainer.early_stop_patience={selection.patience}; best "
-                f"{selection.value:.4f} at step {selection.step})")
-        if checkpoints is not None:
-            with progress.timed(f"checkpoint at step {step + 1}"):
-                checkpoints.step_done(step + 1, state, selection)
-        if selection.stopped_at is not None:
-            break
-        if preemption is not None and step + 1 < stop and preemption.requested(step + 1):
-            stop, terminated = step + 1, True  # SIGTERM: stop here, with a checkpoint of this step
+        t_window, n_window = time.perf_counter(), 0
+        batch = put_rows(host)
+        # XLA:CPU runs a multi-device step's collectives on a shared thread pool; two steps in flight at once
+        # can starve each other's rendezvous on few cores (seen as a 40 s collective timeout). On a CPU mesh,
+        # finish each step (after the next batch is ready) before dispatching the next computation.
+        one_at_a_time = jax.default_backend() == "cpu" and program.mesh.devices.size > 1
+        lagged = None  # (metrics, step) of the step whose health check is still due
+        terminated = False
+        noted: set[str] = set()  # tables whose rerouted overflow has been reported (once a run)
+        for step in range(start, stop):
+            state, metrics = step_fn(state, batch)  # dispatch is asynchronous: prepare the next batch meanwhile
+            progress.step(step + 1)
+            done = step + 1 == trainer.steps
+            logged_host = host
+            if step + 1 < stop:
+                host = next(feed)
+                batch = put_rows(host)
+            if one_at_a_time:
+                jax.block_until_ready(metrics["train/loss"])
+            n_window += 1
+            row: dict[str, Any] = {}
+            if is_log_step(step + 1, trainer.log_interval, trainer.steps):
+                m = placement.fetch(metrics)
+                elapsed = time.perf_counter() - t_window
+                row = {k: _scalar(v) for k, v in m.items() if k != "outputs" and not k.startswith(EXAMPLE_ID)}
+                row.update(task.train_metrics(placement.gather_rows(program.mesh, logged_host, B), m["outputs"]))
+                row["perf/examples_per_s"] = n_window * B / elapsed
+                row["perf/step_time_ms"] = 1000 * elapsed / n_window
+                for name, opt in program.emb_optimizers.items():  # the step reports a fused optimizer's (scheduled) one
+                    row.setdefault(f"emb/learning_rate/{name}", float(getattr(opt, "learning_rate", float("nan"))))
+            if (step + 1) % trainer.eval_interval == 0 and not done:  # its own schedule, not only on log steps
+                t_eval = time.perf_counter()
+                scored = peek(state)
+                evaluated = evaluate(predict_host, scored, put, B)
+                selection.update(step + 1, evaluated, scored)
+                del scored
+                row.update(evaluated)
+                if "train/loss" not in row:  # keep evaluation time out of the next throughput window
+                    t_window += time.perf_counter() - t_eval
+            if row:
+                tracker.log(row, step=step + 1)
+                shown = f"  {task.objective} {row[task.objective]:.4f}" if task.objective in row else ""
+                if "train/loss" in row:
+                    last = row
+                    log(f"step {step + 1:>6}/{trainer.steps}  loss {row['train/loss']:.4f}{shown}  "
+                        f"emb|g| {row['emb/grad_norm']:.3g}  {row['perf/examples_per_s']:,.0f} ex/s")
+                    t_window, n_window = time.perf_counter(), 0
+                else:
+                    log(f"step {step + 1:>6}/{trainer.steps}  eval{shown}")
+                progress.logged(row)
+            # Refused updates and out-of-range ids stop the run (after the step's row). A check fetches a few
+            # scalars; checking the previous step's (finished by now) keeps the device busy while the host waits.
+            # With checkpoints on, each step is checked before it can be saved, and the last before the flush.
+            if lagged is not None:
+                check_health(program, trainer, *lagged, checkpoints, log=log, noted=noted)
+            lagged = (metrics, step + 1)
+            if checkpoints is not None or step + 1 == stop:
+                check_health(program, trainer, *lagged, checkpoints, log=log, noted=noted)
+                lagged = None
+            if selection.should_stop():
+                selection.stopped_at = step + 1
+                log(f"stopping early at step {step + 1}: {selection.objective} has not improved for "
+                    f"{selection.stale} evaluations (trainer.early_stop_patience={selection.patience}; best "
+                    f"{selection.value:.4f} at step {selection.step})")
             if checkpoints is not None:
-                with progress.timed(f"checkpoint at step {stop} (SIGTERM)"):
-                    checkpoints.save(stop, state, selection)
-            break
+                with progress.timed(f"checkpoint at step {step + 1}"):
+                    checkpoints.step_done(step + 1, state, selection)
+            if selection.stopped_at is not None:
+                break
+            if preemption is not None and step + 1 < stop and preemption.requested(step + 1):
+                stop, terminated = step + 1, True  # SIGTERM: stop here, with a checkpoint of this step
+                if checkpoints is not None:
+                    with progress.timed(f"checkpoint at step {stop} (SIGTERM)"):
+                        checkpoints.save(stop, state, selection)
+                break
 
+    finally:
+        feed.close()  # the batches read ahead of a step that will not run
     end = trainer.steps if selection.stopped_at is None else selection.stopped_at
     if selection.stopped_at is None and stop < trainer.steps:  # pre-empted (stop_after, SIGTERM), checkpoint written
         if checkpoints is not None:
