@@ -41,11 +41,14 @@ class CriteoLogs(str, Enum):
 
 @dataclass
 class CriteoDataConfig:
-    """Click logs in the Criteo format, converted into shards (``python -m runner.prepare criteo``), or
-    generated with a planted click model when ``path`` is None."""
+    """Click logs in the Criteo format: a folder converted by ``python -m runner.prepare criteo``, the raw logs
+    (converted on first use into ``cache``), or, when ``path`` is None, logs generated with a planted click
+    model (``runner/tasks/criteo/logs.py`` says what ``path`` may name)."""
 
     name: str = "criteo"
-    path: Optional[str] = None  # a folder written by python -m runner.prepare criteo; None = generated logs
+    # a folder converted by python -m runner.prepare criteo (holds manifest.json), or raw logs: a file (train.txt,
+    # day_<d>, .gz too), a folder of day_<d>[.gz] files (or its train.txt), a glob ('/data/day_?.gz'); None = generated
+    path: Optional[str] = None
     logs: CriteoLogs = CriteoLogs.any  # kaggle / terabyte: a preset for real logs, which refuses to run without data.path
     ids: CriteoIds = CriteoIds.vocab
     hash_rows: int = hparam(100_000, "data.ids=hash: most rows a feature's table gets (DLRM's max-ind-range); "
@@ -59,8 +62,12 @@ class CriteoDataConfig:
                        "(the last one evaluates)", low=1, high=1000)
     seed: int = hparam(0, "generated logs: the click model's seed; also the training order's", low=0,
                        high=2**32 - 1)
-    cache: Optional[str] = None  # generated logs: converted into <cache>/generated-<spec hash> (None: outputs/criteo_data)
-    # generated logs: the most values each of the 26 features holds per line (multi-hot; None: one each). A
+    # raw or generated logs: converted once into <cache>/logs-<files and settings hash> or generated-<spec hash>
+    # (None: outputs/criteo_data), reused by later runs
+    cache: Optional[str] = None
+    max_bad_lines: int = hparam(0, "raw logs in data.path: bad lines skipped and counted per file (data/bad_lines); "
+                                "0 refuses the first", low=0, high=2**31 - 1)
+    # generated or raw logs: the most values each of the 26 features holds per line (multi-hot; None: one each). A
     # converted folder's bags are fixed at conversion (python -m runner.prepare criteo --bag-sizes)
     bags: Optional[List[int]] = None
 

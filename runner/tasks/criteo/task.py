@@ -1,9 +1,11 @@
 """Click-through prediction on Criteo-format logs: DLRM or DCNv2 over 13 dense and 26 categorical features.
 
-Data (``data=criteo``): a folder converted by ``python -m runner.prepare criteo`` (``data.path``), or, with
-``data.path`` unset, logs generated with a planted click model (``synthetic.py``) and converted once into
-``<data.cache>/generated-<spec hash>`` (``data.cache`` defaults to ``outputs/criteo_data``), reused by every
-later run of the same spec. Each
+Data (``data=criteo``): ``data.path`` names a folder converted by ``python -m runner.prepare criteo``, or the
+raw logs (a file, a folder of day files, a glob), converted on first use into ``<data.cache>/logs-<key>``
+(``logs.py``: a bad line refuses the run unless ``data.max_bad_lines`` allows it). With ``data.path`` unset,
+logs are generated with a planted click model (``synthetic.py``) and converted once into
+``<data.cache>/generated-<spec hash>``. ``data.cache`` defaults to ``outputs/criteo_data``; later runs reuse
+what is there. Each
 categorical feature is one table (``cat_01`` ... ``cat_26``), its values mapped to rows by hashing or by the
 training split's vocabulary (``data.ids``, ``ids.py``).
 
@@ -20,9 +22,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -34,44 +33,39 @@ from .. import TASKS
 from ..ranking.auc import auc
 from .config import CriteoIds, CriteoLogs, Pooling
 from .ids import FIRST, HashIds, VocabIds, vocabulary
+from .logs import DEFAULT_CACHE, converted, once, raw_logs
 from .model import DCN, DLRM, TABLES
 from .order import examples
-from .prepare import FORMAT, convert
+from .prepare import FORMAT, convert, split_rule
 from .report import REPORT
 from .shards import Shards
 from .synthetic import CriteoSpec, write_logs
-from .tsv import ONE_HOT
+from .tsv import ONE_HOT, check_bags
 
 SPLITS = ("valid", "test")
 MODELS = ("dlrm", "dcn")
-PRESET_FILES = {CriteoLogs.kaggle: "train.txt", CriteoLogs.terabyte: "day_0.gz ... day_23.gz"}
+PRESET_FILES = {CriteoLogs.kaggle: ("train.txt", "train.txt"),
+                CriteoLogs.terabyte: ("a folder of day_0.gz ... day_23.gz", "day_{0..23}.gz")}
 MIN_EXAMPLES = 100  # per split: fewer gives an evaluation without both labels (AUC undefined)
 
 
 def generated(cfg: DictConfig) -> Path:
-    """The converted folder of the generated logs ``cfg.data`` describes, made the first time (written into a
-    temporary folder and renamed, so concurrent processes and interrupted runs leave no half folder)."""
+    """The converted folder of the generated logs ``cfg.data`` describes, made the first time (``logs.once``:
+    concurrent processes and interrupted runs leave no half folder)."""
     d = cfg.data
     spec = _spec(d)
     key = hashlib.sha256(json.dumps([FORMAT, dataclasses.asdict(spec)], sort_keys=True).encode()).hexdigest()[:12]
-    folder = Path(d.cache or Path("outputs") / "criteo_data") / f"generated-{key}"
+    folder = Path(d.cache or DEFAULT_CACHE) / f"generated-{key}"
     if (folder / "manifest.json").exists():
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     logging.getLogger("runner").info("generating %s Criteo-format lines (data.lines) and converting them into %s: "
                                      "once, later runs of the same data settings reuse them", f"{spec.lines:,}", folder)
-    try:
-        logs = write_logs(spec, work / "logs")
-        convert(logs, work / "shards", seed=spec.seed, bags=spec.bags)
-        try:
-            os.rename(work / "shards", folder)
-        except OSError:  # another process made it first
-            if not (folder / "manifest.json").exists():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return folder
+
+    def make(work: Path) -> Path:
+        convert(write_logs(spec, work / "logs"), work / "shards", seed=spec.seed, bags=spec.bags)
+        return work / "shards"
+
+    return once(folder, make)
 
 
 def _spec(d: DictConfig) -> CriteoSpec:
@@ -79,7 +73,9 @@ def _spec(d: DictConfig) -> CriteoSpec:
     return CriteoSpec(lines=int(d.lines), days=int(d.days), seed=int(d.seed), bags=bags)
 
 
-def check(cfg: DictConfig) -> None:
+def check(cfg: DictConfig) -> list[Path] | None:
+    """The settings refused before any data is read or converted; returns the raw log files ``data.path``
+    names (None: a converted folder, or generated logs)."""
     if cfg.model.name not in MODELS:
         raise PreflightError(f"data=criteo is a click-log source, but model={cfg.model.name}; use model=dlrm or "
                              f"model=dcn")
@@ -89,24 +85,51 @@ def check(cfg: DictConfig) -> None:
         raise PreflightError(f"model.tables.<name>.width={widths}: model={cfg.model.name}'s tables all have "
                              f"model.emb_width={cfg.model.emb_width} (its features meet in dot products or one "
                              f"stacked input); unset them, or set model.emb_width")
-    logs = CriteoLogs(cfg.data.get("logs", "any"))
-    if logs is not CriteoLogs.any and not cfg.data.path:
+    d = cfg.data
+    logs, skip = CriteoLogs(d.get("logs", "any")), int(d.get("max_bad_lines", 0))
+    if logs is not CriteoLogs.any and not d.path:
+        raw, files = PRESET_FILES[logs]
         raise PreflightError(f"data.logs={logs.value} trains on the real Criteo {logs.value} logs, and data.path is "
-                             f"unset: convert them (python -m runner.prepare criteo {PRESET_FILES[logs]} --out DIR) "
-                             f"and set data.path=DIR")
-    if not cfg.data.path:
-        bad = _spec(cfg.data).problems()
+                             f"unset: set data.path to them ({raw}; converted on first use into data.cache), or to a "
+                             f"folder converted ahead of time (python -m runner.prepare criteo {files} --out DIR)")
+    if not d.path:
+        bad = _spec(d).problems()
         if bad:
             raise PreflightError("generated Criteo logs (data.path unset): " + "; ".join(f"data.{b}" for b in bad))
-    if cfg.data.path and cfg.data.get("bags") is not None:
-        raise PreflightError(f"data.bags={list(cfg.data.bags)} describes generated logs, but data.path={cfg.data.path} "
-                             f"is a converted folder, whose bags were fixed at conversion (python -m runner.prepare "
+        if skip:
+            raise PreflightError(f"data.max_bad_lines={skip} applies to raw logs in data.path, and data.path is unset: "
+                                 f"generated logs have no bad lines; unset data.max_bad_lines")
+        return None
+    files = raw_logs(d.path)
+    if files is None:
+        _check_converted(d)
+    elif d.get("bags") is not None:
+        try:
+            check_bags(d.bags)
+        except ValueError as e:
+            raise PreflightError(f"data.bags: {e}") from None
+    if files is not None and logs is CriteoLogs.terabyte and split_rule(files) != "day":
+        raise PreflightError(f"data.logs=terabyte evaluates on the last day, but data.path={d.path} names "
+                             f"{', '.join(map(str, files[:3]))}{' ...' if len(files) > 3 else ''}, not two or more "
+                             f"day_<d> files; give the folder of day_<d>.gz files, or use data.logs=any")
+    return files
+
+
+def _check_converted(d: DictConfig) -> None:
+    """``data.path`` is a converted folder: its bags and bad lines were settled at conversion."""
+    if d.get("bags") is not None:
+        raise PreflightError(f"data.bags={list(d.bags)} describes generated or raw logs, but data.path={d.path} is a "
+                             f"converted folder, whose bags were fixed at conversion (python -m runner.prepare "
                              f"criteo --bag-sizes); unset data.bags")
-    if cfg.data.path and not (Path(cfg.data.path) / "manifest.json").exists():
-        raise PreflightError(
-            f"data.path={cfg.data.path}: not a converted folder (no manifest.json). Convert the logs first: "
-            f"python -m runner.prepare criteo <train.txt or day_0 ... day_23> --out <folder>, then "
-            f"data.path=<folder>; or unset data.path to train on generated logs")
+    skip = int(d.get("max_bad_lines", 0))
+    if skip:
+        with open(Path(d.path) / "manifest.json") as f:
+            m = json.load(f)
+        raise PreflightError(f"data.max_bad_lines={skip} applies when a run converts raw logs, but data.path={d.path} "
+                             f"is a converted folder, whose bad lines were settled at conversion (--max-bad-lines "
+                             f"{m.get('max_bad_lines', 0)}: {m.get('bad_lines', 0):,} skipped); unset "
+                             f"data.max_bad_lines, or set data.path to the raw logs (converted again with "
+                             f"data.max_bad_lines={skip})")
 
 
 @dataclasses.dataclass
@@ -115,6 +138,7 @@ class CriteoTask:
     ids: Any  # HashIds or VocabIds
     seed: int
     eval_examples: int | None
+    logs: str | None = None  # data.path where it names raw logs this run converted (into folder)
     model_keys: tuple[str, ...] = ("dense", "cat", "label")
     objective: str = "valid/auc"
     report = REPORT
@@ -128,8 +152,12 @@ class CriteoTask:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "CriteoTask":
-        check(cfg)
-        folder = Path(cfg.data.path) if cfg.data.path else generated(cfg)
+        files, d = check(cfg), cfg.data
+        if files is not None:
+            folder = converted(d.path, files, d.cache, int(d.get("max_bad_lines", 0)),
+                               tuple(int(b) for b in d.bags) if d.get("bags") is not None else None)
+        else:
+            folder = Path(d.path) if d.path else generated(cfg)
         fixed = {n: int(t.vocab) for n, t in (cfg.model.get("tables") or {}).items() if t.get("vocab")}
         with open(folder / "manifest.json") as f:
             manifest = json.load(f)
@@ -154,7 +182,7 @@ class CriteoTask:
                                      f"0 and 1 pad bags and hold the missing value); raise them or unset them")
             ids = HashIds([fixed.get(n, min(distinct[j] + FIRST, int(cfg.data.hash_rows)))
                            for j, n in enumerate(TABLES)], bags)
-        task = cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples)
+        task = cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples, d.path if files is not None else None)
         small = {s: len(d) for s, d in task.splits.items() if len(d) < MIN_EXAMPLES}
         if small:
             raise PreflightError(f"{folder}: too few examples to train and evaluate on ({small}; each split needs "
@@ -181,8 +209,11 @@ class CriteoTask:
         if not m.get("bad_lines"):
             return []
         first = next((f["first_bad"] for f in m["files"] if f.get("first_bad")), None)
-        return [f"note: {self.folder} was converted skipping {m['bad_lines']:,} bad input lines (--max-bad-lines "
-                f"{m.get('max_bad_lines')} per file; counted in data/bad_lines); the first: {first}"]
+        what, setting = ((f"the Criteo logs of data.path={self.logs} were converted into {self.folder}",
+                          f"data.max_bad_lines={m.get('max_bad_lines')}") if self.logs else
+                         (f"{self.folder} was converted", f"--max-bad-lines {m.get('max_bad_lines')}"))
+        return [f"note: {what} skipping {m['bad_lines']:,} bad input lines ({setting} per file; counted in "
+                f"data/bad_lines); the first: {first}"]
 
     def metric_names(self) -> list[str]:
         names = [f"{s}/{m}" for s in SPLITS for m in ("auc", "logloss", "accuracy")]

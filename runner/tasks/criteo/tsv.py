@@ -55,7 +55,14 @@ _INT = r"^-?[0-9]+$"
 
 
 class FormatError(ValueError):
-    """A line of a Criteo-format file that cannot be read; the message names the file, the line and the fix."""
+    """A line of a Criteo-format file that cannot be read; the message names the file, the line and the fix.
+    For a bad line, ``line``, ``why`` and ``count`` (its number, what is wrong with it, the file's bad lines so
+    far) let a caller word its own fix; ``line`` is None for a problem of the whole file (empty, truncated)."""
+
+    def __init__(self, message: str, path: Path | None = None, line: int | None = None, why: str = "",
+                 count: int = 0):
+        super().__init__(message)
+        self.path, self.line, self.why, self.count = path, line, why, count
 
 
 @dataclasses.dataclass
@@ -93,6 +100,9 @@ def offsets(bags) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(check_bags(bags))]).astype(np.int64)
 
 
+_EMPTY = "copy it again (an interrupted download or copy leaves an empty file), or leave it out of the inputs"
+
+
 def _hint(max_bad_lines: int) -> str:
     return (f"fix or remove the line, or convert with --max-bad-lines above {max_bad_lines} (python -m "
             f"runner.prepare criteo) to skip and count such lines (the manifest reports how many)")
@@ -116,13 +126,15 @@ class Reader:
         if self.bad_lines > self.max_bad_lines:
             raise FormatError(f"{self.path}, line {line}: {why}; "
                               + (f"it is bad line {self.bad_lines} (--max-bad-lines {self.max_bad_lines}); "
-                                 if self.max_bad_lines else "") + _hint(self.max_bad_lines))
+                                 if self.max_bad_lines else "") + _hint(self.max_bad_lines),
+                              self.path, line, why, self.bad_lines)
 
     def __iter__(self) -> Iterator[Block]:
         if not self.path.is_file():
             raise FormatError(f"{self.path}: no such file; give the path of a Criteo-format TSV (or .gz) file")
         if self.path.stat().st_size == 0:
-            raise FormatError(f"{self.path}: the file is empty; a Criteo-format file has one example per line")
+            raise FormatError(f"{self.path}: the file is empty; a Criteo-format file has one example per line: "
+                              f"{_EMPTY}")
         skipped: list[tuple[int, str]] = []
 
         def on_invalid(row) -> str:
@@ -168,12 +180,13 @@ class Reader:
                     self.examples += len(block)
                     yield block
         if self.examples == 0 and self.bad_lines == 0:
-            raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per line")
+            raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per line: "
+                              f"{_EMPTY}")
 
     def _unreadable(self, e: Exception, gz: bool, line: int):
         if "Empty CSV file" in str(e):
             raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per "
-                              f"line") from None
+                              f"line: {_EMPTY}") from None
         if gz:
             raise FormatError(f"{self.path}: the gzip stream ends or breaks near line {line} ({e}); the file is "
                               f"truncated or damaged: download or copy it again (gzip -t {self.path} checks it)") from None
@@ -210,9 +223,9 @@ class Reader:
             col = cols[c]
             value, count[:, j], good = _hex_values(col, lengths[c], bag)
             want = "8 hex digits" if bag == 1 else f"1 to {bag} values of 8 hex digits joined by commas (its bag size)"
-            hint = " (a multi-hot feature: convert with --bag-sizes)" if bag == 1 else ""
+            hint = " (a multi-hot feature: set the bag sizes, --bag-sizes or a run's data.bags)" if bag == 1 else ""
             flag(~good, lambda i, c=c, col=col, w=want, h=hint: f"categorical feature {c} is {col[i].as_py()!r}, "
-                                                                 f"not {w}{h}")
+                                                                 f"not {w}{h if ',' in col[i].as_py() else ''}")
             cat[:, start[j]:start[j + 1]] = value
         for i in sorted(why):
             self._bad(int(lines[i]), why[i])

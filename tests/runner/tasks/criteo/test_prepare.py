@@ -206,7 +206,7 @@ def test_the_command_converts_and_refuses_with_one_message(tmp_path):
     bags = run("criteo-synthetic", "--out", str(tmp_path / "m"), "--lines", "2000", "--bag-sizes", "3")
     assert bags.returncode == 0, bags.stderr
     flat = run("criteo", str(tmp_path / "m" / "train.txt"), "--out", str(tmp_path / "flat"))
-    assert flat.returncode == 2 and "not 8 hex digits (a multi-hot feature: convert with --bag-sizes)" in flat.stderr
+    assert flat.returncode == 2 and "not 8 hex digits (a multi-hot feature: set the bag sizes" in flat.stderr
     multi = run("criteo", str(tmp_path / "m" / "train.txt"), "--out", str(tmp_path / "multi"), "--bag-sizes", "3")
     assert multi.returncode == 0, multi.stderr
     assert json.loads((tmp_path / "multi" / "manifest.json").read_text())["bags"] == [3] * 26

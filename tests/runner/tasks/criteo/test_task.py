@@ -96,33 +96,52 @@ def run(tmp_path, *overrides, criteo=True):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["dlrm", "dcn"])
-def test_a_short_run_beats_a_constant_predictor(tmp_path, model):
+def test_a_short_run_beats_a_constant_predictor(tmp_path, model, caplog):
+    """DCN on generated logs (data.path unset); DLRM on the same logs written as a raw train.txt with two bad
+    lines at its end (data.path=train.txt, data.max_bad_lines=2): converted by the run, the lines skipped,
+    counted in the summary's data/bad_lines and named in the note the run prints."""
     from runner.app import run as run_in_process
+    from runner.tasks.criteo.synthetic import CriteoSpec, write_logs
     from tests.runner.support import compose_config
 
-    cfg = compose_config(["data=criteo", f"model={model}", "logger=none", "data.lines=20000",
+    data = ["data.lines=20000"]
+    if model == "dlrm":
+        (log,) = write_logs(CriteoSpec(lines=20000), tmp_path / "logs")
+        with open(log, "a") as f:  # at the end: the lines before keep their click probabilities (train.txt.p.npy)
+            f.write("2" + "\t" * 39 + "\n" + "1\tx" + "\t" * 38 + "\n")
+        data = [f"data.path={log}", "data.max_bad_lines=2"]
+    cfg = compose_config(["data=criteo", f"model={model}", "logger=none", *data,
                           f"data.cache={tmp_path.parent / 'criteo_data'}", "trainer.steps=80", "trainer.batch_size=256",
                           "trainer.eval_interval=80", "model.emb_width=8", "data.eval_examples=1000"], tiny=False)
+    caplog.set_level("INFO", logger="runner")
     run_in_process(cfg, tmp_path / "run")
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["valid/auc"] > 0.6 and s["test/auc"] > 0.6  # a constant scores 0.5
     assert 0.75 < s["bayes/valid/auc"] < 0.95 and s["valid/auc"] < s["bayes/valid/auc"]
     assert s["valid/logloss"] < np.log(2)  # below a coin's
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note: ")]
+    if model == "dlrm":
+        assert s["data/bad_lines"] == 2
+        assert len(notes) == 1 and "skipping 2 bad input lines (data.max_bad_lines=2 per file" in notes[0]
+    else:
+        assert s["data/bad_lines"] == 0 and notes == []
 
 
 BAD = [
     (["model=ranking"], "data=criteo is a click-log source, but model=ranking; use model=dlrm or model=dcn"),
     (["model=dlrm", "data=synthetic"], "use model=ranking, or data=criteo for model=dlrm"),
-    (["model=dlrm", "data.path=/nonexistent"], "data.path=/nonexistent: not a converted folder (no manifest.json)"),
+    (["model=dlrm", "data.path=/nonexistent"], "data.path=/nonexistent: no such file or folder; give data.path "
+                                               "a folder converted by python -m runner.prepare criteo, a Criteo"),
     (["model=dlrm", "data.hash_rows=1"], "data.hash_rows=1"),
     (["model=dcn", "model.cross_layers=-1"], "model.cross_layers=-1"),
     (["model=dcn", "model.low_rank=0"], "model.low_rank=0"),
     (["model=dlrm", "model.top=[0]"], "model.top"),
     (["model=dlrm", "data.lines=10"], "data.lines=10"),
     (["model=dlrm", "data.days=30000"], "data.days=30000 is outside [1, 1000]"),
+    (["model=dlrm", "data.max_bad_lines=-1"], "data.max_bad_lines=-1 is outside [0, 2147483647] (raw logs in "
+                                              "data.path: bad lines skipped and counted per file"),
     (["model=dlrm", "data.lines=1000", "data.days=500"], "too few examples to train and evaluate on ({'valid': 1, 'test': 1}"),
     (["model=dlrm", "data.bags=[0]"], "data.bags: bag sizes [0]: 26 integers in 1..255"),
-    (["model=dlrm", "data.bags=[2]", "data.path=/x"], "data.bags=[2] describes generated logs, but data.path=/x"),
     (["model=dlrm", "model.pooling=max"], "model.pooling"),
     (["model=dlrm", "data.logs=kagle"], "data.logs"),
     (["model=dlrm", "data.ids=hash", "model.tables.cat_01.vocab=2"], "a hashed table needs >= 3 rows"),
@@ -293,7 +312,9 @@ def test_the_real_log_presets_need_their_logs(tmp_path):
     kaggle = compose_config(["experiment=criteo_kaggle"], tiny=False)
     assert (kaggle.model.emb_width, list(kaggle.model.bottom), list(kaggle.model.top)) == (16, [512, 256, 64], [512, 256])
     with pytest.raises(PreflightError, match=r"data.logs=kaggle trains on the real Criteo kaggle logs, and data.path "
-                                             r"is unset: convert them \(python -m runner.prepare criteo train.txt"):
+                                             r"is unset: set data.path to them \(train.txt; converted on first use "
+                                             r"into data.cache\), or to a folder converted ahead of time \(python -m "
+                                             r"runner.prepare criteo train.txt --out DIR\)"):
         make_task(kaggle)
     task = make_task(compose_config(["experiment=criteo_kaggle", f"data.path={folder}"], tiny=False))
     assert task.num_train_examples == json.loads((folder / "manifest.json").read_text())["splits"]["train"]["examples"]

@@ -166,5 +166,6 @@ def test_a_bad_bag_is_refused_by_file_and_line(tmp_path, bad, message):
     with pytest.raises(FormatError) as e:
         list(read_blocks(path, bags=BAGS))
     assert str(e.value).startswith(f"{path}, line 2: {message}")
-    with pytest.raises(FormatError, match="not 8 hex digits \\(a multi-hot feature: convert with --bag-sizes\\)"):
+    with pytest.raises(FormatError, match=r"not 8 hex digits \(a multi-hot feature: set the bag sizes, --bag-sizes "
+                                          r"or a run's data.bags\)"):
         list(read_blocks(path))  # read one-hot, a bag is named as one
