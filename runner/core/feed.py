@@ -17,11 +17,13 @@ each mapped to its batch:
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 PREFETCH = 2  # batches a thread (or each worker process) builds ahead of the step that needs them
+QUIET_TRACKER = "ignore:resource_tracker:UserWarning"  # the warning filter the resource tracker is started with
 
 
 class StepBatch:
@@ -52,6 +54,11 @@ class Feed:
 
             if not flags.FLAGS.is_parsed():  # a program not run by absl.app (the runner): Grain's defaults
                 flags.FLAGS.mark_as_parsed()
+            # Batches come back in shared memory, which this process frees as it uses them; Python's resource
+            # tracker still lists the workers' blocks as leaked when the run ends (google/grain#398), one warning a
+            # run: the tracker process (started by the first worker) takes its warning filters from here.
+            if QUIET_TRACKER not in sys.warnoptions:
+                sys.warnoptions.append(QUIET_TRACKER)
             it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=prefetch))
         self._it = iter(it)
         self.step = self.start  # the step of the next batch
