@@ -7,6 +7,8 @@ then lowers and compiles it for abstract inputs (``jax.ShapeDtypeStruct`` with s
 allocated) and reads the compiled program's per-device memory (``memory_analysis()``) and the bytes its
 collectives move per step (``benchmarks/hlo.py``). Each device count runs in its own process (the number of
 virtual CPU devices is fixed when JAX starts). Results go to ``results/plan.md`` / ``plan.json``.
+``benchmarks/plan_criteo.py`` compiles Criteo Terabyte's 26 tables at their published sizes with the same
+helpers (``compose``, ``even_share_slots``, ``measure``).
 """
 from __future__ import annotations
 
@@ -25,36 +27,35 @@ DEVICES_PER_HOST = 8
 PLAN_CAPACITY = 2.0  # the resized table's slots, as a multiple of the even share (no batches of it to sample)
 
 
-def plan(rows: int, width: int, batch: int, optimizer: str = "async_adam", async_emb: bool = True,
-         table: str = "items", overrides: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Compile the train step for a ``rows`` x ``width`` table ``table`` on every device of this process
-    (already created) and return its per-device figures. No table, state or batch is allocated."""
+def compose(overrides: list[str] | tuple[str, ...]) -> Any:
+    """The runner's config composed with ``overrides`` (as ``python -m runner <overrides>`` would)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from runner.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(common.ROOT / "conf"), version_base="1.3", job_name="plan"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def even_share_slots(program: Any, names, capacity: float = PLAN_CAPACITY) -> Any:
+    """``program`` with the route slots of tables ``names`` sized as ``capacity`` x the even share of a device's
+    tokens (the sampled peak of a resized table, or of generated data, says nothing of the planned tables)."""
+    ctxs = {n: dataclasses.replace(program.contexts[n], route_peak=None, route_capacity=capacity) for n in names}
+    return dataclasses.replace(program, contexts={**program.contexts, **ctxs})
+
+
+def measure(program: Any, task: Any, batch: int) -> tuple[dict[str, Any], Any]:
+    """Compile ``program``'s train step for an abstract state and batch (shapes with shardings: nothing is
+    allocated) and return its per-device figures (memory, collective bytes of a usual and of the dearest step,
+    compile seconds) and the state's shapes."""
     import jax
     import numpy as np
 
-    from hydra import compose, initialize_config_dir
-
-    from runner.build import build
-    from runner.config import register
     from runner.core import mesh as mesh_lib
 
     from .hlo import collectives_by_op, step_collective_bytes
 
-    n = jax.device_count()
-    register()
-    with initialize_config_dir(config_dir=str(common.ROOT / "conf"), version_base="1.3", job_name="plan"):
-        cfg = compose("config", overrides=[
-            "mesh=table", f"optimizer={optimizer}", f"async_emb={'on' if async_emb else 'off'}",
-            f"trainer.batch_size={batch}", f"model.emb_width={width}", "logger=none", *overrides])
-    program, task, mplan = build(cfg)
-    shards = mplan.table_shards
-    padded = -(-rows // shards) * shards
-    # The table's size is past what a config may ask for (model.tables.<t>.vocab <= 1e8): resize it here.
-    spec = dataclasses.replace(program.tables[table], vocab=rows, rows=padded)
-    # Its slots: 2x the even share of a device's tokens (its sampled peak was of the table before resizing).
-    ctx = dataclasses.replace(program.contexts[table], stored_rows=padded, route_peak=None, route_capacity=PLAN_CAPACITY)
-    program = dataclasses.replace(program, tables={**program.tables, table: spec},
-                                  contexts={**program.contexts, table: ctx})
     t0 = time.perf_counter()
     shapes = jax.eval_shape(lambda: program.init_state(0))
     state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
@@ -70,28 +71,56 @@ def plan(rows: int, width: int, batch: int, optimizer: str = "async_adam", async
     args, out, alias, temp = (int(getattr(mem, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp"))
     peak = args + out - alias + temp
     hlo = compiled.as_text()  # printed once, read by the three counts below
-    table_bytes = padded * width * 4
-    state_leaves = jax.tree.leaves(shapes.emb_states[table])
-    state_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in state_leaves)
+    n = jax.device_count()
     return {
-        "rows": rows, "width": width, "devices": n, "table_shards": shards, "batch": batch, "optimizer": optimizer,
-        "async_emb": async_emb, "tokens_per_device": ctx.local_tokens, "route_slots": ctx.route_slots,
-        "table_bytes": table_bytes, "optimizer_state_bytes": state_bytes,
-        "per_device": {"argument": args, "output": out, "alias": alias, "temp": temp, "peak": peak},
+        "devices": n, "per_device": {"argument": args, "output": out, "alias": alias, "temp": temp, "peak": peak},
         "collective_bytes": step_collective_bytes(hlo), "compile_s": seconds,
         "dearest_step_bytes": step_collective_bytes(hlo, "dearest"),
         "collectives_by_op": collectives_by_op(hlo),
         "fits_device": peak <= DEVICE_GB * 1e9,
         "min_devices_at_80gb": math.ceil(peak * n / (DEVICE_GB * 1e9)),
+    }, shapes
+
+
+def plan(rows: int, width: int, batch: int, optimizer: str = "async_adam", async_emb: bool = True,
+         table: str = "items", overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Compile the train step for a ``rows`` x ``width`` table ``table`` on every device of this process
+    (already created) and return its per-device figures. No table, state or batch is allocated."""
+    import jax
+
+    from runner.build import build
+
+    cfg = compose(["mesh=table", f"optimizer={optimizer}", f"async_emb={'on' if async_emb else 'off'}",
+                   f"trainer.batch_size={batch}", f"model.emb_width={width}", "logger=none", *overrides])
+    program, task, mplan = build(cfg)
+    shards = mplan.table_shards
+    padded = -(-rows // shards) * shards
+    # The table's size is past what a config may ask for (model.tables.<t>.vocab <= 1e8): resize it here.
+    spec = dataclasses.replace(program.tables[table], vocab=rows, rows=padded)
+    ctx = dataclasses.replace(program.contexts[table], stored_rows=padded)
+    program = dataclasses.replace(program, tables={**program.tables, table: spec},
+                                  contexts={**program.contexts, table: ctx})
+    # Its slots: 2x the even share of a device's tokens (its sampled peak was of the table before resizing).
+    program = even_share_slots(program, [table])
+    ctx = program.contexts[table]
+    figures, shapes = measure(program, task, batch)
+    state_leaves = jax.tree.leaves(shapes.emb_states[table])
+    return {
+        "rows": rows, "width": width, "table_shards": shards, "batch": batch, "optimizer": optimizer,
+        "async_emb": async_emb, "tokens_per_device": ctx.local_tokens, "route_slots": ctx.route_slots,
+        "table_bytes": padded * width * 4,
+        "optimizer_state_bytes": sum(math.prod(x.shape) * x.dtype.itemsize for x in state_leaves), **figures,
     }
 
 
 def child(p: dict) -> dict:
+    """One device count's plan, in this (fresh) process: ``p`` holds devices, rows, width, batch."""
     common.set_cpu_devices(p["devices"])
     return plan(p["rows"], p["width"], p["batch"], p.get("optimizer", "async_adam"), p.get("async_emb", True))
 
 
 def report(results: list[dict], out: Path) -> Path:
+    """Write ``plan.md`` / ``plan.json`` under ``out``: one row per device count."""
     head = ["rows x width", "devices (hosts of 8)", "batch (tokens/device)", "table + Adam state",
             "per device: arguments / temp / peak", "collectives / device / usual step",
             "a logged step with every table rerouted",
@@ -125,6 +154,7 @@ def _dearest(r: dict) -> str:
 
 
 def run(quick: bool, out: Path, devices=(64, 256), rows: int = 10**9, width: int = 128, batch: int = 65_536) -> list:
+    """Compile each device count in its own process and write the report; ``quick``: 8 devices, 10^6 x 16."""
     if quick:
         devices, rows, width, batch = (8,), 10**6, 16, 256
     results = []
@@ -138,6 +168,7 @@ def run(quick: bool, out: Path, devices=(64, 256), rows: int = 10**9, width: int
 
 
 def main(argv=None) -> None:
+    """``python -m benchmarks.plan [--rows R] [--width W] [--batch B] [--devices N ...] [--quick] [--out DIR]``."""
     import argparse
     import json
     import sys

@@ -19,3 +19,29 @@ def test_scaled_down_plan_compiles_and_reports_memory_and_collectives():
     assert pd["alias"] >= (r["table_bytes"] + r["optimizer_state_bytes"]) / 8 * 0.99
     assert pd["peak"] < 1.5 * pd["argument"]
     assert r["collective_bytes"]["all-to-all"] > 0 and r["collective_bytes"]["total"] < pd["argument"]
+
+
+@pytest.mark.slow
+def test_scaled_down_criteo_plan_stacks_26_tables_and_reports_their_bytes(tmp_path):
+    """The Criteo Terabyte plan's code (``benchmarks/plan_criteo.py``) on 8 devices, its 26 tables at the
+    published cardinalities capped at 5,000 rows: one stack of them all, its bytes as the rows add up."""
+    from benchmarks.plan_criteo import CARDINALITIES, criteo_plan
+
+    cards = tuple(min(c, 5_000) for c in CARDINALITIES)
+    r = criteo_plan(cards, batch=64, cache=str(tmp_path))
+    assert (r["devices"], r["table_shards"], r["physical_tables"], r["width"]) == (8, 8, 1, 128)
+    (stack,) = r["tables"].values()
+    assert stack["members"] == [f"cat_{j:02d}" for j in range(1, 27)]
+    # one shared padding row, then every member's ids 1..vocab-1; padded to a multiple of the 8 shards
+    rows = 1 + sum(c - 1 for c in cards)
+    assert stack["rows"] == -(-rows // 8) * 8
+    assert r["table_bytes"] == stack["bytes"] == stack["rows"] * 128 * 4
+    # row-wise Adagrad: an accumulator (float32) and a last step (int32) a row, and the update count
+    assert r["optimizer_state_bytes"] == stack["rows"] * (4 + 4) + 4
+    # route slots: PLAN_CAPACITY (2) x the even share of a device's 8 x 26 tokens over 8 shards, at least 64
+    assert stack["tokens_per_device"] == 64 // 8 * 26 and stack["route_slots"] == max(64, 2 * 208 // 8)
+    pd = r["per_device"]
+    assert pd["argument"] >= (r["table_bytes"] + r["optimizer_state_bytes"]) / 8
+    assert pd["alias"] >= r["table_bytes"] / 8 and pd["peak"] >= pd["argument"]
+    assert r["collective_bytes"]["all-to-all"] > 0 and r["collective_bytes"]["all-reduce"] > 0
+    assert r["dearest_step_bytes"]["total"] > r["collective_bytes"]["total"]
