@@ -166,7 +166,8 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
         t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
         kind = str(t.kind)
         if kind != "dense":
-            specs[name] = keyed_table(name, t, tokens, cfg.model.emb_width, shards)
+            parts = hash_partitions(cfg, plan, name, t)
+            specs[name] = keyed_table(name, t, tokens, cfg.model.emb_width, shards, parts)
             continue
         if id_range is None:
             raise PreflightError(
@@ -184,7 +185,19 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
     return specs
 
 
-def keyed_table(name: str, t: DictConfig, tokens: int, emb_width: int, shards: int) -> TableSpec:
+def hash_partitions(cfg: DictConfig, plan: MeshPlan | None, name: str, t: DictConfig) -> int:
+    """A hash table's partitions (``model.tables.<name>.partitions``): as set; else as the checkpoint this run
+    resumes records them (none recorded: 1); else the table shards of a row-sharded mesh (each shard holds one),
+    1 otherwise."""
+    if t.get("partitions") is not None:
+        return int(t.partitions)
+    resumed = checkpoint_meta.resumed_tables(cfg)
+    if resumed is not None and isinstance(resumed[1].get(name), dict):
+        return int(resumed[1][name].get("partitions", 1))
+    return plan.table_shards if plan is not None and plan.layout.splits_rows else 1
+
+
+def keyed_table(name: str, t: DictConfig, tokens: int, emb_width: int, shards: int, partitions: int = 1) -> TableSpec:
     """A table of kind hash or modulo: ids of any size (raw 64-bit ids, or the data's ids), no vocabulary."""
     width = t.width or emb_width
     if str(t.kind) == "modulo":
@@ -199,8 +212,12 @@ def keyed_table(name: str, t: DictConfig, tokens: int, emb_width: int, shards: i
     if t.vocab is not None:
         raise PreflightError(f"model.tables.{name}.vocab={t.vocab} is for dense and modulo tables; a hash table's "
                              f"size is model.tables.{name}.capacity: remove the vocab")
+    if int(t.capacity) % partitions:
+        raise PreflightError(f"model.tables.{name}.capacity={t.capacity} does not split into {partitions} equal "
+                             f"partitions (model.tables.{name}.partitions, one or more a row shard): make the capacity "
+                             f"a multiple of {partitions}, e.g. {-(-int(t.capacity) // partitions) * partitions}")
     spec = HashSpec(int(t.capacity), int(t.admit_after), str(t.evict), int(t.ttl), str(t.default), int(t.probes),
-                    sketch_width=int(t.sketch_width), admit_window=int(t.admit_window))
+                    sketch_width=int(t.sketch_width), admit_window=int(t.admit_window), partitions=partitions)
     return TableSpec(name, spec.rows, width, tokens, rows=spec.rows, dtype=t.dtype, init_scale=t.init_scale,
                      kind="hash", hash=spec)
 

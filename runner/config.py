@@ -125,11 +125,9 @@ class MeshConfig:
     table_layout: TableLayout = TableLayout.row  # row: each shard owns a block of rows; column: a slice of the width
     pad_vocab: bool = True  # row layout: pad table rows up to a multiple of the table shards
     routing: Routing = Routing.alltoall  # row layout: how ids reach the shard that owns their row
-    # auto | true | false (permute_ids_setting). true: store id i in row optimizers.routing.permute_ids(i, vocab)
-    # (a fixed bijection of [1, vocab), 0 stays), so the hot small ids of Zipf data spread over the row shards
-    # instead of all landing on the first one; the same numbers are learned either way (initial values follow
-    # the id). auto: a new run permutes the tables whose rows are split over several shards (row layout), a
-    # resume keeps the order its checkpoint records (runner.build.permuted_tables). true/false must match it.
+    # auto | true | false: true stores id i in row optimizers.routing.permute_ids(i, vocab) (a bijection of
+    # [1, vocab)), so Zipf-hot small ids spread over the row shards; the same numbers are learned either way.
+    # auto: a new run permutes where rows are split over several shards; a resume keeps its checkpoint's order.
     permute_ids: Union[bool, str] = "auto"
     route_capacity: float = hparam(
         ROUTE_CAPACITY, "row layout, alltoall routing: slots for the ids one device sends each table shard per step, as a "
@@ -188,6 +186,9 @@ class TableConfig:
     probes: int = hparam(16, "kind=hash: slots after its home slot an id may live in", low=1, high=1024)
     sketch_width: int = hparam(1 << 16, "kind=hash, admit_after > 1: counters per row of the admission "
                                "sketch (4 rows)", low=1, high=1 << 26)
+    partitions: Optional[int] = hparam(None, "kind=hash: the slots split by the id's hash into this many parts, "
+                                       "each row shard holding whole ones; None = the table shards (row layout), "
+                                       "or the checkpoint's on a resume", low=1, high=4096)
 
 
 @dataclass
@@ -299,9 +300,8 @@ class DenseOptimizerConfig:
 
 @dataclass
 class TrainerConfig:
-    # The run's length: steps, or epochs over the task's training examples (runner/budget.py). The model YAML
-    # gives the task's budget (model=ranking: 3000 steps; model=sequential: default_epochs); a command-line
-    # trainer.steps or trainer.epochs wins over it, and giving both is refused.
+    # The run's length: steps, or epochs over the task's examples (runner/budget.py). The model YAML gives the
+    # task's budget; trainer.steps or trainer.epochs on the command line wins, and giving both is refused.
     steps: Optional[int] = hparam(None, "training steps; null = trainer.epochs (else default_epochs)", low=1)
     epochs: Optional[float] = hparam(None, "training budget in passes over the training examples (sequence "
                                            "tasks); exclusive with trainer.steps", low=0.0, low_open=True)

@@ -321,11 +321,19 @@ def check_hash_tables(cfg: DictConfig, plan: MeshPlan, tables: Mapping[str, Any]
     if not hashed:
         return
     name = hashed[0]
-    if plan.table_shards > 1:
+    if plan.table_shards > 1 and not plan.layout.splits_rows:
         raise PreflightError(
-            f"table '{name}' is a hash table, and hash tables are not sharded yet: mesh {plan.describe()} splits "
-            f"the tables over {plan.table_shards} '{plan.table_axis}' shards. Use mesh=data (tables replicated, "
-            f"the batch split over every device) or mesh.table_axis=null, or kind=modulo for a sharded table")
+            f"table '{name}' is a hash table, and hash tables are sharded by rows (each row shard holds whole "
+            f"partitions of the slots): mesh {plan.describe()} splits the tables by {plan.layout.name}. Use "
+            f"mesh.table_layout=row, or mesh=data (tables replicated, the batch split over every device)")
+    for n in hashed:
+        parts = tables[n].hash.partitions
+        if plan.table_shards > 1 and parts % plan.table_shards:
+            raise PreflightError(
+                f"model.tables.{n}.partitions={parts}: table '{n}' is a hash table whose slots are split into "
+                f"{parts} partitions, and mesh {plan.describe()} has {plan.table_shards} row shards, which must each "
+                f"hold whole partitions: use a mesh whose table axis divides {parts}, or for a new run "
+                f"model.tables.{n}.partitions={plan.table_shards} (a resume keeps its checkpoint's partitions)")
     if cfg.async_emb.enabled and int(cfg.async_emb.staleness) > 1:
         raise PreflightError(
             f"table '{name}' is a hash table, and async_emb.staleness={cfg.async_emb.staleness} is not supported "

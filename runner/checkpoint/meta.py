@@ -80,7 +80,8 @@ def tables_of(program: Any) -> dict[str, dict[str, Any]]:
     return {n: {"vocab": s.vocab, "rows": s.rows, "width": s.width, "dtype": s.dtype,
                 "optimizer": type(program.emb_optimizers[n]).__name__,
                 "tokens_per_batch": program.contexts[n].tokens_per_batch, "permute_ids": bool(s.permute_ids),
-                "kind": s.kind, **({"probes": s.hash.window} if s.hash is not None else {}),
+                "kind": s.kind,
+                **({"probes": s.hash.window, "partitions": s.hash.partitions} if s.hash is not None else {}),
                 **({"members": list(program.stacking.stacks[n])} if n in program.stacking.stacks else {})}
             for n, s in sorted(program.tables.items())}
 
@@ -183,6 +184,12 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
             problems.append(f"table '{name}' probes (model.tables.{name}.probes, the window an id's slot is "
                             f"looked up in): the checkpoint has {theirs[name].get('probes')}, this config has "
                             f"{ours[name].get('probes')}; its ids were placed within their windows")
+        elif kind == "hash" and int(theirs[name].get("partitions", 1)) != ours[name]["partitions"]:
+            parts = int(theirs[name].get("partitions", 1))
+            problems.append(f"table '{name}' partitions (model.tables.{name}.partitions): the checkpoint has {parts}, "
+                            f"this config has {ours[name]['partitions']}; its ids live in the partitions of their "
+                            f"hash, so resume it with {parts} partitions (the default on a resume) on a mesh whose "
+                            f"row shards divide {parts}")
         permuted = bool(theirs[name].get("permute_ids", False))
         if permuted != ours[name]["permute_ids"]:
             problems.append(f"table '{name}' permute_ids (mesh.permute_ids): the checkpoint has {permuted}, this "

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +49,6 @@ from optimizers.rounding import mix32
 
 from .embeddings import normal_block
 from .id_sort import distinct_keys, first_claims
-from .failures import traced
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
 DEFAULTS = ("zeros", "shared")
@@ -71,20 +70,38 @@ class HashSpec:
     rounds: int = 16  # an id that lost its choice to a smaller id chooses again, up to this many times a step
     sketch_depth: int = 4
     sketch_width: int = 1 << 16
+    partitions: int = 1  # the slots split into this many equal partitions by the id's hash (the row shards)
+
+    @property
+    def part_capacity(self) -> int:
+        """Slots of one partition."""
+        return self.capacity // self.partitions
+
+    @property
+    def part_rows(self) -> int:
+        """Rows of one partition: a padding (or unused) row, one per slot, and the shared (or unused) row."""
+        return self.part_capacity + 2
 
     @property
     def rows(self) -> int:
-        """Rows the table stores: padding row 0, one per slot, and the shared default row."""
-        return self.capacity + 2
+        """Rows the table stores: padding row 0, one per slot, and the shared default row (one partition); a
+        block of ``part_rows`` per partition, the same three kinds in each (the first's first row pads, the
+        last's last row is shared, the others' are never read)."""
+        return self.partitions * self.part_rows
 
     @property
     def shared_row(self) -> int:
-        return self.capacity + 1
+        return self.rows - 1
 
     @property
     def window(self) -> int:
-        """Slots an id's window holds: ``probes``, at most the whole table."""
-        return min(self.probes, self.capacity)
+        """Slots an id's window holds: ``probes``, at most its whole partition."""
+        return min(self.probes, self.part_capacity)
+
+    @property
+    def part_sketch_width(self) -> int:
+        """Counters of each row of one partition's sketch (``sketch_width`` over the partitions)."""
+        return max(1, self.sketch_width // self.partitions)
 
 
 class HashState(NamedTuple):
@@ -93,8 +110,9 @@ class HashState(NamedTuple):
     keys: jax.Array  # uint32 [capacity, 2]: (high, low) halves of the id held; (0, 0) = empty
     last: jax.Array  # int32 [capacity]: step the slot's id was last seen at; -1 = empty
     count: jax.Array  # int32 [capacity]: occurrences of the slot's id since it got the slot
-    sketch: jax.Array  # int32 [depth, width]: count-min counts of ids without a slot (saturating)
-    filled: jax.Array  # int32: slots holding an id
+    sketch: jax.Array  # int32 [depth, width], or [partitions, depth, width / partitions]: count-min counts of
+    # ids without a slot (saturating)
+    filled: jax.Array  # int32: slots holding an id ([partitions]: per partition)
 
 
 class Assigned(NamedTuple):
@@ -110,8 +128,18 @@ class Assigned(NamedTuple):
 
 def init_state(spec: HashSpec) -> HashState:
     c = spec.capacity
+    if spec.partitions == 1:
+        sketch, filled = jnp.zeros((spec.sketch_depth, spec.sketch_width), jnp.int32), jnp.zeros((), jnp.int32)
+    else:
+        sketch = jnp.zeros((spec.partitions, spec.sketch_depth, spec.part_sketch_width), jnp.int32)
+        filled = jnp.zeros((spec.partitions,), jnp.int32)
     return HashState(jnp.zeros((c, 2), jnp.uint32), jnp.full((c,), -1, jnp.int32), jnp.zeros((c,), jnp.int32),
-                     jnp.zeros((spec.sketch_depth, spec.sketch_width), jnp.int32), jnp.zeros((), jnp.int32))
+                     sketch, filled)
+
+
+def held(spec: HashSpec, state: HashState) -> int:
+    """How many partitions ``state`` holds: all of them, or one (a row shard's, inside ``shard_map``)."""
+    return state.last.shape[0] // spec.part_capacity
 
 
 # ----- ids: fingerprints on the host, hashes in the step --------------------------------------------------
@@ -170,20 +198,42 @@ def collision_rate(keys: jax.Array, rows: jax.Array, num_rows: int) -> jax.Array
 
 
 # ----- the step's mapping ------------------------------------------------------------------------------
+PART_SALT = 0x5EED  # the hash that picks an id's partition (independent of its home slot's)
+
+
+def partition_of(spec: HashSpec, hi: jax.Array, lo: jax.Array) -> jax.Array:
+    """int32: the partition of each id (``hash(id) mod partitions``; 0 with one partition)."""
+    if spec.partitions == 1:
+        return jnp.zeros(hi.shape, jnp.int32)
+    return (key_hash(hi, lo, PART_SALT) % jnp.uint32(spec.partitions)).astype(jnp.int32)
+
+
 def _window(spec: HashSpec, uh, ul):
-    home = key_hash(uh, ul, 0) % jnp.uint32(spec.capacity)
-    return ((home[:, None] + jnp.arange(spec.window, dtype=jnp.uint32)[None, :]) % jnp.uint32(spec.capacity)
-            ).astype(jnp.int32)
+    """[N, window] global slots: from the id's home slot in its partition on, wrapping within the partition."""
+    cp = spec.part_capacity
+    home = key_hash(uh, ul, 0) % jnp.uint32(cp)
+    local = ((home[:, None] + jnp.arange(spec.window, dtype=jnp.uint32)[None, :]) % jnp.uint32(cp)).astype(jnp.int32)
+    return local + (partition_of(spec, uh, ul) * cp)[:, None]
 
 
-def _find(spec: HashSpec, state: HashState, uh, ul, valid):
-    """(hit, slot, window) of each distinct id: whether it holds a slot in its window, and which."""
-    win = _window(spec, uh, ul)
-    wk = state.keys[win]
+def _find(spec: HashSpec, state: HashState, uh, ul, valid, first: int = 0):
+    """(hit, slot, window) of each distinct id: whether it holds a slot in its window, and which (global
+    slots; ``window`` indexes ``state``, which holds the partitions from ``first`` on). ``valid``: the ids of
+    the partitions ``state`` holds."""
+    win = _window(spec, uh, ul) - first * spec.part_capacity
+    wk = state.keys.at[win].get(mode="fill", fill_value=0)
     match = (wk[..., 0] == uh[:, None]) & (wk[..., 1] == ul[:, None]) & valid[:, None]
     hit = jnp.any(match, axis=1)
-    slot = jnp.take_along_axis(win, jnp.argmax(match, axis=1)[:, None], 1)[:, 0]
+    slot = jnp.take_along_axis(win, jnp.argmax(match, axis=1)[:, None], 1)[:, 0] + first * spec.part_capacity
     return hit, jnp.where(hit, slot, -1), win
+
+
+def _mine(spec: HashSpec, state: HashState, uh, ul, valid, first: int) -> jax.Array:
+    """Which of the ids belong to the partitions ``state`` holds (from ``first`` on)."""
+    if spec.partitions == 1:
+        return valid
+    part = partition_of(spec, uh, ul)
+    return valid & (part >= first) & (part < first + held(spec, state))
 
 
 def _lexmin(mask_and_keys: list[jax.Array]) -> jax.Array:
@@ -198,9 +248,10 @@ def _lexmin(mask_and_keys: list[jax.Array]) -> jax.Array:
 
 def _choose(spec: HashSpec, last, count, win, wants, step):
     """(slot, won) of each id that wants one: its choice in its window (first empty, else the policy's
-    victim among the evictable), and whether it keeps it (the smallest id choosing a slot does)."""
-    n, c = win.shape[0], spec.capacity
-    wl, wc = last[win], count[win]
+    victim among the evictable), and whether it keeps it (the smallest id choosing a slot does). Slots
+    index ``last`` and ``count`` (the partitions held); none: their length."""
+    c = last.shape[0]
+    wl, wc = last.at[win].get(mode="fill", fill_value=0), count.at[win].get(mode="fill", fill_value=0)
     empty = wl < 0
     limit = step - spec.ttl if spec.evict == "ttl" else step  # a slot seen at or after it is kept
     evictable = ~empty & (wl < limit)
@@ -213,27 +264,39 @@ def _choose(spec: HashSpec, last, count, win, wants, step):
     return chosen, can, first_claims(chosen, c)
 
 
-def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array) -> tuple[HashState, Assigned]:
-    """One step of the policy (module docstring) for the ids ``keys`` [..., 2] uint32 at step ``step``."""
+def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array,
+           first: int | jax.Array = 0) -> tuple[HashState, Assigned]:
+    """One step of the policy (module docstring) for the ids ``keys`` [..., 2] uint32 at step ``step``.
+    ``state`` holds every partition, or (a row shard's, ``first``: its index) one: the ids of the partitions
+    it does not hold are left alone (slot -1, in no count), so each shard runs the step for its own."""
     shape = keys.shape[:-1]
     keys = keys.reshape(-1, 2).astype(jnp.uint32)
-    n, c = keys.shape[0], spec.capacity
+    n = keys.shape[0]
+    c = state.last.shape[0]  # the slots held; an index of c is none
+    base = first * spec.part_capacity  # the global slot of the first one held
     step = jnp.asarray(step, jnp.int32)
-    uh, ul, valid, occ, inverse = distinct_keys(keys)
-    hit, slot, win = _find(spec, state, uh, ul, valid)
-    last = state.last.at[jnp.where(hit, slot, c)].set(step, mode="drop")
-    count = state.count.at[jnp.where(hit, slot, c)].add(occ, mode="drop")
+    uh, ul, all_valid, occ, inverse = distinct_keys(keys)
+    valid = _mine(spec, state, uh, ul, all_valid, first)
+    hit, slot, win = _find(spec, state, uh, ul, valid, first)
+    at_hit = jnp.where(hit, slot - base, c)
+    last = state.last.at[at_hit].set(step, mode="drop")
+    count = state.count.at[at_hit].add(occ, mode="drop")
     miss = valid & ~hit
     sketch = state.sketch
     if spec.admit_after > 1 and spec.admit_window:  # counts age: halved every admit_window steps
         sketch = jnp.where((step > 0) & (step % spec.admit_window == 0), sketch >> 1, sketch)
     if spec.admit_after > 1:
-        cols = [(key_hash(uh, ul, d + 1) % jnp.uint32(spec.sketch_width)).astype(jnp.int32)
-                for d in range(spec.sketch_depth)]
+        width = spec.sketch_width if spec.partitions == 1 else spec.part_sketch_width
+        cols = [(key_hash(uh, ul, d + 1) % jnp.uint32(width)).astype(jnp.int32) for d in range(spec.sketch_depth)]
+        part = partition_of(spec, uh, ul) - first
         for d in range(spec.sketch_depth):
-            sketch = sketch.at[d, jnp.where(miss, cols[d], spec.sketch_width)].add(occ, mode="drop")
+            col = jnp.where(miss, cols[d], width)
+            sketch = (sketch.at[d, col].add(occ, mode="drop") if spec.partitions == 1 else
+                      sketch.at[part, d, col].add(occ, mode="drop"))
         sketch = jnp.minimum(sketch, spec.admit_after)
-        est = jnp.min(jnp.stack([sketch[d, cols[d]] for d in range(spec.sketch_depth)]), axis=0)
+        est = jnp.min(jnp.stack([sketch[d, cols[d]] if spec.partitions == 1 else
+                                 sketch.at[part, d, cols[d]].get(mode="fill", fill_value=0)
+                                 for d in range(spec.sketch_depth)]), axis=0)
         wants = miss & (est >= spec.admit_after)
     else:
         wants = miss
@@ -253,29 +316,46 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array) -
     _, new_keys, last, count, fresh, evicted, _, _ = lax.while_loop(
         lambda cr: (cr[0] < spec.rounds) & cr[7], round_, carry)
     won = fresh < c
-    chosen = fresh
-    uslot = jnp.where(hit, slot, jnp.where(won, chosen, -1))
+    uslot = jnp.where(hit, slot, jnp.where(won, fresh + base, -1))
     slots = jnp.concatenate([uslot, jnp.full((1,), -1, jnp.int32)])[inverse]
-    real = ~is_pad(keys)
-    out = Assigned(slots.reshape(shape), fresh, jnp.stack([uh, ul], -1), jnp.sum(won).astype(jnp.int32), evicted,
-                   jnp.sum(real & (slots < 0)).astype(jnp.int32))
-    return HashState(new_keys, last, count, sketch, state.filled + out.admitted - evicted), out
+    mine = jnp.concatenate([valid, jnp.zeros((1,), bool)])[inverse]  # padding and others' ids: not counted
+    out = Assigned(slots.reshape(shape), jnp.where(won, fresh + base, spec.capacity), jnp.stack([uh, ul], -1),
+                   jnp.sum(won).astype(jnp.int32), evicted, jnp.sum(mine & (slots < 0)).astype(jnp.int32))
+    if spec.partitions == 1:
+        filled = state.filled + out.admitted - evicted
+    else:  # per partition held: what each gained, less what it evicted
+        gained = jnp.zeros(state.filled.shape, jnp.int32).at[jnp.where(won, fresh // spec.part_capacity,
+                                                                        state.filled.shape[0])].add(1, mode="drop")
+        lost = jnp.zeros(state.filled.shape, jnp.int32).at[jnp.where(
+            won & (state.last.at[fresh].get(mode="fill", fill_value=-1) >= 0), fresh // spec.part_capacity,
+            state.filled.shape[0])].add(1, mode="drop")
+        filled = state.filled + gained - lost
+    return HashState(new_keys, last, count, sketch, filled), out
 
 
-def find(spec: HashSpec, state: HashState, keys: jax.Array) -> jax.Array:
-    """Each id's slot, -1 for none: the read-only lookup (evaluation), which changes nothing."""
+def find(spec: HashSpec, state: HashState, keys: jax.Array, first: int | jax.Array = 0) -> jax.Array:
+    """Each id's slot, -1 for none (or of a partition ``state`` does not hold): the read-only lookup
+    (evaluation), which changes nothing."""
     shape = keys.shape[:-1]
     k = keys.reshape(-1, 2).astype(jnp.uint32)
-    _, slot, _ = _find(spec, state, k[:, 0], k[:, 1], ~is_pad(k))
+    valid = _mine(spec, state, k[:, 0], k[:, 1], ~is_pad(k), first)
+    _, slot, _ = _find(spec, state, k[:, 0], k[:, 1], valid, first)
     return slot.reshape(shape)
 
 
+def slot_rows(spec: HashSpec, slots: jax.Array) -> jax.Array:
+    """The row of each (global) slot: slot i is row i + 1 with one partition; slot j of partition p is row
+    ``p * part_rows + 1 + j``."""
+    cp = spec.part_capacity
+    return (slots // cp) * spec.part_rows + 1 + slots % cp
+
+
 def rows_of(spec: HashSpec, slots: jax.Array, out_of_range: int) -> jax.Array:
-    """The table rows of ``slots``: slot i is row i + 1; no slot is the shared row (default=shared) or the
+    """The table rows of ``slots`` (``slot_rows``); no slot is the shared row (default=shared) or the
     out-of-range id ``out_of_range`` (reads zeros, updates nothing). Padding ids read row 0 in neither case:
     the caller passes their mask."""
     none = spec.shared_row if spec.default == "shared" else out_of_range
-    return jnp.where(slots >= 0, slots + 1, none).astype(jnp.int32)
+    return jnp.where(slots >= 0, slot_rows(spec, jnp.maximum(slots, 0)), none).astype(jnp.int32)
 
 
 def key_rows(spec: HashSpec, keys: jax.Array, slots: jax.Array, out_of_range: int) -> jax.Array:
@@ -284,8 +364,8 @@ def key_rows(spec: HashSpec, keys: jax.Array, slots: jax.Array, out_of_range: in
 
 
 def occupancy(state: HashState) -> jax.Array:
-    """The share of slots holding an id."""
-    return state.filled.astype(jnp.float32) / state.last.shape[0]
+    """The share of slots holding an id (of the slots ``state`` holds)."""
+    return jnp.sum(state.filled).astype(jnp.float32) / state.last.shape[0]
 
 
 # ----- resetting the rows given to new ids --------------------------------------------------------------
@@ -296,11 +376,11 @@ def fresh_rows(spec: HashSpec, seed: jax.Array, fresh_keys: jax.Array, width: in
 
 
 def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: Any, assigned: Assigned,
-               seed: jax.Array, init_scale: float):
+               seed: jax.Array, init_scale: float, row0: int | jax.Array = 0):
     """The table and optimizer state with each slot given to a new id reset: its row drawn afresh, each per-row
     leaf of its optimizer state (leading dim = the table's rows) set to ``initial_state``'s row 0 (the
-    optimizer's state of a row never trained)."""
-    rows = jnp.where(assigned.fresh < spec.capacity, assigned.fresh + 1, table.shape[0])
+    optimizer's state of a row never trained). ``row0``: the global row of ``table``'s first (a row shard's)."""
+    rows = jnp.where(assigned.fresh < spec.capacity, slot_rows(spec, assigned.fresh) - row0, table.shape[0])
     vals = fresh_rows(spec, seed, assigned.fresh_keys, table.shape[1], init_scale).astype(table.dtype)
     table = table.at[rows].set(vals, mode="drop")
 
@@ -315,69 +395,4 @@ def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: 
 
 def reassigned_rows(spec: HashSpec, assigned: Assigned, num_rows: int) -> jax.Array:
     """int32 [N], ascending: the rows given to a new id this step, then ``num_rows`` (none) as padding."""
-    return jnp.sort(jnp.where(assigned.fresh < spec.capacity, assigned.fresh + 1, num_rows))
-
-
-# ----- in the train step (``TrainProgram.step_core`` and ``predict``) --------------------------------------
-def map_batch(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]):
-    """Each hash table's slots for this batch (``assign``): returns the state with the slots
-    updated and every row given to a new id reset (its values and its optimizer state), the rows the
-    batch's ids read, each table's rows given to a new id this step (``reassigned_rows``), and the step's
-    counts."""
-    hashed, tables, emb_states = dict(state.hashed), dict(state.tables), dict(state.emb_states)
-    rows, moved, metrics = {}, {}, {}
-    for i, n in enumerate(sorted(state.hashed)):
-        spec, out = program.tables[n], program.contexts[n].stored_rows
-        keys = keys_of(raw_ids[n])
-        hashed[n], got = assign(spec.hash, state.hashed[n], keys, state.step)
-        rows[n] = key_rows(spec.hash, keys, got.slots, out)
-        seed = jax.random.bits(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 7919 + i), (2,), jnp.uint32)
-        with traced(program, n, "its rows given to new ids were reset"):
-            initial = program.emb_optimizers[n].init(1, spec.width)
-        tables[n], emb_states[n] = reset_rows(spec.hash, tables[n], emb_states[n], initial, got, seed, spec.init_scale)
-        moved[n] = reassigned_rows(spec.hash, got, out)
-        metrics.update({f"emb/occupancy/{n}": occupancy(hashed[n]), f"emb/admitted/{n}": got.admitted,
-                        f"emb/evicted/{n}": got.evicted, f"emb/unadmitted_lookups/{n}": got.unadmitted})
-    metrics.update(modulo_metrics(program, raw_ids))
-    return state._replace(hashed=hashed, tables=tables, emb_states=emb_states), rows, moved, metrics
-
-
-def read_rows(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """The rows a batch's ids of each hash table read, changing nothing (evaluation)."""
-    out = {}
-    for n in state.hashed:
-        spec = program.tables[n]
-        keys = keys_of(raw_ids[n])
-        out[n] = key_rows(spec.hash, keys, find(spec.hash, state.hashed[n], keys), program.contexts[n].stored_rows)
-    return out
-
-
-def drop_moved(head: Mapping[str, Any], moved: Mapping[str, jax.Array], stored: Mapping[str, int]):
-    """Async: each hash table's deferred update without the rows given to another id since its gradient
-    was computed (their gradient belongs to the id that lost the row), and how many it dropped."""
-    out, dropped = dict(head), {}
-    for n, m in moved.items():
-        if n not in head:
-            continue
-        u = head[n]
-        at = jnp.minimum(jnp.searchsorted(m, u.unique_tokens), m.shape[0] - 1)
-        drop = (m[at] == u.unique_tokens) & (u.unique_tokens < stored[n]) & u.pending
-        out[n] = u._replace(unique_tokens=jnp.where(drop, stored[n], u.unique_tokens))
-        dropped[f"emb/stale_dropped/{n}"] = jnp.sum(drop).astype(jnp.int32)
-    return out, dropped
-
-
-def keyed_rows(spec: Any, raw: jax.Array, hashed_rows: Mapping[str, jax.Array]) -> jax.Array:
-    """The rows of a hash table's (``map_batch``/``read_rows``) or a modulo table's ids."""
-    return hashed_rows[spec.name] if spec.kind == "hash" else modulo_rows(keys_of(raw), spec.vocab)
-
-
-def modulo_metrics(program: Any, raw_ids: Mapping[str, jax.Array]) -> dict:
-    """``emb/collision_rate/<table>`` of each modulo table (``collision_rate``)."""
-    out = {}
-    for n, raw in raw_ids.items():
-        spec = program.logical[n]
-        if spec.kind == "modulo":
-            keys = keys_of(raw)
-            out[f"emb/collision_rate/{n}"] = collision_rate(keys, modulo_rows(keys, spec.vocab), spec.rows)
-    return out
+    return jnp.sort(jnp.where(assigned.fresh < spec.capacity, slot_rows(spec, assigned.fresh), num_rows))

@@ -28,4 +28,4 @@ class TrainState(NamedTuple):
     pending: dict[str, AsyncEmbGradientUpdate]  # async mode: the deferred update of the last step ({} in sync)
     rng: jax.Array  # uint32 key data; per-step randomness is fold_in(rng, step)
     skips: dict[str, SkipCounts]  # each table's refused updates (emb/skipped_updates), replicated
-    hashed: dict[str, Any] = {}  # kind=hash tables: their slots and sketch (``hash_tables.HashState``), replicated
+    hashed: dict[str, Any] = {}  # kind=hash tables: slots and sketch (``hash_tables.HashState``), by partition

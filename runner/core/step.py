@@ -19,7 +19,7 @@ stale-rows diagnostic) and returns only G_t; ``StepFn`` shifts the queue outside
 queued are never copied and a step costs what a k = 1 step does. k = 1 keeps the single record above,
 unchanged. Delay compensation (``async_emb.compensation=dc``): each record also carries the rows its gradient
 was computed on (the lookup of its step), and the fused update corrects the late gradient by them
-(``optimizers.AsyncEmbContext.dc_lambda``). Hash tables map ids to slots first (``hash_tables.map_batch``)."""
+(``optimizers.AsyncEmbContext.dc_lambda``). Hash tables map ids to slots first (``hash_step.map_batch``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding
 from optimizers import (AsyncEmbContext, AsyncEmbGradientUpdate, compiler_options, dedupe, empty_update,
                         supports_async_emb)
 
-from . import hash_tables, mesh as mesh_lib, stacking as stacking_lib
+from . import hash_step, hash_tables, mesh as mesh_lib, stacking as stacking_lib
 from .failures import traced
 from .dense_optimizer import DenseOptimizer
 from .embeddings import TableSpec, in_id_order, lookup, lookup_counted, stored_rows, table_values
@@ -110,7 +110,7 @@ class TrainProgram:
                      for n in state.pending},
             rng=rep,
             skips=jax.tree.map(lambda _: rep, state.skips),
-            hashed=jax.tree.map(lambda _: rep, state.hashed),
+            hashed={n: mesh_lib.named(self.mesh, hash_step.state_specs(self, n, h)) for n, h in state.hashed.items()},
         )
 
     def init_state(self, seed: int) -> TrainState:
@@ -192,11 +192,11 @@ class TrainProgram:
         lookups, update records and row statistics all count stored rows), with every id outside ``[0, vocab)``
         replaced by the out-of-range id (the stored row count): it reads zeros on every layout and no update
         touches a row for it. Also returns each dense table's mask of those ids. A hash table's rows are
-        ``hashed_rows`` (``hash_tables.map_batch``), a modulo table's its ids hashed onto rows ``[1, vocab)``."""
+        ``hashed_rows`` (``hash_step.map_batch``), a modulo table's its ids hashed onto rows ``[1, vocab)``."""
         ids, bad, dense = {}, {}, {}
         for n, raw in (self.model.table_ids(batch) if raw_ids is None else raw_ids).items():
             if self.logical[n].kind != "dense":
-                ids[n] = hash_tables.keyed_rows(self.logical[n], raw, hashed_rows)
+                ids[n] = hash_step.keyed_rows(self.logical[n], raw, hashed_rows)
             else:
                 dense[n] = raw.astype(jnp.int32)
                 bad[n] = (dense[n] < 0) | (dense[n] >= self.logical[n].vocab)  # the model's own table's vocab
@@ -235,7 +235,7 @@ class TrainProgram:
         records. So the compiled step neither reads nor writes the records that stay queued."""
         args = self.run_args() if args is None else args
         raw_ids = self.model.table_ids(batch)
-        state, hashed_rows, moved, hash_metrics = hash_tables.map_batch(self, state, raw_ids)
+        state, hashed_rows, moved, hash_metrics = hash_step.map_batch(self, state, raw_ids)
         ids, bad_ids = self.table_ids(batch, hashed_rows, raw_ids)
         ctxs = {n: c.fresh() for n, c in self.contexts.items()}
         detail = is_log_step(state.step + 1, args["detail_interval"], args["detail_last"])
@@ -244,7 +244,7 @@ class TrainProgram:
         # feeds the diagnostics (distinct ids, stale rows), on logged steps only.
         routed = {n for n in ids if ctxs[n].per_device_record}  # per-device records (routed row, column)
         dedup = {n: dedupe(ids[n], ctxs[n].stored_rows, ctxs[n].num_unique) for n in ids if n not in routed}
-        head, stale_dropped = hash_tables.drop_moved(state.pending, moved, {n: c.stored_rows for n, c in ctxs.items()})
+        head, stale_dropped = hash_step.drop_moved(self, state.pending, moved)
         # every record still pending, as (its ids, whether pending): the rows a read misses. Only those two
         # leaves go into the diagnostics' cond (a whole record there would be copied every step).
         queued = {n: [(q.unique_tokens, q.pending), *later.get(n, [])] for n, q in head.items()}
@@ -334,7 +334,7 @@ class TrainProgram:
     def predict(self, state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
         """The model's scores of ``batch`` under ``state`` (for evaluation), tables looked up as in the step."""
         raw_ids = self.model.table_ids(batch)
-        ids, _ = self.table_ids(batch, hash_tables.read_rows(self, state, raw_ids), raw_ids)
+        ids, _ = self.table_ids(batch, hash_step.read_rows(self, state, raw_ids), raw_ids)
         embs = {n: lookup(self.contexts[n], state.tables[n], ids[n]) for n in ids}
         embs = self.stacking.logical_rows(embs, {n: x.shape for n, x in raw_ids.items()})
         # The model scores catalogues by row number: it gets every table with row i holding id i (a gather

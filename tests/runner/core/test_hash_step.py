@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from runner.build import build
-from runner.core import hash_tables as ht
+from runner.core import hash_step, hash_tables as ht
 from tests.runner.core.test_hash_tables import DictTable
 from tests.runner.support import numpy_tree, run_steps
 
@@ -128,7 +128,7 @@ def test_a_new_id_gets_fresh_values_and_optimizer_state(cfg_of):
     raw = {n: jnp.asarray(v) for n, v in program.model.table_ids(
         {k: jnp.asarray(v) for k, v in data.batch(99, 32).items()}).items()}
     raw["users"] = jnp.asarray(new)[:, None]
-    after, rows, moved, m = jax.jit(lambda st, r: ht.map_batch(program, st, r))(state, raw)
+    after, rows, moved, m = jax.jit(lambda st, r: hash_step.map_batch(program, st, r))(state, raw)
     given = np.asarray(moved["users"])
     moved = np.zeros(program.tables["users"].rows, bool)
     moved[given[given < moved.size]] = True
@@ -152,7 +152,7 @@ def test_evaluation_reads_without_changing_the_table(cfg_of):
     _, state, _, _ = run_steps(program, data, 3)
     before = numpy_tree(state)
     raw = program.model.table_ids({k: jnp.asarray(v) for k, v in data.batch(50, 32).items()})
-    rows = np.asarray(ht.read_rows(program, state, raw)["users"])
+    rows = np.asarray(hash_step.read_rows(program, state, raw)["users"])
     spec = program.tables["users"]
     slots = np.asarray(ht.find(spec.hash, state.hashed["users"], raw["users"]))
     assert (slots >= 0).any() and (slots < 0).any()
@@ -182,3 +182,30 @@ def test_data_parallel_on_eight_devices_equals_one_device(cfg_of):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert [int(m["emb/evicted/items"]) for m in m8] == [int(m["emb/evicted/items"]) for m in m1]
     assert float(m1[-1]["emb/collision_rate/authors"]) > 0  # 50 authors on 30 rows
+
+
+@pytest.mark.parametrize("mode", ["on", pytest.param("off", marks=pytest.mark.slow)])
+def test_row_sharded_on_a_2x4_mesh_equals_one_device_with_as_many_partitions(cfg_of, mode):
+    """mesh=data_table 2x4 (rows split over 4 table shards, each holding one partition of each hash table's
+    slots, ids routed to their rows' owners) trains as one device with the tables in 4 partitions: the same
+    slots, metadata, sketch, rows, optimizer state and losses, admissions and evictions."""
+    over = ["optimizer=async_rowwise_adagrad", f"async_emb={mode}", *HASHED, "model.tables.users.capacity=40",
+            "model.tables.items.capacity=152", "model.tables.items.admit_after=2", "trainer.batch_size=64"]
+    one_cfg = [*over, "mesh=single", "model.tables.users.partitions=4", "model.tables.items.partitions=4"]
+    mesh_cfg = [*over, "mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=row"]
+    runs = {}
+    for name, cfg in (("one", one_cfg), ("mesh", mesh_cfg)):
+        program, data, plan = build(cfg_of(cfg))
+        assert program.tables["items"].hash.partitions == 4  # the mesh's default: one partition a row shard
+        runs[name] = run_steps(program, data, 6)
+    (_, one, l1, m1), (_, mesh, l8, m8) = runs["one"], runs["mesh"]
+    np.testing.assert_allclose(l8, l1, rtol=1e-5)
+    for n in ("users", "items"):
+        for a, b in zip(numpy_tree(mesh.hashed[n]), numpy_tree(one.hashed[n])):
+            np.testing.assert_array_equal(a, b, err_msg=n)  # slots, metadata, sketch: exactly
+        np.testing.assert_allclose(np.asarray(mesh.tables[n]), np.asarray(one.tables[n]), rtol=1e-5, atol=1e-6)
+        for a, b in zip(*(jax.tree.leaves(numpy_tree(s.emb_states[n])) for s in (mesh, one))):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=n)
+    for k in ("emb/admitted/items", "emb/evicted/items", "emb/unadmitted_lookups/items", "emb/occupancy/items"):
+        assert [float(m[k]) for m in m8] == [float(m[k]) for m in m1], k
+    assert sum(int(m["emb/evicted/items"]) for m in m1) > 0 and sum(int(m["emb/admitted/users"]) for m in m1) > 0

@@ -31,7 +31,9 @@ def _hash(key: int, salt: int) -> int:
 
 
 class DictTable:
-    """The policy in plain Python: a dict from id to slot, lists of per-slot metadata, a count-min sketch."""
+    """The policy in plain Python: a dict from id to slot, lists of per-slot metadata, a count-min sketch; with
+    ``partitions`` > 1, an id's partition ``hash(id, PART_SALT) mod partitions`` holds its window (wrapping within
+    the partition's slots) and its own sketch."""
 
     def __init__(self, spec: ht.HashSpec):
         self.spec = spec
@@ -39,10 +41,25 @@ class DictTable:
         self.slot_of: dict[int, int] = {}
         self.key_of: list[int | None] = [None] * c
         self.last, self.count = [-1] * c, [0] * c
-        self.sketch = np.zeros((spec.sketch_depth, spec.sketch_width), np.int64)
+        self.width = spec.sketch_width if spec.partitions == 1 else spec.part_sketch_width
+        self.sketches = np.zeros((spec.partitions, spec.sketch_depth, self.width), np.int64)
+
+    @property
+    def sketch(self):
+        return self.sketches[0] if self.spec.partitions == 1 else self.sketches
+
+    def part(self, k: int) -> int:
+        return 0 if self.spec.partitions == 1 else _hash(k, ht.PART_SALT) % self.spec.partitions
+
+    def window(self, k: int) -> list[int]:
+        cp = self.spec.part_capacity
+        return [self.part(k) * cp + (_hash(k, 0) % cp + j) % cp for j in range(min(self.spec.probes, cp))]
+
+    def cell(self, k: int, d: int):
+        return self.part(k), d, _hash(k, d + 1) % self.width
 
     def step(self, ids: list[int], s: int):
-        sp, c = self.spec, self.spec.capacity
+        sp = self.spec
         occ = Counter(k for k in ids if k != 0)
         for k in sorted(occ):
             if k in self.slot_of:
@@ -50,13 +67,13 @@ class DictTable:
                 self.last[sl], self.count[sl] = s, self.count[sl] + occ[k]
         misses = [k for k in sorted(occ) if k not in self.slot_of]
         if sp.admit_after > 1 and sp.admit_window and s > 0 and s % sp.admit_window == 0:
-            self.sketch //= 2
+            self.sketches //= 2
         if sp.admit_after > 1:
             for k in misses:
                 for d in range(sp.sketch_depth):
-                    self.sketch[d, _hash(k, d + 1) % sp.sketch_width] += occ[k]
-            np.minimum(self.sketch, sp.admit_after, out=self.sketch)
-            wants = [k for k in misses if min(self.sketch[d, _hash(k, d + 1) % sp.sketch_width]
+                    self.sketches[self.cell(k, d)] += occ[k]
+            np.minimum(self.sketches, sp.admit_after, out=self.sketches)
+            wants = [k for k in misses if min(self.sketches[self.cell(k, d)]
                                               for d in range(sp.sketch_depth)) >= sp.admit_after]
         else:
             wants = misses
@@ -64,7 +81,7 @@ class DictTable:
         for _ in range(sp.rounds):  # the ids that lost a slot to a smaller id choose again
             choice = {}
             for k in wants:
-                window = [(_hash(k, 0) % c + j) % c for j in range(min(sp.probes, c))]
+                window = self.window(k)
                 empty = [sl for sl in window if self.last[sl] < 0]
                 if empty:
                     choice[k] = empty[0]
@@ -125,8 +142,14 @@ POLICIES = [dict(evict="lru"), dict(evict="lfu"), dict(evict="ttl", ttl=20), dic
             dict(evict="lfu", admit_after=2, sketch_width=64), dict(evict="ttl", ttl=5, admit_after=2)]
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+PARTITIONED = [dict(evict="lru", partitions=4), dict(evict="lfu", partitions=3, admit_after=2, sketch_width=192),
+               dict(evict="ttl", ttl=5, partitions=2)]
+
+
+@pytest.mark.parametrize("policy", POLICIES + PARTITIONED,
+                         ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
 def test_mapping_matches_the_dict_reference(policy):
+    policy = dict(policy)
     spec = ht.HashSpec(capacity=48, probes=6, sketch_width=policy.pop("sketch_width", 1024), **policy)
     ids = drifting_stream(steps=1500, batch=40, population=2000, active=300, drift=0.3, seed=1)
     state, (slots, admitted, evicted, unadmitted) = run_jax(spec, ids)
@@ -213,3 +236,34 @@ def test_the_smallest_index_choosing_a_slot_wins_it():
     for i, c in enumerate(chosen):
         first.setdefault(int(c), i)
     np.testing.assert_array_equal(got, [c < 700 and first[int(c)] == i for i, c in enumerate(chosen)])
+
+
+@pytest.mark.parametrize("policy", [dict(evict="lru"), dict(evict="lfu", admit_after=2, admit_window=9)],
+                         ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+def test_each_partition_run_on_its_own_equals_the_whole_table(policy):
+    """What a row shard does with its partition (``first``: the state it holds is one partition) equals the
+    whole table's step restricted to that partition: slots, counts, keys, metadata and sketch."""
+    spec = ht.HashSpec(capacity=48, probes=6, partitions=4, sketch_width=256, **policy)
+    cp = spec.part_capacity
+    ids = drifting_stream(steps=300, batch=40, population=2000, active=300, drift=0.3, seed=3)
+    whole = ht.init_state(spec)
+    parts = [jax.tree.map(lambda x, p=p: x[p * cp:(p + 1) * cp] if x.shape and x.shape[0] == 48 else x[p:p + 1],
+                          whole) for p in range(4)]
+    step_whole = jax.jit(lambda st, k, s: ht.assign(spec, st, k, s))
+    step_part = jax.jit(lambda st, k, s, p: ht.assign(spec, st, k, s, p))
+    for s, row in enumerate(ids):
+        keys = jnp.asarray(ht.fingerprint(row.view(np.int64)))
+        whole, a = step_whole(whole, keys, s)
+        got = [step_part(parts[p], keys, s, p) for p in range(4)]
+        parts = [g[0] for g in got]
+        mine = np.asarray(ht.partition_of(spec, keys[:, 0], keys[:, 1]))
+        slots = np.where(np.asarray(a.slots) >= 0, np.asarray(a.slots), -1)
+        for p, (_, b) in enumerate(got):  # each partition's own ids get the whole table's slots; the others -1
+            np.testing.assert_array_equal(np.asarray(b.slots), np.where(mine == p, slots, -1))
+        assert sum(int(b.admitted) for _, b in got) == int(a.admitted)
+        assert sum(int(b.evicted) for _, b in got) == int(a.evicted)
+        assert sum(int(b.unadmitted) for _, b in got) == int(a.unadmitted)
+    for leaf, name in zip(whole, ht.HashState._fields):
+        joined = np.concatenate([np.asarray(getattr(p, name)) for p in parts])
+        np.testing.assert_array_equal(joined, np.asarray(leaf), err_msg=name)
+    assert int(np.sum(whole.filled)) > 0
