@@ -9,7 +9,8 @@ mesh, runs the step for the partitions it holds (the others' ids are left to the
 table axis gives every device each id's slot; a row given to a new id is reset on the shard that holds it. The
 rows then reach their owners by the row layout's own routing, as a dense table's ids do. Shards that hold the
 same partitions (data-parallel copies) see the same keys and make the same choices, so a sharded run maps
-exactly as one device with the same partitions does.
+exactly as one device with the same partitions does. A modulo table's rows are its ids' hashes
+(``modulo_rows``), colliding: ``collision_rate`` says how often.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from optimizers import make_update
 from optimizers.record import update_token_ids
 
 from .failures import traced
-from .hash_tables import (HashState, assign, collision_rate, find, key_rows, keys_of, modulo_rows, partition_of,
+from .hash_tables import (HashState, assign, find, is_pad, key_hash, key_rows, keys_of, partition_of,
                           reassigned_rows, reset_rows)
+from .id_sort import distinct_keys
 
 
 def sharded(program: Any, name: str) -> bool:
@@ -167,3 +169,18 @@ def modulo_metrics(program: Any, raw_ids: Mapping[str, jax.Array]) -> dict:
             out[f"emb/collision_rate/{n}"] = collision_rate(keys, modulo_rows(keys, spec.vocab), spec.rows)
     return out
 
+
+def modulo_rows(keys: jax.Array, vocab: int) -> jax.Array:
+    """kind=modulo: row ``1 + hash(id) mod (vocab - 1)`` of each id, padding row 0 (distinct ids may collide)."""
+    r = key_hash(keys[..., 0], keys[..., 1], 0) % jnp.uint32(vocab - 1)
+    return jnp.where(is_pad(keys), 0, r.astype(jnp.int32) + 1)
+
+
+def collision_rate(keys: jax.Array, rows: jax.Array, num_rows: int) -> jax.Array:
+    """1 - (distinct rows) / (distinct ids) of the batch: the share of its distinct ids that found their row
+    already taken by another (0: no two ids share a row)."""
+    _, _, valid, _, _ = distinct_keys(keys.reshape(-1, 2))
+    ids = jnp.sum(valid)
+    r = jnp.sort(jnp.where(rows.reshape(-1) > 0, rows.reshape(-1), num_rows + 1))
+    distinct = jnp.sum((r != jnp.concatenate([jnp.full((1,), -1, r.dtype), r[:-1]])) & (r <= num_rows))
+    return jnp.where(ids > 0, 1.0 - distinct / jnp.maximum(ids, 1), 0.0).astype(jnp.float32)

@@ -30,6 +30,12 @@ Python dict reference implements the same words):
 Memory: 16 bytes per slot (8 key, 4 last step, 4 count) and the sketch (``depth * width * 4`` bytes, fixed);
 nothing grows with the ids seen.
 
+Partitions (``partitions`` > 1, a row-sharded mesh's tables): the slots are split into equal partitions by a
+hash of the id; an id's window wraps within its partition, each partition has its own sketch (``sketch_width /
+partitions`` counters a row) and its block of rows, so a row shard holding whole partitions runs the policy
+above for their ids alone (``assign``'s ``first``; ``hash_step.py`` runs it on a mesh). One partition is the
+layout above, unchanged.
+
 Async mode: the deferred update of step t-1 names rows; if step t gives one of them to another id, the
 update's gradient for it is dropped (it was computed for the id that lost the slot) and counted
 (``emb/stale_dropped/<table>``). Only then: an update of a row whose id kept its slot lands as in a dense table.
@@ -179,22 +185,6 @@ def keys_of(ids: jax.Array) -> jax.Array:
 def is_pad(keys: jax.Array) -> jax.Array:
     """bool [...]: which of the keys [..., 2] are padding (id 0: both halves 0)."""
     return (keys[..., 0] | keys[..., 1]) == 0
-
-
-def modulo_rows(keys: jax.Array, vocab: int) -> jax.Array:
-    """kind=modulo: row ``1 + hash(id) mod (vocab - 1)`` of each id, padding row 0 (distinct ids may collide)."""
-    r = key_hash(keys[..., 0], keys[..., 1], 0) % jnp.uint32(vocab - 1)
-    return jnp.where(is_pad(keys), 0, r.astype(jnp.int32) + 1)
-
-
-def collision_rate(keys: jax.Array, rows: jax.Array, num_rows: int) -> jax.Array:
-    """1 - (distinct rows) / (distinct ids) of the batch: the share of its distinct ids that found their row
-    already taken by another (0: no two ids share a row)."""
-    _, _, valid, _, _ = distinct_keys(keys.reshape(-1, 2))
-    ids = jnp.sum(valid)
-    r = jnp.sort(jnp.where(rows.reshape(-1) > 0, rows.reshape(-1), num_rows + 1))
-    distinct = jnp.sum((r != jnp.concatenate([jnp.full((1,), -1, r.dtype), r[:-1]])) & (r <= num_rows))
-    return jnp.where(ids > 0, 1.0 - distinct / jnp.maximum(ids, 1), 0.0).astype(jnp.float32)
 
 
 # ----- the step's mapping ------------------------------------------------------------------------------
