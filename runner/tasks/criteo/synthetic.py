@@ -6,12 +6,13 @@ Bayes-optimal AUC.
 true click probability of each of its lines (``<file>.p.npy``, float32), from which :func:`bayes_auc` is
 the best AUC any model can reach on those lines.
 
-The planted model, per line: each of the 26 categorical features draws a value (Zipf-like popularity over
-its cardinality, missing with probability ``missing``), each integer feature a count (log-normal, missing
-likewise). The click logit is a bias, plus a weight per categorical value, plus weights on ``log(1 + count)``,
-plus a rank-``rank`` interaction between the values of pairs of features (``u_a[v_a] . u_b[v_b]``, which
-only a model with feature interactions, like DLRM's or DCNv2's, can learn). Everything is a pure function of
-``seed``: the same spec writes the same bytes.
+The planted model, per line: each of the 26 categorical features draws a value (Zipf-like popularity over its
+cardinality, missing with probability ``missing``; by default the cardinalities are Criteo Terabyte's,
+``TERABYTE_CARDINALITIES``, over the one factor ``SCALE`` with a floor: :func:`scaled`), each integer feature
+a count (log-normal, missing likewise). The click logit is a bias, plus a weight per categorical value, plus
+weights on ``log(1 + count)``, plus a rank-``rank`` interaction between the values of pairs of features
+(``u_a[v_a] . u_b[v_b]``, which only a model with feature interactions, like DLRM's or DCNv2's, can learn).
+Everything is a pure function of ``seed``: the same spec writes the same bytes.
 
 Multi-hot (``bags``, as MLPerf DLRMv2's multi-hot Criteo): a feature of bag size ``L > 1`` holds 1 to ``L``
 values per line (uniform), each drawn by popularity; its weight and its interaction factor are the mean over
@@ -31,8 +32,25 @@ import pyarrow.csv as pacsv
 
 from .tsv import CAT, COLUMNS, DENSE, NUM_CAT, NUM_DENSE, ONE_HOT, check_bags, offsets
 
-DEFAULT_CARDINALITIES = (1000, 500, 20000, 8000, 300, 20, 5000, 600, 3, 15000, 3000, 20000, 3000, 27, 5000,
-                         20000, 10, 2000, 2000, 4, 20000, 15, 15, 10000, 80, 8000)  # Criteo-like spread
+# Criteo Terabyte's distinct values per feature, C1 ... C26 (= cat_01 ... cat_26), over its 24 days, uncapped: the
+# "Full Size" row of pytorch/torchrec examples/dlrm/README.MD (--num_embeddings_per_feature). Its "MLPerf" row, MLPerf
+# DLRM v1's, caps the five largest at 40,000,000 rows; the other 21 are the same numbers.
+TERABYTE_CARDINALITIES = (227_605_432, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 130_229_467, 3_067_956,
+                          405_282, 10, 2_209, 11_938, 155, 4, 976, 14, 292_775_614, 40_790_948, 187_188_510,
+                          590_152, 12_973, 108, 36)
+SCALE = 1000  # the one factor: Terabyte's 4,373,472,329 lines / SCALE is experiment=criteo_synthetic's data.lines
+FLOOR = 100  # a feature keeps min(real, FLOOR) values at least
+
+
+def scaled(cardinalities=TERABYTE_CARDINALITIES, scale: int = SCALE, floor: int = FLOOR) -> tuple[int, ...]:
+    """Each feature's ``max(real // scale, min(real, floor))`` values: the real count over ``scale``, but a
+    feature of at most ``floor`` values keeps its real count and a larger one keeps ``floor`` at least (at
+    ``SCALE`` = 1,000: the five features of 40M values and more 40,790 ... 292,775 values, 3,067,956 -> 3,067,
+    39,060 -> 100, 63 -> 63; 883,979 in all)."""
+    return tuple(max(c // scale, min(c, floor)) for c in cardinalities)
+
+
+DEFAULT_CARDINALITIES = scaled()
 
 
 @dataclasses.dataclass(frozen=True)
