@@ -187,14 +187,18 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
 
 def hash_partitions(cfg: DictConfig, plan: MeshPlan | None, name: str, t: DictConfig) -> int:
     """A hash table's partitions (``model.tables.<name>.partitions``): as set; else as the checkpoint this run
-    resumes records them (none recorded: 1); else the table shards of a row-sharded mesh (each shard holds one),
-    1 otherwise."""
+    resumes records them (none recorded: 1) when this mesh's row shards can each hold whole ones; else the
+    table shards of a row-sharded mesh (each shard holds one), 1 otherwise. A resume with another count than
+    the checkpoint's places the ids again (``runner/checkpoint/rebucket.py``)."""
     if t.get("partitions") is not None:
         return int(t.partitions)
+    shards = plan.table_shards if plan is not None and plan.layout.splits_rows else 1
     resumed = checkpoint_meta.resumed_tables(cfg)
     if resumed is not None and isinstance(resumed[1].get(name), dict):
-        return int(resumed[1][name].get("partitions", 1))
-    return plan.table_shards if plan is not None and plan.layout.splits_rows else 1
+        parts = int(resumed[1][name].get("partitions", 1))
+        if parts % shards == 0:
+            return parts
+    return shards
 
 
 def keyed_table(name: str, t: DictConfig, tokens: int, emb_width: int, shards: int, partitions: int = 1) -> TableSpec:

@@ -332,8 +332,9 @@ def check_hash_tables(cfg: DictConfig, plan: MeshPlan, tables: Mapping[str, Any]
             raise PreflightError(
                 f"model.tables.{n}.partitions={parts}: table '{n}' is a hash table whose slots are split into "
                 f"{parts} partitions, and mesh {plan.describe()} has {plan.table_shards} row shards, which must each "
-                f"hold whole partitions: use a mesh whose table axis divides {parts}, or for a new run "
-                f"model.tables.{n}.partitions={plan.table_shards} (a resume keeps its checkpoint's partitions)")
+                f"hold whole partitions: use a mesh whose table axis divides {parts}, or "
+                f"model.tables.{n}.partitions={plan.table_shards} (a resume with another count than its "
+                f"checkpoint's places the ids again), or leave it unset (the default fits the mesh)")
     if cfg.async_emb.enabled and int(cfg.async_emb.staleness) > 1:
         raise PreflightError(
             f"table '{name}' is a hash table, and async_emb.staleness={cfg.async_emb.staleness} is not supported "

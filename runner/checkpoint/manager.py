@@ -39,6 +39,7 @@ from . import data as data_lib
 from . import drills, quiet, trash
 from . import lock as lock_lib
 from . import meta as meta_lib
+from . import rebucket as rebucket_lib
 from ..core import mesh as mesh_lib
 from ..errors import CheckpointError, PreflightError
 
@@ -190,28 +191,34 @@ class Checkpoints:
                 continue
             meta_lib.check_compatible(meta, self.program, str(where))  # a wrong config is an error, not a skip
             data_lib.check(meta, self.data, str(where), allow=bool(self.cfg.checkpoint.get("allow_data_change")))
+            moves = rebucket_lib.rebucketed(meta, meta_lib.tables_of(self.program))  # other partitions
             target = meta_lib.restore_target(meta, abstract, shardings, mesh_lib.replicated(self.program.mesh),
-                                             str(where))
+                                             str(where), read_whole=set(moves))
             try:
                 # strict=False: row-padded leaves are padded with zeros or cut to this layout's row count
                 how = ocp.checkpoint_utils.construct_restore_args(target, strict=False)
                 args = ocp.args.Composite(state=ocp.args.PyTreeRestore(target, restore_args=how))
                 with quiet.abandoned_reads_dropped():
                     state = manager.restore(step, args=args).state
-                self._verify(state, meta)
+                self._verify(state, meta, moves)
             except Exception as e:  # noqa: BLE001
                 failure = self._unreadable(where, step, e, own)
             if failure is not None:
                 bad.append(failure)
                 continue
+            state, row_maps = rebucket_lib.place(self.program, state, moves, shardings, where)
             self.restored_selection, self.restored_best = meta.get("selection"), None
-            if meta.get("best_arrays") and self.restored_selection:
+            if meta.get("best_arrays") and self.restored_selection and moves:
+                log.warning("checkpoint %s: the best state saved beside it is not carried over: hash table(s) %s "
+                            "were saved with other partitions and the best state has no keys to place its rows "
+                            "by; selection goes on from the restored record", where, sorted(moves))
+            elif meta.get("best_arrays") and self.restored_selection:
                 self.restored_best = self._restore_best(manager, step, abstract, shardings, meta, where)
             changes = meta_lib.config_changes(meta["config"], self.cfg)
             if changes:
                 log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changes))
-            return Restored(self._refit(state, meta, where), int(meta["data_step"]), int(meta["metrics_rows"]),
-                            where, meta)
+            return Restored(self._refit(state, meta, where, row_maps), int(meta["data_step"]),
+                            int(meta["metrics_rows"]), where, meta)
         if bad:
             raise PreflightError(
                 f"no readable checkpoint in {manager.directory}: " + "; ".join(bad) + ". They were moved aside "
@@ -276,15 +283,17 @@ class Checkpoints:
             self.manager.reload()
         return msg
 
-    def _verify(self, state: Any, meta: Mapping[str, Any]) -> None:
-        got = meta_lib.digests(state, meta_lib.tables_of(self.program), int(meta["format"]))
+    def _verify(self, state: Any, meta: Mapping[str, Any], moves: Mapping[str, int] = {}) -> None:  # noqa: B006
+        tables = {**meta_lib.tables_of(self.program), **{n: meta["tables"][n] for n in moves}}  # as stored
+        got = meta_lib.digests(state, tables, int(meta["format"]))
         wrong = [k for k, a in meta["arrays"].items() if got.get(k) != a["digest"]]
         if wrong:
             raise ValueError(f"content does not match the digests written with it: {wrong[:4]}")
         if int(np.asarray(state.step.addressable_data(0))) != int(meta["data_step"]):
             raise ValueError(f"state.step does not match the recorded data position {meta['data_step']}")
 
-    def _refit(self, state: Any, meta: Mapping[str, Any], where: Path) -> Any:
+    def _refit(self, state: Any, meta: Mapping[str, Any], where: Path,
+               row_maps: Mapping[str, np.ndarray] = {}) -> Any:  # noqa: B006
         """The deferred updates as this run makes them: their ids re-padded for this run's padded row
         counts and, when the checkpoint's record is of another kind (per device on a routed row layout, or
         of the whole batch; ``optimizers.record_token_ids``), rebuilt from its tokens' ids. A record
@@ -303,14 +312,16 @@ class Checkpoints:
             for upd in (queued,) if self.program.staleness == 1 else queued:
                 unique = np.asarray(upd.unique_tokens.addressable_data(0))  # both read whole (replicated)
                 seg = np.asarray(upd.segment_ids.addressable_data(0))
-                unique, seg = self._refit_record(n, ctx, old, unique, seg, where)
+                unique, seg = self._refit_record(n, ctx, old, unique, seg, where, row_maps.get(n))
                 records.append(upd._replace(unique_tokens=place(unique, specs[0]), segment_ids=place(seg, specs[2])))
             pending[n] = records[0] if self.program.staleness == 1 else tuple(records)
         return state._replace(pending=pending)
 
     @staticmethod
-    def _refit_record(n: str, ctx: Any, old: Mapping[str, Any], unique: np.ndarray, seg: np.ndarray, where: Path):
-        """One deferred update's (unique ids, segment ids) as this run makes them (``_refit``)."""
+    def _refit_record(n: str, ctx: Any, old: Mapping[str, Any], unique: np.ndarray, seg: np.ndarray, where: Path,
+                      row_map: np.ndarray | None = None):
+        """One deferred update's (unique ids, segment ids) as this run makes them (``_refit``); ``row_map``: a
+        re-bucketed hash table's rows (``rebucket.place``), which the update's rows follow."""
         from optimizers import record_for, record_token_ids  # noqa: PLC0415
 
         stray = np.unique(unique[(unique >= old["vocab"]) & (unique < old["rows"])])
@@ -322,7 +333,11 @@ class Checkpoints:
                 f"taken, or written by another program. Move {where} away to resume from the checkpoint "
                 f"before it, or start a new run: checkpoint.resume=never with another checkpoint.dir or "
                 f"trainer.run_id.")
-        if unique.shape != (ctx.record_unique,) or old["rows"] != ctx.stored_rows:
+        if row_map is not None:
+            from .rebucket import remap_tokens  # noqa: PLC0415
+
+            unique, seg = record_for(ctx, remap_tokens(record_token_ids(unique, seg, old["rows"]), row_map))
+        elif unique.shape != (ctx.record_unique,) or old["rows"] != ctx.stored_rows:
             unique, seg = record_for(ctx, record_token_ids(unique, seg, old["rows"]))
         return unique, seg
 

@@ -30,6 +30,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from . import digest as checkpoint_digest
+from . import rebucket as rebucket_lib
 from ..outputs import METRICS_FILE
 from ..errors import PreflightError
 
@@ -167,12 +168,17 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
                 if stacked != bool(program.stacking.stacks) else "")
         problems.append(f"tables: the checkpoint has {sorted(theirs)}, this config has {sorted(ours)}{hint}")
     for name in sorted(set(ours) & set(theirs)):
+        moved = rebucket_lib.moved(theirs[name], ours[name])
         for key, label in _field_names(name).items():
-            if key == "tokens_per_batch" and not program.async_emb:
-                continue
+            if key == "tokens_per_batch" and not program.async_emb or key == "vocab" and moved:
+                continue  # a hash table saved with other partitions has other rows: placed again (rebucket.py)
             if ours[name][key] != theirs[name][key]:
                 problems.append(f"table '{name}' {key} ({label}): the checkpoint has {theirs[name][key]!r}, "
                                 f"this config has {ours[name][key]!r}")
+        slots = rebucket_lib.capacity(theirs[name]), rebucket_lib.capacity(ours[name])
+        if moved and slots[0] != slots[1]:
+            problems.append(f"table '{name}' capacity (model.tables.{name}.capacity): the checkpoint has "
+                            f"{slots[0]}, this config has {slots[1]}")
         if theirs[name].get("members", []) != ours[name].get("members", []):
             problems.append(f"table '{name}' members (model.stack_tables: the tables stacked in it): the checkpoint "
                             f"has {theirs[name].get('members', [])}, this config has {ours[name].get('members', [])}")
@@ -180,16 +186,10 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
         if kind != ours[name]["kind"]:
             problems.append(f"table '{name}' kind (model.tables.{name}.kind): the checkpoint has {kind!r}, this "
                             f"config has {ours[name]['kind']!r}")
-        elif theirs[name].get("probes") != ours[name].get("probes"):
+        elif theirs[name].get("probes") != ours[name].get("probes") and not moved:  # else placed in the new windows
             problems.append(f"table '{name}' probes (model.tables.{name}.probes, the window an id's slot is "
                             f"looked up in): the checkpoint has {theirs[name].get('probes')}, this config has "
                             f"{ours[name].get('probes')}; its ids were placed within their windows")
-        elif kind == "hash" and int(theirs[name].get("partitions", 1)) != ours[name]["partitions"]:
-            parts = int(theirs[name].get("partitions", 1))
-            problems.append(f"table '{name}' partitions (model.tables.{name}.partitions): the checkpoint has {parts}, "
-                            f"this config has {ours[name]['partitions']}; its ids live in the partitions of their "
-                            f"hash, so resume it with {parts} partitions (the default on a resume) on a mesh whose "
-                            f"row shards divide {parts}")
         permuted = bool(theirs[name].get("permute_ids", False))
         if permuted != ours[name]["permute_ids"]:
             problems.append(f"table '{name}' permute_ids (mesh.permute_ids): the checkpoint has {permuted}, this "
@@ -227,10 +227,12 @@ def incompatible(where: str, problems: list[str]) -> str:
               "checkpoint.resume=never with another checkpoint.dir or trainer.run_id.")
 
 
-def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, replicated: Any, where: str):
+def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, replicated: Any, where: str,
+                   read_whole: set[str] = frozenset()):
     """The abstract tree to read into: this run's shapes and shardings. Row-padded leaves may differ in
     their row count (Orbax pads with zeros or truncates padding rows); the deferred update's id list is
-    read whole (replicated) at its stored size and rebuilt for this run afterwards (`_refit`). Any other
+    read whole (replicated) at its stored size and rebuilt for this run afterwards (`_refit`); the tables named
+    in ``read_whole`` (hash tables placed again, ``rebucketed``) are read whole at their stored shapes. Any other
     difference is refused by name."""
     stored, problems = meta["arrays"], []
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
@@ -245,7 +247,10 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
         shape, dtype, rows = tuple(stored[key]["shape"]), stored[key]["dtype"], stored[key]["rows"]
         if dtype != str(x.dtype):
             problems.append(f"array {key} dtype: the checkpoint has {dtype}, this config has {x.dtype}")
-        if path[-1] == jax.tree_util.GetAttrKey(SEGMENT_IDS) and shape == tuple(x.shape):
+        if (len(path) >= 2 and getattr(path[0], "name", None) in ("tables", "emb_states", "hashed")
+                and getattr(path[1], "key", None) in read_whole):
+            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # placed again (rebucket.py)
+        elif path[-1] == jax.tree_util.GetAttrKey(SEGMENT_IDS) and shape == tuple(x.shape):
             out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # re-placed by the refit
         elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == len(x.shape) == 1:
             out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # at its stored size
