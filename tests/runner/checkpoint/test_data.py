@@ -54,6 +54,7 @@ def copies(tmp_path: Path, trained) -> tuple[Path, Path]:
     return tmp_path / "data" / "ratings.dat", tmp_path / "ck"
 
 
+@pytest.mark.slow
 def test_each_checkpoint_records_the_fingerprint_of_its_data_file(trained):
     path, ck = trained
     meta = json.loads((ck / "2" / "meta" / "metadata").read_text())
@@ -61,6 +62,7 @@ def test_each_checkpoint_records_the_fingerprint_of_its_data_file(trained):
                             "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "covers": "the whole file"}
 
 
+@pytest.mark.slow
 def test_a_resume_on_a_changed_data_file_is_refused_naming_it_and_touches_nothing(tmp_path, trained, caplog):
     """One rating changed in the middle: the same users, items and timestamps, so no table or array check can
     see it; the fingerprint does."""
@@ -93,6 +95,7 @@ def test_a_resume_on_a_changed_data_file_is_refused_naming_it_and_touches_nothin
     assert "resuming on it anyway (checkpoint.allow_data_change=true)" in caplog.text
 
 
+@pytest.mark.slow
 def test_the_same_content_at_another_path_resumes(tmp_path, trained, caplog):
     _, ck = copies(tmp_path, trained)
     moved = tmp_path / "elsewhere" / "ratings.dat"
@@ -105,6 +108,7 @@ def test_the_same_content_at_another_path_resumes(tmp_path, trained, caplog):
     assert "was trained on" not in caplog.text
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_a_fingerprint_resumes_with_a_warning(tmp_path, trained, caplog):
     """Written before checkpoints recorded one: nothing to compare, said once."""
     path, ck = copies(tmp_path, trained)

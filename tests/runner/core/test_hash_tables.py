@@ -138,12 +138,15 @@ def run_dict(spec: ht.HashSpec, ids: np.ndarray):
     return ref, out
 
 
-POLICIES = [dict(evict="lru"), dict(evict="lfu"), dict(evict="ttl", ttl=20), dict(evict="lru", admit_after=3, admit_window=7),
+SLOW = pytest.mark.slow  # make test-fast keeps one policy of each kind
+POLICIES = [dict(evict="lru"), pytest.param(dict(evict="lfu"), marks=SLOW),
+            pytest.param(dict(evict="ttl", ttl=20), marks=SLOW),
+            pytest.param(dict(evict="lru", admit_after=3, admit_window=7), marks=SLOW),
             dict(evict="lfu", admit_after=2, sketch_width=64), dict(evict="ttl", ttl=5, admit_after=2)]
 
 
 PARTITIONED = [dict(evict="lru", partitions=4), dict(evict="lfu", partitions=3, admit_after=2, sketch_width=192),
-               dict(evict="ttl", ttl=5, partitions=2)]
+               pytest.param(dict(evict="ttl", ttl=5, partitions=2), marks=SLOW)]
 
 
 @pytest.mark.parametrize("policy", POLICIES + PARTITIONED,

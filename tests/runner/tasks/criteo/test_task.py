@@ -219,7 +219,8 @@ def test_evaluation_scores_the_splits_against_their_true_click_probabilities(tmp
     assert flat["valid/auc"] == 0.5 and flat["bayes/valid/auc"] == out["bayes/valid/auc"]
 
 
-@pytest.mark.parametrize("pooling", ["sum", pytest.param("mean", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("pooling", ["sum", "mean"])
 def test_a_pooled_bag_updates_each_of_its_rows_as_a_dense_reference_does(tmp_path, pooling):
     """Multi-hot features through the runner's fused step (sync SGD, one step): every row of a bag gets the
     pooled gradient (divided by the bag's length under the mean), as the gradient of a dense reference
