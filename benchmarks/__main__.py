@@ -3,7 +3,7 @@
 Each benchmark runs in its own process (with glibc's transparent-huge-page tunable on), writes
 ``<name>.md`` / ``<name>.json`` / ``<name>.png`` under the output folder, and this entry point adds
 ``summary.md``: every target the issues set, measured against its threshold, and how long each part took.
-The full suite runs one benchmark at a time and takes about 5-8 minutes on 2 CPU cores; ``--quick`` runs tiny
+The full suite runs one benchmark at a time and takes about 9 minutes on 2 CPU cores; ``--quick`` runs tiny
 sizes (its timings mean nothing; it checks that everything runs), every benchmark in turn in one process with
 8 virtual CPU devices (JAX, the runner and matplotlib are imported and started once, not once a benchmark),
 in about 30 s.
