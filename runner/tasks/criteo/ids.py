@@ -19,6 +19,7 @@ feature ``j``'s slots past its count get row 0, and a missing feature's first sl
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Sequence
 
@@ -31,11 +32,14 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser of ``x`` (as uint64): a bijective 64-bit mix, so nearby values land far apart."""
-    z = np.asarray(x).astype(np.uint64) + _GOLDEN
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    z = np.asarray(x).astype(np.uint64)  # a copy (0-d for a scalar): array arithmetic wraps without a warning
+    z += _GOLDEN
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
 
 
 def uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
@@ -47,13 +51,22 @@ def uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
 PADDING, MISSING, FIRST = 0, 1, 2  # the rows every table has (see the module's docstring)
 
 
+@functools.lru_cache(maxsize=16)
+def _slots(bags: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(the feature of each slot, its place in the feature's bag) for ``bags``."""
+    start = offsets(bags)
+    feature = np.repeat(np.arange(NUM_CAT), np.diff(start))
+    return feature, np.arange(len(feature)) - start[feature]
+
+
 def _place(rows: np.ndarray, count: np.ndarray, bags) -> np.ndarray:
     """Value rows ``[n, sum(bags)]`` -> the records' rows: 0 past each feature's count, 1 in a missing
     feature's first slot."""
-    start = offsets(bags)
-    feature = np.repeat(np.arange(NUM_CAT), np.diff(start))  # the feature of each slot
-    slot = np.arange(len(feature)) - start[feature]
-    count = np.asarray(count, np.int64)[:, feature]
+    feature, slot = _slots(tuple(bags))
+    count = np.asarray(count)
+    if len(feature) == NUM_CAT:  # one value a feature (one-hot): count is 0 (missing) or 1
+        return np.where(count > 0, rows, MISSING).astype(np.int32)
+    count = count[:, feature]
     out = np.where(slot < count, rows, PADDING)
     return np.where((count == 0) & (slot == 0), MISSING, out).astype(np.int32)
 

@@ -40,6 +40,7 @@ class Shards:
                 raise ValueError(f"{folder / e['file']}: {len(a)} records of {a.dtype}, the manifest says "
                                  f"{e['examples']} of the converter's record; the folder is damaged: convert again")
         self.starts = np.concatenate([[0], np.cumsum([len(a) for a in self.arrays])]).astype(np.int64)
+        self.arrays = [np.asarray(a) for a in self.arrays]  # plain views of the maps: indexing skips np.memmap's wrapper
 
     def __len__(self) -> int:
         return int(self.starts[-1])
