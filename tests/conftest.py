@@ -43,6 +43,8 @@ LONGEST_FIRST = (
     "tests/runner/test_distributed.py",
     "tests/runner/checkpoint/test_kill.py",
     "tests/runner/checkpoint/test_resume.py",
+    "tests/runner/core/test_hash_step.py",
+    "tests/runner/checkpoint/test_errors.py",
     "tests/runner/test_sweeps.py",
     "tests/runner/core/test_sharded.py",
     "tests/runner/core/test_routing.py",

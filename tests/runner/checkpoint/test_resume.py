@@ -297,11 +297,12 @@ HASH = ["data.raw_ids=true", "data.drift=20", "model.tables.items.kind=hash", "m
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, mesh", [("on", "single"), ("on", "2x4-row")])
+@pytest.mark.parametrize("mode, mesh", [("on", "single")])
 def test_hash_tables_resume_bit_identical(tmp_path, mode, mesh):
     """Keys, slot metadata, the admission sketch, rows and optimizer state are checkpointed and digested: a
-    stopped and resumed run of hash tables that evict every step ends bit-identical to the straight run, on one
-    device and on the 2x4 mesh (each row shard holding one partition of each table's slots)."""
+    stopped and resumed run of hash tables that evict every step ends bit-identical to the straight run. (On
+    the 2x4 mesh a hash table's resume is in the re-bucketing test below: its checkpoint of 4 partitions resumes
+    on the mesh and ends as the run that went on there.)"""
     over = [*MODES[mode], *MESHES[mesh], *HASH]
     straight = tmp_path / "straight"
     launch(straight, "first", over)
