@@ -361,8 +361,11 @@ class TrainProgram:
         """The jitted (step, flush, predict) for states like ``state`` and batches like ``example_batch``."""
         s_sh = self.state_shardings(state)
         b_sh = {k: mesh_lib.batch_sharding(self.mesh, v) for k, v in example_batch.items()}
-        # bf16 tables: no f32 table copies; one device: the older fusion emitters (optimizers.compiler_options)
-        opts = compiler_options([t.dtype for t in self.tables.values()], self.mesh.size)
+        # bf16 tables: no f32 table copies; one device: the older fusion emitters (optimizers.compiler_options),
+        # which speed up the fused updates' gathers and scatters; a program whose tables all take optax's dense
+        # updates keeps the default emitters (its step measured about 1.15x faster with them)
+        fused = any(supports_async_emb(o) for o in self.emb_optimizers.values())
+        opts = compiler_options([t.dtype for t in self.tables.values()], self.mesh.size if fused else None)
         head_sh, later_sh = self.split_queue(s_sh.pending)
         step = jax.jit(lambda rest, head, later, batch, a: self.step_core(rest._replace(pending=head), batch, a, later),
                        in_shardings=(s_sh._replace(pending={}), head_sh, self.later_ids(later_sh), b_sh,
