@@ -208,12 +208,13 @@ class Checkpoints:
                 continue
             state, row_maps = rebucket_lib.place(self.program, state, moves, shardings, where)
             self.restored_selection, self.restored_best = meta.get("selection"), None
-            if meta.get("best_arrays") and self.restored_selection and moves:
-                log.warning("checkpoint %s: the best state saved beside it is not carried over: hash table(s) %s "
-                            "were saved with other partitions and the best state has no keys to place its rows "
-                            "by; selection goes on from the restored record", where, sorted(moves))
-            elif meta.get("best_arrays") and self.restored_selection:
-                self.restored_best = self._restore_best(manager, step, abstract, shardings, meta, where)
+            if meta.get("best_arrays") and self.restored_selection:
+                if moves:  # its tables' rows are in the old slots, and it keeps no keys to place them by
+                    log.warning("checkpoint %s: the best state saved beside it is not carried over: hash table(s) "
+                                "%s were saved with other partitions and the best state has no keys to place its "
+                                "rows by; selection goes on from the restored record", where, sorted(moves))
+                else:
+                    self.restored_best = self._restore_best(manager, step, abstract, shardings, meta, where)
             changes = meta_lib.config_changes(meta["config"], self.cfg)
             if changes:
                 log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changes))
@@ -334,9 +335,8 @@ class Checkpoints:
                 f"before it, or start a new run: checkpoint.resume=never with another checkpoint.dir or "
                 f"trainer.run_id.")
         if row_map is not None:
-            from .rebucket import remap_tokens  # noqa: PLC0415
-
-            unique, seg = record_for(ctx, remap_tokens(record_token_ids(unique, seg, old["rows"]), row_map))
+            moved = rebucket_lib.remap_tokens(record_token_ids(unique, seg, old["rows"]), row_map)
+            unique, seg = record_for(ctx, moved)
         elif unique.shape != (ctx.record_unique,) or old["rows"] != ctx.stored_rows:
             unique, seg = record_for(ctx, record_token_ids(unique, seg, old["rows"]))
         return unique, seg

@@ -57,7 +57,7 @@ class Rebucketed(NamedTuple):
     table: np.ndarray
     states: list  # the per-row state leaves, in the order given
     row_map: np.ndarray  # int32 [old rows]: each old row's new row, -1 for a dropped id's (and unused rows)
-    moved: int  # ids placed again
+    ids: int  # ids held, each placed again or dropped
     dropped: int  # ids whose new window had no free slot
 
 
@@ -70,7 +70,7 @@ def placement(new: ht.HashSpec, keys: np.ndarray, last: np.ndarray, count: np.nd
         return slot_of
     order = np.lexsort((keys[:, 1], keys[:, 0], -count.astype(np.int64), -last.astype(np.int64)))
     hi, lo = jnp.asarray(keys[order, 0]), jnp.asarray(keys[order, 1])
-    windows = np.asarray(ht._window(new, hi, lo))  # [M, window], in priority order
+    windows = np.asarray(ht.window_slots(new, hi, lo))  # [M, window], in priority order
     taken = np.zeros(new.capacity, bool)
     waiting = np.arange(m)  # ascending: the highest priority first
     while waiting.size:
@@ -152,10 +152,10 @@ def place(program: Any, state: Any, moves: Mapping[str, int], shardings: Any, wh
     sh = jax.tree_util.tree_leaves(shardings)
     out, row_maps = [x for _, x in flat], {}
     whole = lambda x: np.asarray(x.addressable_data(0))  # noqa: E731  (read replicated: whole)
+    at = {i: tuple(getattr(k, "name", getattr(k, "key", None)) for k in p) for i, (p, _) in enumerate(flat)}
     for n, parts in sorted(moves.items()):
         new = program.tables[n].hash
         old = dataclasses.replace(new, partitions=parts)
-        at = {i: tuple(getattr(k, "name", getattr(k, "key", None)) for k in p) for i, (p, _) in enumerate(flat)}
         table_i = next(i for i, k in at.items() if k[:2] == ("tables", n))
         state_is = [i for i, k in at.items() if k[:2] == ("emb_states", n) and flat[i][1].ndim >= 1
                     and flat[i][1].shape[0] == old.rows]
@@ -172,6 +172,6 @@ def place(program: Any, state: Any, moves: Mapping[str, int], shardings: Any, wh
         if jax.process_index() == 0:
             log.warning("checkpoint %s: hash table '%s' was saved with %d partitions and this run has %d: its %d "
                         "ids were placed again by their new partitions%s", where, n, parts, new.partitions,
-                        r.moved, f"; {r.dropped} found no free slot in their window and were dropped"
+                        r.ids, f"; {r.dropped} found no free slot in their window and were dropped"
                         if r.dropped else " (none dropped)")
     return jax.tree_util.tree_unflatten(treedef, out), row_maps

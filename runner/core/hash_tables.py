@@ -198,7 +198,7 @@ def partition_of(spec: HashSpec, hi: jax.Array, lo: jax.Array) -> jax.Array:
     return (key_hash(hi, lo, PART_SALT) % jnp.uint32(spec.partitions)).astype(jnp.int32)
 
 
-def _window(spec: HashSpec, uh, ul):
+def window_slots(spec: HashSpec, uh, ul):
     """[N, window] global slots: from the id's home slot in its partition on, wrapping within the partition."""
     cp = spec.part_capacity
     home = key_hash(uh, ul, 0) % jnp.uint32(cp)
@@ -210,7 +210,7 @@ def _find(spec: HashSpec, state: HashState, uh, ul, valid, first: int = 0):
     """(hit, slot, window) of each distinct id: whether it holds a slot in its window, and which (global
     slots; ``window`` indexes ``state``, which holds the partitions from ``first`` on). ``valid``: the ids of
     the partitions ``state`` holds."""
-    win = _window(spec, uh, ul) - first * spec.part_capacity
+    win = window_slots(spec, uh, ul) - first * spec.part_capacity
     wk = state.keys.at[win].get(mode="fill", fill_value=0)
     match = (wk[..., 0] == uh[:, None]) & (wk[..., 1] == ul[:, None]) & valid[:, None]
     hit = jnp.any(match, axis=1)

@@ -72,7 +72,7 @@ def test_rebucket_matches_the_reference_and_keeps_every_placed_id_whole(parts):
     got_slots = np.flatnonzero(r.hashed.last >= 0)
     got = dict(zip(_ints(r.hashed.keys[got_slots]), got_slots.tolist()))
     assert got == want
-    assert r.moved == len(held) and r.dropped == len(held) - len(want)
+    assert r.ids == len(held) and r.dropped == len(held) - len(want)
     old_slot = dict(zip(keys, held_slots.tolist()))
     old_rows = np.asarray(ht.slot_rows(old, np.asarray([old_slot[k] for k in want])))
     new_rows = np.asarray(ht.slot_rows(new, np.asarray([want[k] for k in want])))
@@ -99,7 +99,7 @@ def test_a_full_window_drops_the_least_recently_seen_and_the_update_drops_their_
     state = ht.HashState(*(np.asarray(x) for x in state))
     table = np.arange(old.rows * 2, dtype=np.float32).reshape(old.rows, 2)
     r = rebucket(old, new, state, table, [])
-    assert r.dropped > 0 and r.moved == int((state.last >= 0).sum())
+    assert r.dropped > 0 and r.ids == int((state.last >= 0).sum())
     held_slots = np.flatnonzero(state.last >= 0)
     kept = set(_ints(r.hashed.keys[r.hashed.last >= 0]))
     for p in range(new.partitions):  # in a partition that overflowed, every dropped id was seen before every kept
