@@ -54,7 +54,6 @@ from jax import lax
 from optimizers.rounding import mix32
 
 from .embeddings import normal_block
-from .id_sort import distinct_keys, first_claims
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
 DEFAULTS = ("zeros", "shared")
@@ -125,8 +124,9 @@ class Assigned(NamedTuple):
     """What ``assign`` did this step."""
 
     slots: jax.Array  # int32, the batch's shape: each id's slot, -1 for none (padding or not admitted)
-    fresh: jax.Array  # int32 [N]: slots given to a new id this step (capacity where none), N = batch ids
-    fresh_keys: jax.Array  # uint32 [N, 2]: the ids they were given to
+    fresh: jax.Array  # int32 [N], N = batch ids: at a new id's first position, the slot it was given this step;
+    # capacity elsewhere (each slot given once)
+    fresh_keys: jax.Array  # uint32 [N, 2]: the batch's ids, position by position
     admitted: jax.Array  # int32: ids given a slot
     evicted: jax.Array  # int32: of those, slots that held another id
     unadmitted: jax.Array  # int32: lookups (with repeats) of ids with no slot after the step, padding excluded
@@ -201,15 +201,17 @@ def partition_of(spec: HashSpec, hi: jax.Array, lo: jax.Array) -> jax.Array:
 def window_slots(spec: HashSpec, uh, ul):
     """[N, window] global slots: from the id's home slot in its partition on, wrapping within the partition."""
     cp = spec.part_capacity
-    home = key_hash(uh, ul, 0) % jnp.uint32(cp)
-    local = ((home[:, None] + jnp.arange(spec.window, dtype=jnp.uint32)[None, :]) % jnp.uint32(cp)).astype(jnp.int32)
+    # the home slot once per id, kept out of the [N, window] fusion (XLA would hash again for every column)
+    home = lax.optimization_barrier((key_hash(uh, ul, 0) % jnp.uint32(cp)).astype(jnp.int32))
+    local = home[:, None] + jnp.arange(spec.window, dtype=jnp.int32)[None, :]
+    local = jnp.where(local >= cp, local - cp, local)  # the window is at most the partition: one wrap at most
     return local + (partition_of(spec, uh, ul) * cp)[:, None]
 
 
 def _find(spec: HashSpec, state: HashState, uh, ul, valid, first: int = 0):
-    """(hit, slot, window) of each distinct id: whether it holds a slot in its window, and which (global
-    slots; ``window`` indexes ``state``, which holds the partitions from ``first`` on). ``valid``: the ids of
-    the partitions ``state`` holds."""
+    """(hit, slot, window) of each id: whether it holds a slot in its window, and which (global slots;
+    ``window`` indexes ``state``, which holds the partitions from ``first`` on). ``valid``: the ids of the
+    partitions ``state`` holds."""
     win = window_slots(spec, uh, ul) - first * spec.part_capacity
     wk = state.keys.at[win].get(mode="fill", fill_value=0)
     match = (wk[..., 0] == uh[:, None]) & (wk[..., 1] == ul[:, None]) & valid[:, None]
@@ -237,9 +239,9 @@ def _lexmin(mask_and_keys: list[jax.Array]) -> jax.Array:
 
 
 def _choose(spec: HashSpec, last, count, win, wants, step):
-    """(slot, won) of each id that wants one: its choice in its window (first empty, else the policy's
-    victim among the evictable), and whether it keeps it (the smallest id choosing a slot does). Slots
-    index ``last`` and ``count`` (the partitions held); none: their length."""
+    """(slot, can, evicts) of each id that wants one: its choice in its window (first empty, else the policy's
+    victim among the evictable; ``last``'s length where none), whether it found one, and whether that slot
+    holds another id (an eviction if it keeps it). Slots index ``last`` and ``count`` (the partitions held)."""
     c = last.shape[0]
     wl, wc = last.at[win].get(mode="fill", fill_value=0), count.at[win].get(mode="fill", fill_value=0)
     empty = wl < 0
@@ -248,41 +250,50 @@ def _choose(spec: HashSpec, last, count, win, wants, step):
     cls = jnp.where(empty, 0, jnp.where(evictable, 1, 2)).astype(jnp.int32)
     j = _lexmin([cls, wc, wl] if spec.evict == "lfu" else [cls, wl])
     pick = jnp.take_along_axis(win, j[:, None], 1)[:, 0]
-    can = wants & (jnp.take_along_axis(cls, j[:, None], 1)[:, 0] < 2)
-    chosen = jnp.where(can, pick, c)
-    # the smallest id choosing a slot keeps it (work over the batch's ids, never over the capacity)
-    return chosen, can, first_claims(chosen, c)
+    kind = jnp.take_along_axis(cls, j[:, None], 1)[:, 0]
+    can = wants & (kind < 2)
+    return jnp.where(can, pick, c), can, kind == 1
+
+
+_NONE = np.uint32(0xFFFFFFFF)
+ROUND_CHUNK = 1024  # positions a round after the first packs (when no more want a slot; else it runs on all)
 
 
 def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array,
            first: int | jax.Array = 0) -> tuple[HashState, Assigned]:
     """One step of the policy (module docstring) for the ids ``keys`` [..., 2] uint32 at step ``step``.
     ``state`` holds every partition, or (a row shard's, ``first``: its index) one: the ids of the partitions
-    it does not hold are left alone (slot -1, in no count), so each shard runs the step for its own."""
+    it does not hold are left alone (slot -1, in no count), so each shard runs the step for its own.
+
+    The batch is not deduplicated: every position looks its id up, counts it and chooses, and the positions
+    of one id, which see the same window and the same table, choose alike. Who keeps a contested slot is
+    settled in the slot itself: the choosers' keys are scatter-minimised into it (high half, then low), so it
+    ends holding the smallest id, and that id's first position (a scatter-min of positions) counts it once.
+    No sort: the work is a few scatters and gathers of the batch's size."""
     shape = keys.shape[:-1]
     keys = keys.reshape(-1, 2).astype(jnp.uint32)
     n = keys.shape[0]
     c = state.last.shape[0]  # the slots held; an index of c is none
     base = first * spec.part_capacity  # the global slot of the first one held
     step = jnp.asarray(step, jnp.int32)
-    uh, ul, all_valid, occ, inverse = distinct_keys(keys)
-    valid = _mine(spec, state, uh, ul, all_valid, first)
-    hit, slot, win = _find(spec, state, uh, ul, valid, first)
+    kh, kl = keys[:, 0], keys[:, 1]
+    valid = _mine(spec, state, kh, kl, ~is_pad(keys), first)
+    hit, slot, win = _find(spec, state, kh, kl, valid, first)
     at_hit = jnp.where(hit, slot - base, c)
     last = state.last.at[at_hit].set(step, mode="drop")
-    count = state.count.at[at_hit].add(occ, mode="drop")
+    count = state.count.at[at_hit].add(1, mode="drop")  # once per occurrence
     miss = valid & ~hit
     sketch = state.sketch
     if spec.admit_after > 1 and spec.admit_window:  # counts age: halved every admit_window steps
         sketch = jnp.where((step > 0) & (step % spec.admit_window == 0), sketch >> 1, sketch)
     if spec.admit_after > 1:
         width = spec.sketch_width if spec.partitions == 1 else spec.part_sketch_width
-        cols = [(key_hash(uh, ul, d + 1) % jnp.uint32(width)).astype(jnp.int32) for d in range(spec.sketch_depth)]
-        part = partition_of(spec, uh, ul) - first
+        cols = [(key_hash(kh, kl, d + 1) % jnp.uint32(width)).astype(jnp.int32) for d in range(spec.sketch_depth)]
+        part = partition_of(spec, kh, kl) - first
         for d in range(spec.sketch_depth):
             col = jnp.where(miss, cols[d], width)
-            sketch = (sketch.at[d, col].add(occ, mode="drop") if spec.partitions == 1 else
-                      sketch.at[part, d, col].add(occ, mode="drop"))
+            sketch = (sketch.at[d, col].add(1, mode="drop") if spec.partitions == 1 else
+                      sketch.at[part, d, col].add(1, mode="drop"))
         sketch = jnp.minimum(sketch, spec.admit_after)
         est = jnp.min(jnp.stack([sketch[d, cols[d]] if spec.partitions == 1 else
                                  sketch.at[part, d, cols[d]].get(mode="fill", fill_value=0)
@@ -290,35 +301,63 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array,
         wants = miss & (est >= spec.admit_after)
     else:
         wants = miss
-    def round_(carry):  # the ids that lost a slot to a smaller id choose again among the rest
-        i, keys_, last_, count_, fresh, evicted, wants_, _ = carry
-        chosen, can, won = _choose(spec, last_, count_, win, wants_, step)
-        evicted += jnp.sum(won & (state.last.at[chosen].get(mode="fill", fill_value=-1) >= 0)).astype(jnp.int32)
-        at = jnp.where(won, chosen, c)
-        keys_ = keys_.at[at].set(jnp.stack([uh, ul], -1), mode="drop")
-        last_ = last_.at[at].set(step, mode="drop")  # taken: neither empty nor evictable in the next round
-        count_ = count_.at[at].set(occ, mode="drop")
-        return (i + 1, keys_, last_, count_, jnp.where(won, chosen, fresh), evicted, wants_ & ~won,
-                jnp.any(can & ~won))
+    idx = jnp.arange(n, dtype=jnp.int32)
 
-    carry = (jnp.int32(0), state.keys, last, count, jnp.full((n,), c, jnp.int32), jnp.int32(0), wants,
-             jnp.any(wants))
-    _, new_keys, last, count, fresh, evicted, _, _ = lax.while_loop(
-        lambda cr: (cr[0] < spec.rounds) & cr[7], round_, carry)
-    won = fresh < c
-    uslot = jnp.where(hit, slot, jnp.where(won, fresh + base, -1))
-    slots = jnp.concatenate([uslot, jnp.full((1,), -1, jnp.int32)])[inverse]
-    mine = jnp.concatenate([valid, jnp.zeros((1,), bool)])[inverse]  # padding and others' ids: not counted
-    out = Assigned(slots.reshape(shape), jnp.where(won, fresh + base, spec.capacity), jnp.stack([uh, ul], -1),
-                   jnp.sum(won).astype(jnp.int32), evicted, jnp.sum(mine & (slots < 0)).astype(jnp.int32))
+    def claim(keys_, last_, count_, kh, kl, win, wants_, pos):
+        """One round for the positions ``pos`` (their ids ``kh``, ``kl``, windows ``win``, which of them want a
+        slot ``wants_``): (keys, last, count, chosen, won, first, evicts, lost)."""
+        chosen, can, evicting = _choose(spec, last_, count_, win, wants_, step)
+        at = jnp.where(can, chosen, c)
+        keys_ = keys_.at[at].set(_NONE, mode="drop").at[at, 0].min(kh, mode="drop")
+        top = keys_.at[at, 0].get(mode="fill", fill_value=0) == kh
+        keys_ = keys_.at[jnp.where(top, at, c), 1].min(kl, mode="drop")
+        won = can & top & (keys_.at[at, 1].get(mode="fill", fill_value=0) == kl)
+        at = jnp.where(won, chosen, c)
+        # the id's first position: step + the smallest of its positions, a value that also marks the slot taken
+        # (neither empty nor evictable) in the next rounds; every taken slot's last step is the step after them
+        last_ = last_.at[at].set(step + n, mode="drop").at[at].min(step + pos, mode="drop")
+        first_ = won & (last_.at[at].get(mode="fill", fill_value=-1) == step + pos)
+        count_ = count_.at[at].set(0, mode="drop").at[at].add(1, mode="drop")
+        return keys_, last_, count_, chosen, won, first_, first_ & evicting, can & ~won
+
+    # round 1: every position that wants a slot
+    keys_, last, count, chosen, won, firsts, evicts, lost = claim(state.keys, last, count, kh, kl, win, wants, idx)
+    got, wants = jnp.where(won, chosen, c), wants & ~won
+    k = max(1, min(n, ROUND_CHUNK))
+
+    def again(carry):  # the ids that lost a slot to a smaller id choose again among the rest: a few, packed
+        i, keys_, last_, count_, got, firsts, evicts, wants_, _ = carry
+
+        def packed(ops):
+            keys_, last_, count_ = ops
+            pos = jnp.full((k,), n, jnp.int32).at[jnp.where(wants_, jnp.cumsum(wants_) - 1, k)].set(idx, mode="drop")
+            g = lambda a, fill: a.at[pos].get(mode="fill", fill_value=fill)  # noqa: E731
+            out = claim(keys_, last_, count_, g(kh, 0), g(kl, 0), g(win, c), g(wants_, False), pos)
+            return out[:3] + tuple(jnp.zeros((n,), x.dtype).at[pos].set(x, mode="drop") for x in out[3:])
+
+        def whole(ops):
+            return claim(*ops, kh, kl, win, wants_, idx)
+
+        keys_, last_, count_, chosen, won, first_, ev, lost = lax.cond(jnp.sum(wants_) <= k, packed, whole,
+                                                                       (keys_, last_, count_))
+        return (i + 1, keys_, last_, count_, jnp.where(won, chosen, got), firsts | first_, evicts | ev,
+                wants_ & ~won, jnp.any(lost))
+
+    carry = (jnp.int32(1), keys_, last, count, got, firsts, evicts, wants, jnp.any(lost))
+    _, new_keys, last, count, got, firsts, evicts, _, _ = lax.while_loop(
+        lambda cr: (cr[0] < spec.rounds) & cr[8], again, carry)
+    last = last.at[got].set(step, mode="drop")
+    uslot = jnp.where(hit, slot, jnp.where(got < c, got + base, -1))
+    admitted, evicted = jnp.sum(firsts).astype(jnp.int32), jnp.sum(evicts).astype(jnp.int32)
+    out = Assigned(uslot.reshape(shape), jnp.where(firsts, got + base, spec.capacity), keys, admitted, evicted,
+                   jnp.sum(valid & (uslot < 0)).astype(jnp.int32))
     if spec.partitions == 1:
-        filled = state.filled + out.admitted - evicted
+        filled = state.filled + admitted - evicted
     else:  # per partition held: what each gained, less what it evicted
-        gained = jnp.zeros(state.filled.shape, jnp.int32).at[jnp.where(won, fresh // spec.part_capacity,
-                                                                        state.filled.shape[0])].add(1, mode="drop")
-        lost = jnp.zeros(state.filled.shape, jnp.int32).at[jnp.where(
-            won & (state.last.at[fresh].get(mode="fill", fill_value=-1) >= 0), fresh // spec.part_capacity,
-            state.filled.shape[0])].add(1, mode="drop")
+        p = state.filled.shape[0]
+        part = got // spec.part_capacity
+        gained = jnp.zeros((p,), jnp.int32).at[jnp.where(firsts, part, p)].add(1, mode="drop")
+        lost = jnp.zeros((p,), jnp.int32).at[jnp.where(evicts, part, p)].add(1, mode="drop")
         filled = state.filled + gained - lost
     return HashState(new_keys, last, count, sketch, filled), out
 
@@ -365,22 +404,39 @@ def fresh_rows(spec: HashSpec, seed: jax.Array, fresh_keys: jax.Array, width: in
     return normal_block(seed, r, jnp.arange(width)) * jnp.float32(init_scale)
 
 
+RESET_CHUNK = 1024  # rows drawn afresh per iteration: the reset costs the new ids' rows, not the batch's
+
+
 def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: Any, assigned: Assigned,
                seed: jax.Array, init_scale: float, row0: int | jax.Array = 0):
     """The table and optimizer state with each slot given to a new id reset: its row drawn afresh, each per-row
     leaf of its optimizer state (leading dim = the table's rows) set to ``initial_state``'s row 0 (the
-    optimizer's state of a row never trained). ``row0``: the global row of ``table``'s first (a row shard's)."""
-    rows = jnp.where(assigned.fresh < spec.capacity, slot_rows(spec, assigned.fresh) - row0, table.shape[0])
-    vals = fresh_rows(spec, seed, assigned.fresh_keys, table.shape[1], init_scale).astype(table.dtype)
-    table = table.at[rows].set(vals, mode="drop")
+    optimizer's state of a row never trained). ``row0``: the global row of ``table``'s first (a row shard's).
 
-    def reset(leaf, init):
-        if getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == table.shape[0]:
-            fill = jnp.broadcast_to(init[0], (rows.shape[0], *leaf.shape[1:])).astype(leaf.dtype)
-            return leaf.at[rows].set(fill, mode="drop")
+    The new ids are packed to the front and reset ``RESET_CHUNK`` at a time, as many chunks as there are new
+    ids (none: no work), in place."""
+    n, out = assigned.fresh.shape[0], table.shape[0]
+    new = assigned.fresh < spec.capacity
+    dest = jnp.where(new, jnp.cumsum(new) - 1, n)
+    rows = jnp.full((n,), out, jnp.int32).at[dest].set(slot_rows(spec, assigned.fresh) - row0, mode="drop")
+    keys = jnp.zeros((n, 2), jnp.uint32).at[dest].set(assigned.fresh_keys, mode="drop")
+    k = min(RESET_CHUNK, n)
+
+    def reset(r, leaf, init):
+        if getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == out:
+            fill = jnp.broadcast_to(init[0], (r.shape[0], *leaf.shape[1:])).astype(leaf.dtype)
+            return leaf.at[r].set(fill, mode="drop")
         return leaf
 
-    return table, jax.tree.map(reset, opt_state, initial_state)
+    def chunk(i, carry):  # the last chunk may overlap the one before: its rows get the same values again
+        tab, st = carry
+        start = jnp.minimum(i * k, n - k)
+        r = lax.dynamic_slice_in_dim(rows, start, k)
+        vals = fresh_rows(spec, seed, lax.dynamic_slice_in_dim(keys, start, k), tab.shape[1], init_scale)
+        tab = tab.at[r].set(vals.astype(tab.dtype), mode="drop")
+        return tab, jax.tree.map(lambda leaf, init: reset(r, leaf, init), st, initial_state)
+
+    return lax.fori_loop(0, (jnp.sum(new) + k - 1) // k, chunk, (table, opt_state))
 
 
 def reassigned_rows(spec: HashSpec, assigned: Assigned, num_rows: int) -> jax.Array:

@@ -1,9 +1,9 @@
 """Sorting a batch's ids the way XLA:CPU is fast at: one integer array at a time.
 
 XLA:CPU sorts a single int32 array several times faster than a tuple of arrays (16,384 ids: about 0.65 ms
-against 4.6 ms for (value, index) pairs and 7 ms for three keys and an index, on 2 CPU cores), so the hash
-tables' dedupe of 64-bit ids and their slot conflicts are written as single-array sorts, searches and
-scatters. ``jnp.unique`` and ``lax.sort`` of tuples give the same results, slower.
+against 4.6 ms for (value, index) pairs and 7 ms for three keys and an index, on 2 CPU cores), so the dedupe of
+64-bit ids (a modulo table's collision rate) is written as single-array sorts, searches and scatters. (The
+hash tables' step needs no sort at all: ``hash_tables.assign``.) ``jnp.unique`` and ``lax.sort`` of tuples give the same results, slower.
 """
 from __future__ import annotations
 
@@ -48,12 +48,3 @@ def distinct_keys(keys: jax.Array):
 def rank(sorted_values: jax.Array, values: jax.Array) -> jax.Array:
     """int32: each value's position among ``sorted_values`` (the first of its equals)."""
     return jnp.searchsorted(sorted_values, values, method="scan").astype(jnp.int32)
-
-
-def first_claims(chosen: jax.Array, none: int) -> jax.Array:
-    """bool [N]: whether id i is the smallest index choosing its slot (``chosen`` = ``none``: no claim), by a
-    sort of the slots alone and a scatter-min of the indices over their ranks (no tuple sort)."""
-    n = chosen.shape[0]
-    r = rank(jnp.sort(chosen), chosen)
-    idx = jnp.arange(n, dtype=jnp.int32)
-    return (jnp.full((n,), n, jnp.int32).at[r].min(idx)[r] == idx) & (chosen < none)

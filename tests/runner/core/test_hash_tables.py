@@ -172,6 +172,48 @@ def test_mapping_matches_the_dict_reference(policy):
         assert sum(unadmitted) > 0
 
 
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_later_rounds_packed_or_whole_match_the_dict_reference(monkeypatch, chunk):
+    """A round after the first packs the positions still wanting a slot when at most ``ROUND_CHUNK`` of them are
+    left, else runs on the whole batch: with a chunk of 1 or 3 both happen, and the slots are the reference's."""
+    monkeypatch.setattr(ht, "ROUND_CHUNK", chunk)
+    spec = ht.HashSpec(capacity=48, probes=3, evict="lru")
+    ids = drifting_stream(steps=300, batch=40, population=2000, active=300, drift=0.3, seed=4)
+    _, (slots, admitted, evicted, _) = run_jax(spec, ids)
+    _, out = run_dict(spec, ids)
+    assert [list(map(int, r)) for r in slots] == [o[0] for o in out]
+    assert list(admitted) == [o[1] for o in out] and list(evicted) == [o[2] for o in out]
+
+
+def test_new_ids_rows_and_state_are_reset_chunk_by_chunk(monkeypatch):
+    """``reset_rows`` packs the new ids and resets them ``RESET_CHUNK`` at a time (the last chunk overlapping the
+    one before): each new id's row is its fresh row, each per-row state leaf its initial row, nothing else moves."""
+    monkeypatch.setattr(ht, "RESET_CHUNK", 4)
+    spec = ht.HashSpec(capacity=40)
+    rng = np.random.default_rng(5)
+    n, width = 24, 3
+    keys = ht.fingerprint(rng.integers(1, 2**62, n, dtype=np.int64))
+    fresh = np.full(n, spec.capacity, np.int32)
+    new_at = rng.choice(n, 11, replace=False)  # 11 new ids: chunks of 4, the third overlapping the second
+    fresh[new_at] = rng.choice(spec.capacity, 11, replace=False)
+    got = ht.Assigned(jnp.zeros(n, jnp.int32), jnp.asarray(fresh), jnp.asarray(keys), 0, 0, 0)
+    table = rng.normal(size=(spec.rows, width)).astype(np.float32)
+    state = {"acc": rng.normal(size=(spec.rows,)).astype(np.float32), "step": np.float32(7)}
+    initial = {"acc": np.full((1,), 0.5, np.float32), "step": np.float32(0)}
+    seed = jnp.asarray([3, 9], jnp.uint32)
+    t, st = jax.jit(lambda t, s: ht.reset_rows(spec, t, s, initial, got, seed, 0.1))(table, state)
+    rows = np.asarray(ht.slot_rows(spec, jnp.asarray(fresh[new_at])))
+    want_acc = state["acc"].copy()
+    want_acc[rows] = 0.5
+    kept = np.setdiff1d(np.arange(spec.rows), rows)
+    np.testing.assert_array_equal(np.asarray(t)[kept], table[kept])
+    # the same draws computed apart (eagerly, all at once): equal up to float32 rounding of erf_inv
+    np.testing.assert_allclose(np.asarray(t)[rows], np.asarray(ht.fresh_rows(spec, seed, jnp.asarray(keys[new_at]),
+                                                                            width, 0.1)), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(np.asarray(st["acc"]), want_acc)
+    assert float(st["step"]) == 7
+
+
 @pytest.mark.slow
 def test_ten_thousand_steps_of_a_drifting_stream():
     """The issue's horizon: 10,000 steps, ids 10x the capacity, LRU with admission after 2 sightings."""
@@ -229,16 +271,6 @@ def test_the_batch_dedupe_is_numpys_unique_of_the_64_bit_ids(n):
     np.testing.assert_array_equal(occ[:m], counts)
     assert (uh[m:] == 0).all() and (ul[m:] == 0).all() and (occ[m:] == 0).all()
     np.testing.assert_array_equal(inverse, np.where(ids == 0, n, np.searchsorted(want, ids.view(np.uint64))))
-
-
-def test_the_smallest_index_choosing_a_slot_wins_it():
-    rng = np.random.default_rng(0)
-    chosen = np.where(rng.random(5000) < 0.3, 700, rng.integers(0, 700, 5000)).astype(np.int32)  # 700: no claim
-    got = np.asarray(jax.jit(lambda c: id_sort.first_claims(c, 700))(jnp.asarray(chosen)))
-    first = {}
-    for i, c in enumerate(chosen):
-        first.setdefault(int(c), i)
-    np.testing.assert_array_equal(got, [c < 700 and first[int(c)] == i for i, c in enumerate(chosen)])
 
 
 @pytest.mark.parametrize("policy", [dict(evict="lru"), dict(evict="lfu", admit_after=2, admit_window=9)],
