@@ -27,7 +27,7 @@ import numpy as np
 
 import optimizers
 from optimizers import compiler_options
-from runner.core import hash_tables as ht
+from runner.core import hash_rows as hr, hash_tables as ht
 
 from . import common
 from .fused_update import Table
@@ -64,8 +64,8 @@ class HashTable:
 
         def step(table, state, slots, keys, s):
             slots, got = ht.assign(spec, slots, keys, s)
-            table, state = ht.reset_rows(spec, table, state, initial, got, seed, 0.05)
-            ids = ht.key_rows(spec, keys, got.slots, rows)
+            table, state = hr.reset_rows(spec, table, state, initial, got, seed, 0.05)
+            ids = hr.key_rows(spec, keys, got.slots, rows)
             emb = table.at[ids].get(mode="fill", fill_value=0)
             grads = 0.5 * emb + 0.01
             c = ctx.fresh()

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core import hash_tables as ht
+from ..core import hash_rows, hash_tables as ht
 
 log = logging.getLogger("runner")
 
@@ -115,8 +115,8 @@ def rebucket(old: ht.HashSpec, new: ht.HashSpec, hashed: ht.HashState, table: An
     new_keys[dst], new_last[dst], new_count[dst] = keys[src], last[src], count[src]
     per_part = np.bincount(dst // new.part_capacity, minlength=new.partitions).astype(np.int32)
     filled = np.int32(per_part.sum()) if new.partitions == 1 else per_part
-    old_rows = np.asarray(ht.slot_rows(old, jnp.asarray(src, jnp.int32)))
-    new_rows = np.asarray(ht.slot_rows(new, jnp.asarray(dst, jnp.int32)))
+    old_rows = np.asarray(hash_rows.slot_rows(old, jnp.asarray(src, jnp.int32)))
+    new_rows = np.asarray(hash_rows.slot_rows(new, jnp.asarray(dst, jnp.int32)))
     row_map = np.full(old.rows, -1, np.int32)
     row_map[old_rows] = new_rows
     row_map[0] = 0

@@ -25,8 +25,8 @@ from optimizers import make_update
 from optimizers.record import update_token_ids
 
 from .failures import traced
-from .hash_tables import (HashState, assign, find, is_pad, key_hash, key_rows, keys_of, partition_of,
-                          reassigned_rows, reset_rows)
+from .hash_rows import key_rows, reassigned_rows, reset_rows
+from .hash_tables import HashState, assign, find, is_pad, key_hash, keys_of, partition_of
 from .id_sort import distinct_keys
 
 

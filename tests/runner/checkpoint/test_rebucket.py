@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runner.checkpoint.rebucket import rebucket, remap_tokens
-from runner.core import hash_tables as ht
+from runner.core import hash_rows as hr, hash_tables as ht
 from tests.runner.core.test_hash_tables import DictTable, drifting_stream, run_jax
 
 
@@ -74,8 +74,8 @@ def test_rebucket_matches_the_reference_and_keeps_every_placed_id_whole(parts):
     assert got == want
     assert r.ids == len(held) and r.dropped == len(held) - len(want)
     old_slot = dict(zip(keys, held_slots.tolist()))
-    old_rows = np.asarray(ht.slot_rows(old, np.asarray([old_slot[k] for k in want])))
-    new_rows = np.asarray(ht.slot_rows(new, np.asarray([want[k] for k in want])))
+    old_rows = np.asarray(hr.slot_rows(old, np.asarray([old_slot[k] for k in want])))
+    new_rows = np.asarray(hr.slot_rows(new, np.asarray([want[k] for k in want])))
     np.testing.assert_array_equal(r.table[new_rows], table[old_rows])
     np.testing.assert_array_equal(r.states[0][new_rows], moment[old_rows])
     np.testing.assert_array_equal(r.states[1][new_rows], rowwise[old_rows])
@@ -108,10 +108,10 @@ def test_a_full_window_drops_the_least_recently_seen_and_the_update_drops_their_
         stay = [state.last[s] for s in mine if _ints(state.keys[[s]])[0] in kept]
         if lost:
             assert len(stay) == new.part_capacity and max(lost) <= min(stay)
-    dropped_rows = [int(ht.slot_rows(old, s)) for s in held_slots if _ints(state.keys[[s]])[0] not in kept]
-    tokens = np.asarray([dropped_rows[0], 0, -1, int(ht.slot_rows(old, held_slots[0]))])
+    dropped_rows = [int(hr.slot_rows(old, s)) for s in held_slots if _ints(state.keys[[s]])[0] not in kept]
+    tokens = np.asarray([dropped_rows[0], 0, -1, int(hr.slot_rows(old, held_slots[0]))])
     moved = remap_tokens(tokens, r.row_map)
     assert moved[0] == -1 and moved[1] == 0 and moved[2] == -1
     k0 = _ints(state.keys[held_slots[:1]])[0]
-    assert moved[3] == (int(ht.slot_rows(new, np.flatnonzero(np.asarray(_ints(r.hashed.keys)) == k0)[0]))
+    assert moved[3] == (int(hr.slot_rows(new, np.flatnonzero(np.asarray(_ints(r.hashed.keys)) == k0)[0]))
                         if k0 in kept else -1)

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from runner.build import build
-from runner.core import hash_step, hash_tables as ht
+from runner.core import hash_step, hash_rows as hr, hash_tables as ht
 from tests.runner.core.test_hash_tables import DictTable
 from tests.runner.support import numpy_tree, run_steps
 
@@ -68,7 +68,7 @@ def _oracle(program, data, state0, steps, delay):
                 k = refs[n].key_of[s - 1]
                 key = jnp.asarray([[k >> 32, k & 0xFFFFFFFF]], jnp.uint32)
                 spec = program.tables[n]
-                tables[n][s] = np.asarray(ht.fresh_rows(spec.hash, seeds[n], key, spec.width, spec.init_scale))[0]
+                tables[n][s] = np.asarray(hr.fresh_rows(spec.hash, seeds[n], key, spec.width, spec.init_scale))[0]
             rows[n] = np.asarray([s + 1 if s >= 0 else tables[n].shape[0] for s in slots])
             rows[n][np.asarray(_key_ints(v)) == 0] = 0
         embs = {n: jnp.asarray(np.concatenate([tables[n], np.zeros((1, tables[n].shape[1]), np.float32)])[rows[n]]
@@ -159,7 +159,7 @@ def test_evaluation_reads_without_changing_the_table(cfg_of):
     np.testing.assert_array_equal(rows, np.where(slots >= 0, slots + 1, spec.hash.shared_row))
     zeros = dataclasses.replace(spec.hash, default="zeros")
     out = program.contexts["users"].stored_rows
-    np.testing.assert_array_equal(np.asarray(ht.rows_of(zeros, jnp.asarray(slots), out)), np.where(slots >= 0, slots + 1, out))
+    np.testing.assert_array_equal(np.asarray(hr.rows_of(zeros, jnp.asarray(slots), out)), np.where(slots >= 0, slots + 1, out))
     scores = np.asarray(jax.jit(program.predict)(state, {k: jnp.asarray(v) for k, v in data.batch(50, 32).items()}))
     assert scores.shape == (32, 3) and np.isfinite(scores).all()
     for a, b in zip(jax.tree.leaves(numpy_tree(state.hashed)), jax.tree.leaves(before.hashed)):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from runner.core import hash_tables as ht
+from runner.core import hash_rows as hr, hash_tables as ht
 from runner.core import id_sort
 
 M32 = 0xFFFFFFFF
@@ -188,7 +188,7 @@ def test_later_rounds_packed_or_whole_match_the_dict_reference(monkeypatch, chun
 def test_new_ids_rows_and_state_are_reset_chunk_by_chunk(monkeypatch):
     """``reset_rows`` packs the new ids and resets them ``RESET_CHUNK`` at a time (the last chunk overlapping the
     one before): each new id's row is its fresh row, each per-row state leaf its initial row, nothing else moves."""
-    monkeypatch.setattr(ht, "RESET_CHUNK", 4)
+    monkeypatch.setattr(hr, "RESET_CHUNK", 4)
     spec = ht.HashSpec(capacity=40)
     rng = np.random.default_rng(5)
     n, width = 24, 3
@@ -201,14 +201,14 @@ def test_new_ids_rows_and_state_are_reset_chunk_by_chunk(monkeypatch):
     state = {"acc": rng.normal(size=(spec.rows,)).astype(np.float32), "step": np.float32(7)}
     initial = {"acc": np.full((1,), 0.5, np.float32), "step": np.float32(0)}
     seed = jnp.asarray([3, 9], jnp.uint32)
-    t, st = jax.jit(lambda t, s: ht.reset_rows(spec, t, s, initial, got, seed, 0.1))(table, state)
-    rows = np.asarray(ht.slot_rows(spec, jnp.asarray(fresh[new_at])))
+    t, st = jax.jit(lambda t, s: hr.reset_rows(spec, t, s, initial, got, seed, 0.1))(table, state)
+    rows = np.asarray(hr.slot_rows(spec, jnp.asarray(fresh[new_at])))
     want_acc = state["acc"].copy()
     want_acc[rows] = 0.5
     kept = np.setdiff1d(np.arange(spec.rows), rows)
     np.testing.assert_array_equal(np.asarray(t)[kept], table[kept])
     # the same draws computed apart (eagerly, all at once): equal up to float32 rounding of erf_inv
-    np.testing.assert_allclose(np.asarray(t)[rows], np.asarray(ht.fresh_rows(spec, seed, jnp.asarray(keys[new_at]),
+    np.testing.assert_allclose(np.asarray(t)[rows], np.asarray(hr.fresh_rows(spec, seed, jnp.asarray(keys[new_at]),
                                                                             width, 0.1)), rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(np.asarray(st["acc"]), want_acc)
     assert float(st["step"]) == 7
