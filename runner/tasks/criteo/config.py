@@ -24,6 +24,13 @@ class CriteoIds(str, Enum):
     vocab = "vocab"  # values seen >= data.min_count times in training each get a row; the rest share row 1
 
 
+class DCNStructure(str, Enum):
+    """How DCNv2's cross layers and MLP are combined (Wang et al., 2021, section 3)."""
+
+    stacked = "stacked"  # the MLP over the cross layers' output
+    parallel = "parallel"  # the MLP over x0 beside the cross layers, one linear layer over both outputs
+
+
 class Pooling(str, Enum):
     """How a multi-hot feature's bag of rows becomes one vector (EmbeddingBag's modes)."""
 
@@ -91,14 +98,18 @@ class DLRMModelConfig:
 @dataclass
 class DCNModelConfig:
     """DCNv2 (Wang et al., 2021): the dense features and every embedding concatenated, ``cross_layers`` cross
-    layers (full-rank, or low-rank of ``low_rank``), then an MLP (stacked), BCE."""
+    layers (full-rank, or low-rank of ``low_rank``) and an MLP, stacked or parallel, BCE."""
 
     name: str = "dcn"
     emb_width: int = hparam(16, "width of every table", low=1, high=MAX_WIDTH)
     cross_layers: int = hparam(3, "cross layers", low=0, high=64)
     low_rank: Optional[int] = hparam(None, "rank of each cross layer's matrix (None: full rank)", low=1,
                                      high=MAX_WIDTH)
-    deep: List[int] = field(default_factory=lambda: [128, 64])  # the MLP above the cross layers
+    deep: List[int] = field(default_factory=lambda: [128, 64])  # the MLP above (or beside) the cross layers
+    structure: DCNStructure = DCNStructure.stacked
+    # None: the 13 dense features enter x0 as they are; a list of hidden widths: a bottom MLP maps them to one
+    # emb_width vector first (MLPerf DLRMv2's DCN, e.g. [64])
+    bottom: Optional[List[int]] = None
     pooling: Pooling = Pooling.sum  # a multi-hot feature's bag: the sum or the mean of its rows
     tables: Dict[str, TableConfig] = field(default_factory=lambda: {n: TableConfig() for n in TABLES})
     # the 26 tables kept as one (those of one width, dtype and optimizer; runner/core/stacking.py): one dedupe,

@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from ...errors import PreflightError
 from .. import TASKS
 from ..ranking.auc import auc
-from .config import CriteoIds, CriteoLogs, Pooling
+from .config import CriteoIds, CriteoLogs, DCNStructure, Pooling
 from .ids import FIRST, HashIds, VocabIds, vocabulary
 from .logs import DEFAULT_CACHE, converted, once, raw_logs
 from .model import DCN, DLRM, TABLES
@@ -223,7 +223,9 @@ class CriteoTask:
         pooling = Pooling(model_cfg.get("pooling", "sum")).value
         if model_cfg.name == "dlrm":
             return DLRM(specs, pooling, tuple(model_cfg.bottom), tuple(model_cfg.top))
-        return DCN(specs, pooling, int(model_cfg.cross_layers), model_cfg.low_rank, tuple(model_cfg.deep))
+        bottom = model_cfg.get("bottom")
+        return DCN(specs, pooling, int(model_cfg.cross_layers), model_cfg.low_rank, tuple(model_cfg.deep),
+                   None if bottom is None else tuple(bottom), DCNStructure(model_cfg.get("structure", "stacked")).value)
 
     def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
         train = self.splits["train"]

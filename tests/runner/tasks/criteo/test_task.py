@@ -55,23 +55,36 @@ def test_dlrm_matches_a_numpy_reference_of_its_interactions():
     assert ids["cat_03"].shape == (B, 1) and int(ids["cat_03"][1, 0]) == 26 + 2
 
 
-@pytest.mark.parametrize("low_rank", [None, 3])
-def test_dcn_matches_a_numpy_reference_of_its_cross_layers(low_rank):
+@pytest.mark.parametrize("low_rank, bottom, structure", [(None, None, "stacked"), (3, None, "stacked"),
+                                                       (None, (5,), "stacked"), (3, (), "parallel"),
+                                                       (None, (5,), "parallel")])
+def test_dcn_matches_a_numpy_reference_of_its_cross_layers(low_rank, bottom, structure):
     specs, embs, batch = inputs(1)
-    model = DCN(specs, cross_layers=2, low_rank=low_rank, deep=(7,))
+    model = DCN(specs, cross_layers=2, low_rank=low_rank, deep=(7,), bottom=bottom, structure=structure)
     params = model.init(jax.random.key(1))
-    d = 13 + 26 * D
+    for layer in params["cross"]:  # each cross layer starts as the identity: W (or V of U V) and b are zero
+        assert not np.asarray(layer["w" if low_rank is None else "v"]).any() and not np.asarray(layer["b"]).any()
+    leaves, tree = jax.tree.flatten(params)  # then every weight random, so that the products are checked
+    keys = jax.random.split(jax.random.key(2), len(leaves))
+    params = jax.tree.unflatten(tree, [0.3 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+    dense = np.asarray(batch["dense"], np.float64)
+    if bottom is not None:  # the bottom MLP's D-wide output replaces the 13 raw dense features
+        assert [w["w"].shape for w in params["bottom"]] == [(13, *bottom, D)[i:i + 2] for i in range(len(bottom) + 1)]
+        dense = np_mlp(params["bottom"], dense, True)
+    d = dense.shape[1] + 26 * D
     for layer in params["cross"]:
         assert ("w" in layer) == (low_rank is None)
         assert (layer["w"].shape == (d, d)) if low_rank is None else (layer["u"].shape == (d, 3))
-    x0 = np.concatenate([np.asarray(batch["dense"], np.float64)] +
-                        [np.asarray(embs[n][:, 0], np.float64) for n in TABLES], 1)
+    x0 = np.concatenate([dense] + [np.asarray(embs[n][:, 0], np.float64) for n in TABLES], 1)
     x = x0
     for layer in params["cross"]:
         w = np.asarray(layer["w"], np.float64) if low_rank is None else \
             np.asarray(layer["u"], np.float64) @ np.asarray(layer["v"], np.float64)
         x = x0 * (x @ w + np.asarray(layer["b"], np.float64)) + x
-    want = np_mlp(params["deep"], x, False)[:, 0]
+    if structure == "stacked":
+        want = np_mlp(params["deep"], x, False)[:, 0]
+    else:  # the MLP over x0 beside the cross layers, one linear layer over both
+        want = np_mlp(params["out"], np.concatenate([x, np_mlp(params["deep"], x0, True)], 1), False)[:, 0]
     np.testing.assert_allclose(np.asarray(model.logit(params, embs, batch)), want, rtol=1e-4, atol=1e-5)
 
 
@@ -135,6 +148,7 @@ BAD = [
     (["model=dlrm", "data.hash_rows=1"], "data.hash_rows=1"),
     (["model=dcn", "model.cross_layers=-1"], "model.cross_layers=-1"),
     (["model=dcn", "model.low_rank=0"], "model.low_rank=0"),
+    (["model=dcn", "model.bottom=[0]"], "model.bottom=[0] must list integers in [1, 65536], e.g. model.bottom=[64]"),
     (["model=dlrm", "model.top=[0]"], "model.top"),
     (["model=dlrm", "data.lines=10"], "data.lines=10"),
     (["model=dlrm", "data.days=30000"], "data.days=30000 is outside [1, 1000]"),
@@ -152,7 +166,7 @@ BAD = [
 # composed in process and refused by build's preflight; CLI marks the values the schema itself refuses (at composition),
 # which, with one preflight refusal, run as the command line a user types: exit != 0, one message, no traceback
 CLI = [(["model=dlrm", "model.pooling=max"], "model.pooling"), (["model=dlrm", "data.logs=kagle"], "data.logs"),
-       BAD[0]]
+       (["model=dcn", "model.structure=mixed"], "model.structure"), BAD[0]]
 
 
 @pytest.mark.parametrize("overrides, message", [b if "data.days=500" not in b[0] else pytest.param(*b, marks=pytest.mark.slow)
