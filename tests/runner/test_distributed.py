@@ -24,9 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = TINY + ["logger=wandb"]  # the tiny run with the default logger; each test sets its steps and intervals
 BASE = SMALL + ["trainer.steps=4", "trainer.log_interval=1", "trainer.eval_interval=2", "distributed.dump_state=true"]
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-# sync: tables row-sharded inside each process; async: 8 column shards spanning both processes
-MODES = {"sync": ["async_emb=off", "optimizer=async_adagrad", "mesh=data_table"],
-         "async": ["async_emb=on", "optimizer=async_adam", "mesh=table", "mesh.table_layout=column"]}
+# 8 column shards spanning both processes: every exchange of the step crosses the process boundary (a mesh whose
+# table axis stays inside each process, as mesh=data_table's, only adds the data axis's reductions, which the
+# preemption and checkpoint tests' multi-process runs on mesh=data exercise)
+MULTI = ["async_emb=on", "optimizer=async_adam", "mesh=table", "mesh.table_layout=column"]
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -42,15 +43,6 @@ class _Capture:
 
     def flush(self):
         pass
-
-
-def launch(run_dir: Path, *overrides: str) -> str:
-    """``python -m runner.launch -n 2 -- overrides``: two local processes, 4 CPU devices each."""
-    proc = subprocess.run([sys.executable, "-m", "runner.launch", "-n", "2", "--", *overrides,
-                           f"hydra.run.dir={run_dir}"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    return proc.stdout
 
 
 def slurm_step(run_dir: Path, *overrides: str) -> str:
@@ -77,12 +69,11 @@ def restore_in_one_process(source: Path, overrides: list[str], out: Path) -> tup
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, start", [("sync", launch), ("async", slurm_step)], ids=["sync-launch",
-                                                                                      "async-slurm"])
-def test_two_processes_train_like_one_process(tmp_path, mode, start):
+def test_two_processes_train_like_one_process(tmp_path):
+    """Started as SLURM's srun starts them (``python -m runner.launch`` starts the preemption tests' runs)."""
     multi, single = tmp_path / "multi", tmp_path / "single"
-    over = BASE + MODES[mode]
-    out = start(multi, *over, "mesh.cpu_devices=4", "logger=wandb", "checkpoint.interval=4",  # one save: step 4
+    over = BASE + MULTI
+    out = slurm_step(multi, *over, "mesh.cpu_devices=4", "logger=wandb", "checkpoint.interval=4",  # one save: step 4
                 f"checkpoint.dir={tmp_path / 'ck'}")
     run(compose_config(over + ["mesh.cpu_devices=8", "logger=none"], tiny=False), single)  # 1 process, 8 devices
 

@@ -104,10 +104,10 @@ def copy_of(run_dir: Path, tmp: Path) -> Path:
     return tmp
 
 
-# make test-fast keeps the sharded async case, whose runs the resharded resume and the restores reuse. Sync mode
-# (no deferred update in the checkpoint) runs on one device: its sharded state is the async case's less pending.
-@pytest.mark.parametrize("mesh, mode", [pytest.param("2x4-row", "on", marks=pytest.mark.slow),
-                                        pytest.param("2x4-row", "k2dc", marks=pytest.mark.slow), ("single", "on"),
+# make test-fast keeps the one-device async case. On the mesh, staleness 2 with delay compensation (two deferred
+# updates and their rows in the checkpoint) covers what staleness 1 saves; the resharded resume runs staleness 1
+# there. Sync mode (no deferred update in the checkpoint) runs on one device.
+@pytest.mark.parametrize("mesh, mode", [pytest.param("2x4-row", "k2dc", marks=pytest.mark.slow), ("single", "on"),
                                         pytest.param("single", "off", marks=pytest.mark.slow)])
 def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
     straight, tmp = runs("straight", mode, mesh), copy_of(runs("stopped", mode, mesh), tmp_path)
@@ -326,9 +326,8 @@ def test_a_hash_table_resumed_with_other_partitions_places_its_ids_again(tmp_pat
     """One device's checkpoint (one partition a table) resumed on the 2x4 mesh (the mesh's default: 4, one a row
     shard) places every id again in its new partition, with its row, optimizer state and metadata
     (``rebucket.py``), and the deferred update follows its rows. The reference: the same checkpoint resumed on
-    one device with 4 partitions for a step, whose checkpoint (4 partitions) then resumes on the 2x4 mesh with
-    its own partitions (a resume across meshes with no move). Both end alike: slots exactly, rows to float
-    rounding."""
+    one device with 4 partitions (a one-device program of the same partitions trains as the mesh's:
+    ``test_hash_step.py``). Both end alike: slots exactly, rows to float rounding."""
     over = ["async_emb=on", *HASH]
     stopped, other = tmp_path / "stopped", tmp_path / "other"
     launch(stopped, "first", [*over, "mesh=single", f"trainer.stop_after={N}"])
@@ -337,11 +336,7 @@ def test_a_hash_table_resumed_with_other_partitions_places_its_ids_again(tmp_pat
         launch(stopped, "second", [*over, *MESHES["2x4-row"]])
     assert "hash table 'items' was saved with 1 partitions and this run has 4" in caplog.text
     launch(other, "second", [*over, "mesh=single", "model.tables.items.partitions=4",
-                             "model.tables.users.partitions=4", f"trainer.stop_after={N + 1}"])
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="runner"):
-        launch(other, "third", [*over, *MESHES["2x4-row"]])
-    assert "placed again" not in caplog.text  # its 4 partitions kept: one a row shard
+                             "model.tables.users.partitions=4"])
     a, b = saved_arrays(stopped / "ck", 6), saved_arrays(other / "ck", 6)
     assert_same_hash_runs(a, b)
     assert (a["['hashed']['items']['last']"] >= N).any()  # trained on after the move

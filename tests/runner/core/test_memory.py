@@ -30,8 +30,6 @@ def compiled(overrides):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,mesh,dtype", [("off", "single", "float32"),
                                              pytest.param("on", "table8", "bfloat16", marks=pytest.mark.slow),
-                                             pytest.param("on", "single", "float32", marks=pytest.mark.slow),
-                                             pytest.param("off", "single", "bfloat16", marks=pytest.mark.slow),
                                              pytest.param("on", "2x4-column", "float32", marks=pytest.mark.slow),
                                              pytest.param("off", "table8", "float32", marks=pytest.mark.slow)])
 def test_step_and_flush_update_tables_in_place(mode, mesh, dtype):
