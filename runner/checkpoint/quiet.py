@@ -90,19 +90,14 @@ def abandoned_reads_dropped():
     ``install_quiet_hooks``). Anything else passes through."""
     previous = sys.unraisablehook
     sys.unraisablehook = _quiet_hook(previous)  # also under a test runner that swaps the process's hook
-    failed = False
     try:
         yield
-    except BaseException as e:
-        failed = True  # a restore that succeeds abandoned no read: nothing to collect
+    except BaseException as e:  # a restore that succeeds abandoned no read: nothing to collect
         chain, seen = e, set()  # the tracebacks hold Orbax's frames, and through them the abandoned reads
         while chain is not None and id(chain) not in seen:
             seen.add(id(chain))
             chain.__traceback__, chain = None, chain.__cause__ or chain.__context__
+        gc.collect()  # the abandoned reads and their event loop go now, inside the filters
         raise
     finally:
-        try:
-            if failed:
-                gc.collect()  # the abandoned reads and their event loop go now, inside the filters
-        finally:
-            sys.unraisablehook = previous
+        sys.unraisablehook = previous

@@ -73,8 +73,8 @@ def test_two_processes_train_like_one_process(tmp_path):
     """Started as SLURM's srun starts them (``python -m runner.launch`` starts the preemption tests' runs)."""
     multi, single = tmp_path / "multi", tmp_path / "single"
     over = BASE + MULTI
-    out = slurm_step(multi, *over, "mesh.cpu_devices=4", "logger=wandb", "checkpoint.interval=4",  # one save: step 4
-                f"checkpoint.dir={tmp_path / 'ck'}")
+    out = slurm_step(multi, *over, "mesh.cpu_devices=4", "logger=wandb",
+                     "checkpoint.interval=4", f"checkpoint.dir={tmp_path / 'ck'}")  # one save: step 4
     run(compose_config(over + ["mesh.cpu_devices=8", "logger=none"], tiny=False), single)  # 1 process, 8 devices
 
     a, b = np.load(multi / "final_state.npz"), np.load(single / "final_state.npz")
