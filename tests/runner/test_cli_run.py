@@ -43,6 +43,7 @@ def test_default_run_writes_wandb_and_metrics(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 60 and 0.5 < summary["bayes/test/auc_mean"] <= 1
     log = (tmp_path / "runner.log").read_text()  # hydra.job.name is `runner`
+    assert "[jax." not in proc.stderr + log  # JAX's INFO lines stay out of the run's log (conf/config.yaml)
     assert "done: 60 steps" in log and "Bayes-optimal" in log and str(tmp_path) in log
 
 

@@ -171,7 +171,7 @@ LONG = TINY + ["mesh=data", "trainer.steps=100000", "trainer.log_interval=5",
 def test_a_dead_process_ends_the_others_with_an_error(tmp_path, victim):
     ck = tmp_path / "ck"
     port = free_port()
-    procs = [_runner(tmp_path, i, port, "mesh.cpu_devices=1", "distributed.heartbeat_timeout_s=10",
+    procs = [_runner(tmp_path, i, port, "mesh.cpu_devices=1", "distributed.heartbeat_timeout_s=6",
                      "checkpoint.interval=5", f"checkpoint.dir={ck}") for i in range(2)]
     try:
         deadline = time.monotonic() + 300
@@ -181,7 +181,7 @@ def test_a_dead_process_ends_the_others_with_an_error(tmp_path, victim):
             time.sleep(0.5)
         procs[victim].send_signal(signal.SIGKILL)
         survivor = procs[1 - victim]
-        code = survivor.wait(timeout=120)  # heartbeat 10 s: a hang would hit this timeout instead
+        code = survivor.wait(timeout=120)  # heartbeat 6 s: a hang would hit this timeout instead
     finally:
         for p in procs:
             if p.poll() is None:

@@ -427,7 +427,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["emb_width", "objective", "cpu_devices", "binary_data", "three_interactions"])
+@pytest.mark.parametrize("case", ["emb_width", "objective", "cpu_devices", "mesh", "binary_data", "three_interactions"])
 def test_cli_refuses_with_exit_2_and_one_message(tmp_path, case):
     data = tmp_path / "data"
     data.mkdir()
@@ -439,6 +439,8 @@ def test_cli_refuses_with_exit_2_and_one_message(tmp_path, case):
         "emb_width": (["debug=tiny", "model.emb_width=0"], "model.emb_width=0 is outside [1, 65536]"),
         "objective": (["debug=tiny", "trainer.objective=nope/metric"], "trainer.objective='nope/metric' is not"),
         "cpu_devices": (["debug=tiny", "mesh.cpu_devices=100000"], "mesh.cpu_devices=100000 is outside [1, 4096]"),
+        "mesh": (["debug=tiny", "mesh=data_table", "mesh.axes={data:3,table:3}"],
+                 "mesh data=3xtable=3 needs 9 devices but only 1 exist"),
         "binary_data": (seq + [f"data.path={binary}"], "binary content, not text"),
         "three_interactions": (seq + [f"data.path={three}"], "no user can be trained on"),
     }[case]
@@ -447,4 +449,5 @@ def test_cli_refuses_with_exit_2_and_one_message(tmp_path, case):
     assert proc.returncode == 2, out
     assert "Traceback" not in out
     assert proc.stderr.count("error: ") == 1 and needle in proc.stderr
+    assert "[jax." not in out  # no INFO line of JAX's (a CPU machine's "Unable to initialize backend 'tpu'")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
