@@ -81,13 +81,23 @@ def fused_step(opt, ctx):
 
 CTX = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS)
 build_update = jax.jit(functools.partial(optimizers.make_update, CTX))
-LAYOUTS = [pytest.param(name, id=name) for name in REGISTRY]  # every registered layout, by name
+# make test-fast runs the contract on one device and on the runner's default sharded layout (routed rows); make test
+# (CI) on every registered layout. The other layouts' parity with one device stays in make test-fast through
+# tests/optimizers/test_sharded.py.
+FAST_LAYOUTS = ("single", "row_routed")
+
+
+def _layout_param(*values, layout: str, ident: str):
+    return pytest.param(*values, id=ident, marks=() if layout in FAST_LAYOUTS else pytest.mark.slow)
+
+
+LAYOUTS = [_layout_param(name, layout=name, ident=name) for name in REGISTRY]  # every registered layout, by name
 # Cases that only change the per-row rule (a bias-correction count, FTRL's lr * z form, l2 in the gradient): every
 # layout runs the same rule, so they run on one device and on the column layout, the one that splits a row's
 # width (l2's squared penalty is summed across it). Every other case runs on every layout.
 RULE_VARIANTS = {case_id(c) for c in CASES if c[1].get("bias_correction") == "global"
                  or c[1].get("multiply_linear_by_learning_rate") or c[1].get("weight_decay_mode") == "l2"}
-PAIRS = [pytest.param(c, name, id=f"{name}-{case_id(c)}") for c in CASES for name in REGISTRY
+PAIRS = [_layout_param(c, name, layout=name, ident=f"{name}-{case_id(c)}") for c in CASES for name in REGISTRY
          if case_id(c) not in RULE_VARIANTS or name in ("single", "column")]
 FIRST_OF_EACH = [c for i, c in enumerate(CASES) if c[1] and all(c[0] != d[0] for d in CASES[:i] if d[1])]
 

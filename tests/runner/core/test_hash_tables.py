@@ -145,7 +145,8 @@ POLICIES = [dict(evict="lru"), pytest.param(dict(evict="lfu"), marks=SLOW),
             dict(evict="lfu", admit_after=2, sketch_width=64), dict(evict="ttl", ttl=5, admit_after=2)]
 
 
-PARTITIONED = [dict(evict="lru", partitions=4), dict(evict="lfu", partitions=3, admit_after=2, sketch_width=192),
+PARTITIONED = [dict(evict="lru", partitions=4),
+               pytest.param(dict(evict="lfu", partitions=3, admit_after=2, sketch_width=192), marks=SLOW),
                pytest.param(dict(evict="ttl", ttl=5, partitions=2), marks=SLOW)]
 
 
@@ -273,7 +274,8 @@ def test_the_batch_dedupe_is_numpys_unique_of_the_64_bit_ids(n):
     np.testing.assert_array_equal(inverse, np.where(ids == 0, n, np.searchsorted(want, ids.view(np.uint64))))
 
 
-@pytest.mark.parametrize("policy", [dict(evict="lru"), dict(evict="lfu", admit_after=2, admit_window=9)],
+@pytest.mark.parametrize("policy", [dict(evict="lru"),
+                                    pytest.param(dict(evict="lfu", admit_after=2, admit_window=9), marks=SLOW)],
                          ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
 def test_each_partition_run_on_its_own_equals_the_whole_table(policy):
     """What a row shard does with its partition (``first``: the state it holds is one partition) equals the
