@@ -26,6 +26,7 @@ def checkout():
     return ROOT
 
 
+@pytest.mark.slow  # a whole mkdocs build (subprocess): make test
 def test_the_site_builds_strictly_with_the_api_and_the_plots(checkout, tmp_path):
     result = build(checkout / "mkdocs.yml", tmp_path / "site")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -41,6 +42,7 @@ def test_the_site_builds_strictly_with_the_api_and_the_plots(checkout, tmp_path)
     assert 'src="img/fused_update.png"' in bench
 
 
+@pytest.mark.slow  # a whole mkdocs build (subprocess): make test
 def test_a_broken_link_fails_the_build(checkout, tmp_path):
     for item in ("mkdocs.yml", "docs"):
         (shutil.copytree if (checkout / item).is_dir() else shutil.copy)(checkout / item, tmp_path / item)
