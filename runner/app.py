@@ -35,7 +35,7 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
             config=OmegaConf.to_container(cfg, resolve=True), project=lg.project, mode=lg.mode, name=lg.name,
             group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity, run_id=run_id,
             resume="allow" if run_id else None, init_timeout=lg.get("init_timeout"))
-    except TrackerStartError as e:  # an online W&B run that cannot start: one message (exit 2), not wandb's trace
+    except TrackerStartError as e:  # a W&B run that cannot start: one message (exit 2), not wandb's trace
         raise PreflightError(str(e)) from None
     write_run_info(tracker, out)
     return tracker

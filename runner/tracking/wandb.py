@@ -15,8 +15,38 @@ logger = logging.getLogger("runner.tracking")
 
 
 class TrackerStartError(RuntimeError):
-    """An online W&B run could not start (no key, no network, a refused key): the message names
-    ``logger.mode`` and the ways out."""
+    """A W&B run could not start (a bad ``WANDB_*`` variable; online: no key, no network, a refused key): the
+    message names the setting and the ways out."""
+
+
+def _bad_environment(e: Exception) -> list[str]:
+    """``NAME='value': why`` for each W&B setting ``e`` (W&B's settings validation, a pydantic error) refused
+    whose value came from its ``WANDB_<SETTING>`` environment variable."""
+    errors = getattr(e, "errors", None)
+    found = []
+    for err in errors() if callable(errors) else []:
+        loc = err.get("loc") or ("",)
+        name = f"WANDB_{str(loc[0]).upper()}"
+        if name in os.environ:
+            found.append(f"{name}={os.environ[name]!r}: {err.get('msg', 'invalid')}")
+    return found
+
+
+def _start_error(e: Exception, mode: str, init_timeout: float | None) -> str:
+    """The one message for a W&B run that could not start: a bad ``WANDB_*`` variable, an online run with no key,
+    server or network, or any other failure of ``wandb.init``, each with its ways out."""
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    bad = _bad_environment(e)
+    if bad:
+        names = " and ".join(b.split("=", 1)[0] for b in bad)
+        return (f"W&B refused a setting from the environment ({'; '.join(bad)}): fix or unset {names} "
+                f"(`unset {names.split(' and ')[0]}`; logger.mode={mode} sets the run's mode), or use logger=none")
+    if mode == "online":
+        return (f"logger.mode=online: W&B could not start the run ({type(e).__name__}: {reason[:300]}): check "
+                f"WANDB_API_KEY and the network (logger.init_timeout={init_timeout} s), or use logger.mode=offline "
+                f"(the default; `wandb sync` uploads the run later) or logger=none")
+    return (f"logger.mode={mode}: W&B could not start the run ({type(e).__name__}: {reason[:300]}): check the "
+            f"WANDB_* environment variables and that the output directory is writable, or use logger=none")
 
 
 class WandbTracker:
@@ -67,13 +97,7 @@ class WandbTracker:
                 settings=settings,
             )
         except Exception as e:  # noqa: BLE001 - wandb's own errors (no key, no network, a bad key) vary by version
-            if mode != "online":
-                raise
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TrackerStartError(
-                f"logger.mode=online: W&B could not start the run ({type(e).__name__}: {reason[:300]}): check "
-                f"WANDB_API_KEY and the network (logger.init_timeout={init_timeout} s), or use logger.mode=offline "
-                f"(the default; `wandb sync` uploads the run later) or logger=none") from None
+            raise TrackerStartError(_start_error(e, mode, init_timeout)) from None
         # Define on the run object (not the module-level wandb.define_metric) so the
         # definitions cannot land on some other active run.
         self.run.define_metric(STEP_METRIC)

@@ -1,6 +1,8 @@
 """``logger.mode=online`` without a W&B API key stops before anything compiles with one message naming the setting
 and the ways out; with a key but no server reachable, the run stops after ``logger.init_timeout`` seconds with one
-message (never wandb's traceback, never a hang). The server here is a closed port on the loopback address."""
+message (never wandb's traceback, never a hang). The server here is a closed port on the loopback address. A
+``WANDB_*`` variable W&B refuses (``WANDB_MODE=`` left empty) and any other failure to start an offline run are
+one message too."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +10,7 @@ import pytest
 from runner import preflight
 from runner.build import build
 from runner.errors import PreflightError
+from runner.app import run_tracker
 from runner.tracking.wandb import TrackerStartError, WandbTracker
 from tests.runner.support import compose_config
 
@@ -60,3 +63,38 @@ def test_online_with_a_key_and_no_server_stops_after_the_timeout_with_one_messag
     assert text.startswith("logger.mode=online: W&B could not start the run (")
     assert text.endswith("check WANDB_API_KEY and the network (logger.init_timeout=2 s), or use logger.mode=offline "
                          "(the default; `wandb sync` uploads the run later) or logger=none"), text
+
+
+@pytest.mark.parametrize("value", ["", "bogus"])
+def test_a_wandb_mode_in_the_environment_that_wandb_refuses_is_one_message(monkeypatch, tmp_path, value):
+    import wandb
+
+    wandb.teardown()  # W&B reads its environment once a process (wandb.setup): start as a new run's process does
+    monkeypatch.setenv("WANDB_MODE", value)
+    with pytest.raises(PreflightError) as e:
+        run_tracker(compose_config(["logger=wandb"]), tmp_path, process_index=0)
+    text = str(e.value)
+    assert text.startswith(f"W&B refused a setting from the environment (WANDB_MODE={value!r}: "), text
+    assert text.endswith("): fix or unset WANDB_MODE (`unset WANDB_MODE`; logger.mode=offline sets the run's mode), "
+                         "or use logger=none"), text
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # a valid value: logger.mode still decides (an offline run)
+    tracker = run_tracker(compose_config(["logger=wandb"]), tmp_path / "ok", process_index=0)
+    try:
+        assert list((tmp_path / "ok" / "wandb").glob("offline-run-*"))
+    finally:
+        tracker.finish()
+        wandb.teardown()  # the next test's runs read the environment afresh
+
+
+def test_an_offline_run_that_cannot_start_is_one_message(monkeypatch, tmp_path):
+    import wandb
+
+    def refuse(**kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    with pytest.raises(TrackerStartError) as e:
+        WandbTracker(project="p", mode="offline", dir=tmp_path / "wb")
+    assert str(e.value) == ("logger.mode=offline: W&B could not start the run (OSError: No space left on device): "
+                            "check the WANDB_* environment variables and that the output directory is writable, or "
+                            "use logger=none")
