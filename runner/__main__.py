@@ -31,6 +31,18 @@ CONF_DIR = conf_dir()
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float:
+    try:
+        return run_or_trial(cfg)
+    except KeyboardInterrupt:  # Ctrl-C before the train loop, or a second one in it: one line, exit 130 (128 + SIGINT)
+        multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+        sweep = "; the sweep stops here" if multirun else ""
+        print(f"\nrunner: interrupted (Ctrl-C): stopped at once; checkpoints already committed stay usable{sweep}",
+              file=sys.stderr)
+        sys.exit(130)
+
+
+def run_or_trial(cfg: DictConfig) -> float:
+    """One run, or one trial of a sweep (a failed trial is recorded and the sweep goes on)."""
     from . import sweeps
     from .app import run, run_tracker  # imported here (with JAX) so `--help`, completion and --cfg stay fast
     from .errors import CheckpointError, Preempted, RunnerError
@@ -43,9 +55,9 @@ def main(cfg: DictConfig) -> float:
         except CheckpointError as e:  # a save failed mid-run: the message names the directory and the fix
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
-        except Preempted as e:  # SIGTERM: stopped at a step boundary, checkpoint written if configured
+        except Preempted as e:  # SIGTERM or Ctrl-C: stopped at a step boundary, checkpoint written if configured
             print(f"runner: {e}", file=sys.stderr)
-            sys.exit(143)
+            sys.exit(e.code)
         except RunnerError as e:  # a config that cannot work, training that went wrong, processes that cannot meet
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
@@ -57,9 +69,9 @@ def main(cfg: DictConfig) -> float:
 
     try:
         objective = run(cfg, hc.runtime.output_dir, tags=tags)
-    except Preempted as e:  # SIGTERM stops the sweep, not only this trial
+    except Preempted as e:  # SIGTERM (or Ctrl-C) stops the sweep, not only this trial
         print(f"runner: {e}; the sweep stops here", file=sys.stderr)
-        sys.exit(143)
+        sys.exit(e.code)
     except Exception as e:  # noqa: BLE001 - any failure of one trial, bad input included
         return sweeps.trial_failed(cfg, hc, e, record)
     return sweeps.checked_objective(cfg, hc, objective, record)

@@ -23,6 +23,9 @@ from .tracking.wandb import TrackerStartError
 log = logging.getLogger("runner")
 
 
+STOPPED_CODE = {"SIGTERM": 143, "SIGINT": 130}  # a run stopped by a signal exits with 128 + its number
+
+
 def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, process_index: int,
                 run_id: str | None = None) -> Any:
     """metrics.jsonl + summary.json, and a W&B run unless ``logger=none`` (its id/group/tags: wandb_run.json).
@@ -76,7 +79,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
             result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt, preemption=preemption)
             if cfg.distributed.dump_state:
                 distributed.dump_state(result["state"], out / "final_state.npz")
-        exit_code = 143 if "terminated" in result["summary"] else 0  # 128 + SIGTERM: stopped, not done
+        exit_code = STOPPED_CODE.get(result["summary"].get("terminated"), 0)  # 128 + the signal: stopped, not done
         distributed.finished()  # this process's exit is no longer a death that must stop the others
     finally:
         progress.close_open()  # a bar still on screen (the run failed): the error starts on a line of its own
@@ -88,7 +91,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         saved = (f"its checkpoint is in {ckpt.directory}; the same command resumes the run" if ckpt is not None
                  and ckpt.manager is not None else "no checkpoint is configured (checkpoint.interval=0), so the "
                  "progress is lost; set checkpoint.interval to make a stopped run resumable")
-        raise Preempted(f"stopped on SIGTERM at step {s['stopped_at']} of {cfg.trainer.steps}: {saved}")
+        raise Preempted(f"stopped on {s['terminated']} at step {s['stopped_at']} of {cfg.trainer.steps}: {saved}",
+                        code=STOPPED_CODE[s["terminated"]])
     if "stopped_at" in s:  # trainer.stop_after: the pre-emption drill
         say(f"stopped at step {s['stopped_at']} of {cfg.trainer.steps} (trainer.stop_after), checkpoint in "
             f"{ckpt.directory}; the same command without stop_after resumes the run")

@@ -30,8 +30,13 @@ class CheckpointError(RunnerError, RuntimeError):
 
 
 class Preempted(Exception):
-    """Not an error: the run stopped on SIGTERM at a step boundary, its checkpoint written if checkpoints are
-    on (``core/preemption.py``). The command line says so in one line and exits with 143 (128 + SIGTERM)."""
+    """Not an error: the run stopped on SIGTERM (or Ctrl-C) at a step boundary, its checkpoint written if
+    checkpoints are on (``core/preemption.py``). The command line says so in one line and exits with ``code``:
+    143 (128 + SIGTERM) or 130 (128 + SIGINT)."""
+
+    def __init__(self, message: str, code: int = 143):
+        super().__init__(message)
+        self.code = code
 
 
 __all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "TrainingError"]

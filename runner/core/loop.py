@@ -154,9 +154,9 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
             if selection.stopped_at is not None:
                 break
             if preemption is not None and step + 1 < stop and preemption.requested(step + 1):
-                stop, terminated = step + 1, True  # SIGTERM: stop here, with a checkpoint of this step
+                stop, terminated = step + 1, True  # SIGTERM (or Ctrl-C): stop here, with a checkpoint of this step
                 if checkpoints is not None:
-                    with progress.timed(f"checkpoint at step {stop} (SIGTERM)"):
+                    with progress.timed(f"checkpoint at step {stop} ({getattr(preemption, 'signal', 'SIGTERM')})"):
                         checkpoints.save(stop, state, selection)
                 break
 
@@ -168,7 +168,7 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
             checkpoints.wait()
         progress.close()
         return {"summary": {"steps": stop, "stopped_at": stop, "final/train_loss": last.get("train/loss"),
-                            **({"terminated": "SIGTERM"} if terminated else {})},
+                            **({"terminated": getattr(preemption, "signal", "SIGTERM")} if terminated else {})},
                 "state": state, "best": selection.best}
     # Apply the last deferred update: every update lands exactly once. Its record (emb/flush_grad_norm,
     # emb/flush_valid; async only) and the skip counts after it go into the final row, at the last step.

@@ -7,24 +7,45 @@ run ends with its own message and exit code 143 (128 + SIGTERM), so a scheduler 
   preemption sync manager (started by ``jax.distributed``) already catches SIGTERM on every process and agrees
   on a step with the others through the coordination service; ``reached_preemption_sync_point`` says when
   that step is reached, on every process alike.
+
+Ctrl-C (SIGINT) on a one-process run asks the same: the first stops the run at the next step boundary, with a
+checkpoint and exit code 130 (128 + SIGINT); it says so on the terminal and gives SIGINT back to Python, so a
+second Ctrl-C stops the process at once (``KeyboardInterrupt``, one line from the command line, exit 130;
+the checkpoints already committed stay usable). With several processes Ctrl-C stops at once.
 """
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 import jax
 
 
 class Preemption:
-    """Whether a SIGTERM asked this run to stop; ``requested(step)`` once per step, in step order."""
+    """Whether a SIGTERM (or on one process a Ctrl-C) asked this run to stop; ``requested(step)`` once per step,
+    in step order; ``signal`` names the signal that asked."""
 
     def __init__(self):
         self.multi = jax.process_count() > 1
         self.flag = threading.Event()
-        self.previous = None
+        self.signal = "SIGTERM"  # what the message and the exit code name: SIGINT once a Ctrl-C asked first
+        self.previous = {}
         if not self.multi and threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, lambda signum, frame: self.flag.set())
+            self.previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, lambda signum, frame: self._ask("SIGTERM"))
+            self.previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
+
+    def _ask(self, name: str) -> None:
+        if not self.flag.is_set():
+            self.signal = name
+        self.flag.set()
+
+    def _interrupt(self, signum, frame) -> None:
+        """The first Ctrl-C: stop at the next step boundary; the next one is Python's own (stop at once)."""
+        self._ask("SIGINT")
+        signal.signal(signal.SIGINT, self.previous.pop(signal.SIGINT))
+        print("\nrunner: Ctrl-C: stopping after this step (with a checkpoint if checkpoints are on); Ctrl-C again "
+              "stops at once", file=sys.stderr, flush=True)
 
     def requested(self, step: int) -> bool:
         """Whether the run stops after ``step``: every process gives the same answer for the same step."""
@@ -41,7 +62,7 @@ class Preemption:
         self.close()
 
     def close(self) -> None:
-        """Put back the SIGTERM handler that was there before (one process)."""
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-            self.previous = None
+        """Put back the SIGTERM and SIGINT handlers that were there before (one process)."""
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous = {}

@@ -1,6 +1,7 @@
 """SIGTERM (a launcher stopping its processes, SLURM pre-empting a job) stops a run at the next step boundary:
 a checkpoint of that step when checkpoints are on, one message, exit code 143; the same command resumes it.
-With several processes, every process stops at the same step (JAX's preemption sync point)."""
+With several processes, every process stops at the same step (JAX's preemption sync point). Ctrl-C (SIGINT) on
+one process does the same with exit code 130; one that cannot wait (a second Ctrl-C) is one line and 130."""
 import os
 import re
 import signal
@@ -28,10 +29,10 @@ def _until_training(proc: subprocess.Popen, pattern: str, limit_s: float = 300) 
     return seen
 
 
-def _terminate(proc: subprocess.Popen, pattern: str) -> tuple[int, str, float]:
+def _terminate(proc: subprocess.Popen, pattern: str, signum=signal.SIGTERM) -> tuple[int, str, float]:
     seen = _until_training(proc, pattern)
     assert proc.poll() is None, seen[-3000:]
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     t0 = time.monotonic()
     try:
         rest, _ = proc.communicate(timeout=120)  # a run that ignored SIGTERM would train on for hours
@@ -42,8 +43,11 @@ def _terminate(proc: subprocess.Popen, pattern: str) -> tuple[int, str, float]:
 
 
 def _runner(tmp: Path, *extra: str) -> subprocess.Popen:
+    # SIGINT as a terminal delivers it: a child started in the background of a non-interactive shell inherits it
+    # ignored, and Python then installs no handler of its own
     return subprocess.Popen([sys.executable, "-m", "runner", *LONG, *extra, f"hydra.run.dir={tmp / 'run'}"],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.slow
@@ -61,6 +65,35 @@ def test_sigterm_stops_a_run_at_a_step_boundary_with_a_checkpoint_and_the_same_c
     again = _runner(tmp_path, "checkpoint.interval=100000", f"checkpoint.dir={ck}", "trainer.stop_after=1")
     text = again.communicate(timeout=300)[0]
     assert f"resuming from {ck / str(step)}: step {step} of 100000" in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_run_at_a_step_boundary_with_a_checkpoint_and_exit_code_130(tmp_path):
+    ck = tmp_path / "ck"
+    code, out, _ = _terminate(_runner(tmp_path, "checkpoint.interval=100000", f"checkpoint.dir={ck}"),
+                              r"step +\d+/100000 +loss", signal.SIGINT)
+    assert code == 130, out[-3000:]
+    assert ("runner: Ctrl-C: stopping after this step (with a checkpoint if checkpoints are on); Ctrl-C again stops "
+            "at once") in out
+    stopped = re.search(rf"runner: stopped on SIGINT at step (\d+) of 100000: its checkpoint is in {ck}; the same "
+                        r"command resumes the run", out)
+    assert stopped, out[-3000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out
+    assert [p.name for p in ck.iterdir() if p.name.isdigit()] == [stopped.group(1)]
+
+
+def test_a_ctrl_c_that_cannot_wait_is_one_line_and_exit_code_130(monkeypatch, capsys):
+    import runner.__main__ as cli
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_or_trial", interrupted)
+    with pytest.raises(SystemExit) as e:
+        cli.main.__wrapped__(None)
+    assert e.value.code == 130
+    assert capsys.readouterr().err == ("\nrunner: interrupted (Ctrl-C): stopped at once; checkpoints already committed "
+                                       "stay usable\n")
 
 
 @pytest.mark.slow
