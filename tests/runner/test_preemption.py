@@ -42,12 +42,16 @@ def _terminate(proc: subprocess.Popen, pattern: str, signum=signal.SIGTERM) -> t
     return proc.returncode, seen + rest, time.monotonic() - t0
 
 
+# `python -m runner` with SIGINT handled as in a terminal: a process started in the background of a
+# non-interactive shell inherits SIGINT ignored, and Python then installs no handler of its own (no preexec_fn:
+# forking a multithreaded JAX process to run Python before exec can deadlock)
+RUNNER = [sys.executable, "-c", "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+          "runpy.run_module('runner', run_name='__main__', alter_sys=True)"]
+
+
 def _runner(tmp: Path, *extra: str) -> subprocess.Popen:
-    # SIGINT as a terminal delivers it: a child started in the background of a non-interactive shell inherits it
-    # ignored, and Python then installs no handler of its own
-    return subprocess.Popen([sys.executable, "-m", "runner", *LONG, *extra, f"hydra.run.dir={tmp / 'run'}"],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen([*RUNNER, *LONG, *extra, f"hydra.run.dir={tmp / 'run'}"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.mark.slow
