@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ from .tracking.wandb import TrackerStartError
 log = logging.getLogger("runner")
 
 
-STOPPED_CODE = {"SIGTERM": 143, "SIGINT": 130}  # a run stopped by a signal exits with 128 + its number
+def stopped_code(signal_name: str) -> int:
+    """A run stopped by a signal exits with 128 + its number: 143 for SIGTERM, 130 for SIGINT (Ctrl-C)."""
+    return 128 + signal.Signals[signal_name]
 
 
 def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, process_index: int,
@@ -79,7 +82,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
             result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt, preemption=preemption)
             if cfg.distributed.dump_state:
                 distributed.dump_state(result["state"], out / "final_state.npz")
-        exit_code = STOPPED_CODE.get(result["summary"].get("terminated"), 0)  # 128 + the signal: stopped, not done
+        stopped_by = result["summary"].get("terminated")
+        exit_code = stopped_code(stopped_by) if stopped_by else 0  # stopped, not done
         distributed.finished()  # this process's exit is no longer a death that must stop the others
     finally:
         progress.close_open()  # a bar still on screen (the run failed): the error starts on a line of its own
@@ -92,7 +96,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
                  and ckpt.manager is not None else "no checkpoint is configured (checkpoint.interval=0), so the "
                  "progress is lost; set checkpoint.interval to make a stopped run resumable")
         raise Preempted(f"stopped on {s['terminated']} at step {s['stopped_at']} of {cfg.trainer.steps}: {saved}",
-                        code=STOPPED_CODE[s["terminated"]])
+                        code=stopped_code(s["terminated"]))
     if "stopped_at" in s:  # trainer.stop_after: the pre-emption drill
         say(f"stopped at step {s['stopped_at']} of {cfg.trainer.steps} (trainer.stop_after), checkpoint in "
             f"{ckpt.directory}; the same command without stop_after resumes the run")

@@ -46,8 +46,8 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     """Run ``trainer.steps`` steps (fewer when it stops early); returns {"summary": ..., "state": final state,
     "best": the best evaluated BestState or None}. With ``checkpoints`` (runner.checkpoint.Checkpoints):
     start from its restored state (and selection record) and save as it says. With ``preemption``
-    (``preemption.Preemption``): stop at the step boundary after a SIGTERM, saving that step (summary
-    ``terminated``)."""
+    (``preemption.Preemption``): stop at the step boundary after a SIGTERM or Ctrl-C, saving that step (summary
+    ``terminated``: the signal's name)."""
     B = trainer.batch_size
     put = lambda b: to_device(program, b)  # noqa: E731
     # Several processes: each generates and feeds only the rows of the global batch its devices hold.
@@ -156,7 +156,7 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
             if preemption is not None and step + 1 < stop and preemption.requested(step + 1):
                 stop, terminated = step + 1, True  # SIGTERM (or Ctrl-C): stop here, with a checkpoint of this step
                 if checkpoints is not None:
-                    with progress.timed(f"checkpoint at step {stop} ({getattr(preemption, 'signal', 'SIGTERM')})"):
+                    with progress.timed(f"checkpoint at step {stop} ({preemption.signal})"):
                         checkpoints.save(stop, state, selection)
                 break
 
@@ -168,7 +168,7 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
             checkpoints.wait()
         progress.close()
         return {"summary": {"steps": stop, "stopped_at": stop, "final/train_loss": last.get("train/loss"),
-                            **({"terminated": getattr(preemption, "signal", "SIGTERM")} if terminated else {})},
+                            **({"terminated": preemption.signal} if terminated else {})},
                 "state": state, "best": selection.best}
     # Apply the last deferred update: every update lands exactly once. Its record (emb/flush_grad_norm,
     # emb/flush_valid; async only) and the skip counts after it go into the final row, at the last step.

@@ -19,16 +19,15 @@ class TrackerStartError(RuntimeError):
     message names the setting and the ways out."""
 
 
-def _bad_environment(e: Exception) -> list[str]:
-    """``NAME='value': why`` for each W&B setting ``e`` (W&B's settings validation, a pydantic error) refused
-    whose value came from its ``WANDB_<SETTING>`` environment variable."""
+def _bad_environment(e: Exception) -> list[tuple[str, str]]:
+    """``(WANDB_<SETTING>, why)`` for each W&B setting ``e`` (W&B's settings validation, a pydantic error) refused
+    whose value came from that environment variable."""
     errors = getattr(e, "errors", None)
     found = []
     for err in errors() if callable(errors) else []:
-        loc = err.get("loc") or ("",)
-        name = f"WANDB_{str(loc[0]).upper()}"
+        name = f"WANDB_{str((err.get('loc') or ('',))[0]).upper()}"
         if name in os.environ:
-            found.append(f"{name}={os.environ[name]!r}: {err.get('msg', 'invalid')}")
+            found.append((name, err.get("msg", "invalid")))
     return found
 
 
@@ -38,9 +37,10 @@ def _start_error(e: Exception, mode: str, init_timeout: float | None) -> str:
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     bad = _bad_environment(e)
     if bad:
-        names = " and ".join(b.split("=", 1)[0] for b in bad)
-        return (f"W&B refused a setting from the environment ({'; '.join(bad)}): fix or unset {names} "
-                f"(`unset {names.split(' and ')[0]}`; logger.mode={mode} sets the run's mode), or use logger=none")
+        values = "; ".join(f"{n}={os.environ[n]!r}: {why}" for n, why in bad)
+        names = [n for n, _ in bad]
+        return (f"W&B refused a setting from the environment ({values}): fix or unset {' and '.join(names)} "
+                f"(`unset {' '.join(names)}`; logger.mode={mode} sets the run's mode), or use logger=none")
     if mode == "online":
         return (f"logger.mode=online: W&B could not start the run ({type(e).__name__}: {reason[:300]}): check "
                 f"WANDB_API_KEY and the network (logger.init_timeout={init_timeout} s), or use logger.mode=offline "
