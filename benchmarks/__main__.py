@@ -7,6 +7,9 @@ The full suite runs one benchmark at a time and takes about 9 minutes on 2 CPU c
 sizes (its timings mean nothing; it checks that everything runs), every benchmark in turn in one process with
 8 virtual CPU devices (JAX, the runner and matplotlib are imported and started once, not once a benchmark),
 in about 30 s.
+
+Not in the suite: ``python -m benchmarks.accelerator``, the fused update's cost against the vocabulary by
+row width, meant for a machine with an accelerator (its TPU run is kept in ``results/tpu_v5e/``).
 """
 from __future__ import annotations
 

@@ -171,8 +171,11 @@ def machine_line() -> str:
     import jax
 
     load = os.getloadavg()[0]
-    return (f"{os.cpu_count()} CPU cores, load average {load:.1f} at the start, jax {jax.__version__}, "
+    line = (f"{os.cpu_count()} CPU cores, load average {load:.1f} at the start, jax {jax.__version__}, "
             f"{'huge pages on' if 'hugetlb' in os.environ.get('GLIBC_TUNABLES', '') else 'huge pages off'}")
+    if jax.default_backend() != "cpu":  # the steps ran on an accelerator; the numpy floor on the host's CPU
+        line = f"{jax.devices()[0].device_kind} ({jax.default_backend()}, steps on it), host: {line}"
+    return line
 
 
 def write_result(out: Path, name: str, title: str, body: str, data: Mapping[str, Any]) -> Path:

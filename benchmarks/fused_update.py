@@ -113,14 +113,20 @@ def run(quick: bool, out: Path) -> dict:
         del np_table, floor
         gc.collect()
         for name in cfg["dense"]:
-            t = Table(name, V, D, B, "float32", dev[V])
-            n = cfg["dense_rounds"].get(V, 3)
-            times = common.interleaved({"dense": t}, n, warmup=1)
-            res = {"vocab": V, "optimizer": f"optax.{name}", "dtype": "float32", "kind": "dense", "bytes": t.bytes,
-                   "unique_rows": unique_rows, "step": common.stats(times["dense"])}
+            res = {"vocab": V, "optimizer": f"optax.{name}", "dtype": "float32", "kind": "dense",
+                   "unique_rows": unique_rows}
+            try:
+                t = Table(name, V, D, B, "float32", dev[V])
+                n = cfg["dense_rounds"].get(V, 3)
+                res.update(bytes=t.bytes, step=common.stats(common.interleaved({"dense": t}, n, warmup=1)["dense"]))
+            except jax.errors.JaxRuntimeError as e:  # an accelerator's memory: the dense step's table-sized
+                if "RESOURCE_EXHAUSTED" not in str(e):  # temporaries do not fit beside the table
+                    raise
+                res.update(bytes=None, step=None, error="out of device memory")
+            t = None
             data["results"].append(res)
-            print(f"V={V:>10,} optax.{name:<16} dense    {common.spread(res['step'])} ms", flush=True)
-            del t
+            said = common.spread(res["step"]) + " ms" if res["step"] else res["error"]
+            print(f"V={V:>10,} optax.{name:<16} dense    {said}", flush=True)
             gc.collect()
 
     data["targets"] = targets(data["results"], sizes)
@@ -138,7 +144,7 @@ def targets(results, sizes) -> list[dict]:
                          _find(results, V, rw)["x_floor"]["median"], 1.5, "lower") for V in sizes]
     out.append(common.target(f"row-wise Adagrad step at V={big:,} / at V={sizes[0]:,} (x)",
                              _find(results, big, rw)["x_smallest"]["median"], 1.2, "lower"))
-    if any(r["optimizer"] == "optax.adam" and r["vocab"] == big for r in results):
+    if any(r["optimizer"] == "optax.adam" and r["vocab"] == big and r["step"] for r in results):
         dense = _find(results, big, "optax.adam")["step"]["median"]
         out.append(common.target(f"optax.adam dense step / async_adam step at V={big:,} (x)",
                                  dense / _find(results, big, "async_adam")["step"]["median"], 150.0, "higher"))
@@ -152,10 +158,10 @@ def report(out: Path, data: dict, sizes) -> None:
     rows = []
     for r in data["results"]:
         fused = r["kind"] == "fused"
-        rows.append([f"{r['vocab']:,}", r["optimizer"], r["dtype"], common.spread(r["step"]),
+        rows.append([f"{r['vocab']:,}", r["optimizer"], r["dtype"], common.spread(r["step"]) if r["step"] else r["error"],
                      common.spread(r["x_floor"], 1, "{:.2f}") if fused else "",
                      f"{r['x_smallest']['median']:.2f}" if fused and r["x_smallest"] else "",
-                     f"{r['unique_rows']:,.0f}", f"{r['bytes'] / 2**20:,.0f}"])
+                     f"{r['unique_rows']:,.0f}", f"{r['bytes'] / 2**20:,.0f}" if r["bytes"] else ""])
     floors = {r["vocab"]: r["floor"] for r in data["results"] if r["kind"] == "fused"}
     for V, st in floors.items():
         rows.append([f"{V:,}", "numpy gather+scatter floor", "float32", common.spread(st), "1.00", "", "", ""])
@@ -170,7 +176,8 @@ def report(out: Path, data: dict, sizes) -> None:
     series = {}
     for r in data["results"]:
         label = r["optimizer"] + (" bf16" if r["dtype"] == "bfloat16" else "")
-        series.setdefault(label, {})[r["vocab"]] = r["step"]["median"] * 1e3
+        if r["step"]:
+            series.setdefault(label, {})[r["vocab"]] = r["step"]["median"] * 1e3
     series["numpy floor"] = {V: st["median"] * 1e3 for V, st in floors.items()}
     common.bar_chart(out / "fused_update.png", f"Embedding update step, B={c['batch']:,}, D={c['width']}",
                      [f"V={V:,}" for V in sizes], {k: [v.get(V, 0) for V in sizes] for k, v in series.items()},

@@ -2,7 +2,7 @@
 
 - Every ``benchmarks/results/*.png`` is published as ``results/img/<name>.png``.
 - A line ``<!-- benchmark: NAME -->`` in a page is replaced by ``benchmarks/results/NAME.md`` (what
-  ``python -m benchmarks`` last wrote): its title line is dropped (the page gives its own heading), its
+  ``python -m benchmarks`` last wrote; ``FOLDER/NAME`` for a run kept from another machine, e.g. ``tpu_v5e/``): its title line is dropped (the page gives its own heading), its
   headings move two levels down, its plot links point at ``img/``, and the machine's load average at the
   time of the run is left out (a condition of that run, not part of the result). A missing file fails the
   build.
@@ -16,7 +16,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-MARKER = re.compile(r"^<!-- benchmark: ([a-z_]+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- benchmark: ([a-z0-9_]+(?:/[a-z0-9_]+)?) -->$", re.MULTILINE)  # NAME or FOLDER/NAME
 LOAD = re.compile(r",? load average [0-9.]+ at the (start|end)")
 IMAGE = re.compile(r"\]\(([a-z_]+\.png)\)")
 
