@@ -56,6 +56,30 @@ def rounding_warnings(emb_optimizers: Mapping[str, Any], tables: Mapping[str, An
     return out
 
 
+TPU_LANES = 128  # a TPU tile's minor dimension: a float32 row of a multiple of it is stored as it is
+TPU_WARN_ROWS = 1_000_000  # below this a whole-table copy costs little next to the rest of a step
+
+
+def layout_warnings(tables: Mapping[str, Any], backend: str) -> list[str]:
+    """Lines (each starting with ``warning:``) for each large table whose width is not a multiple of 128 when the
+    run's ``backend`` is a TPU: XLA may store it with its rows along the 128 lanes and copy it whole around every
+    step's row gather and scatter, so the step's cost grows with the table (docs/results/tpu.md: width 64 at 10M
+    rows 30.8 ms a step, width 128 4.7 ms). ``tables``: each table's spec (``rows``, ``width``)."""
+    if backend != "tpu":
+        return []
+    out = []
+    for name, spec in tables.items():
+        if spec.width % TPU_LANES and spec.rows >= TPU_WARN_ROWS:
+            wider = -(-spec.width // TPU_LANES) * TPU_LANES
+            out.append(
+                f"warning: table '{name}' is {spec.rows:,} rows x {spec.width} on a TPU: XLA stores a table whose "
+                f"width is not a multiple of {TPU_LANES} with its rows along the lanes and may copy it whole around "
+                f"every step's row gather and scatter, so a step's cost grows with the table (widths 64, 96 and 192 "
+                f"did; docs/results/tpu.md). Width {wider} keeps the step's cost to the rows it touches: set "
+                f"model.emb_width={wider}, or this table's own width (model.tables.<name>.width)")
+    return out
+
+
 def _raise(errors: list[str]) -> None:
     if errors:
         raise PreflightError("invalid config:\n  - " + "\n  - ".join(errors))
