@@ -337,3 +337,22 @@ def test_the_real_log_presets_need_their_logs(tmp_path):
     assert (tb.model.emb_width, tb.data.hash_rows, tb.trainer.batch_size) == (128, 40_000_000, 2048)
     with pytest.raises(PreflightError, match="data.logs=terabyte evaluates on the last day, but data.path=.* was split seeded"):
         make_task(tb)
+
+
+def test_the_tiny_criteo_preset_composes_with_both_models():
+    from tests.runner.support import compose_config
+
+    for model in ("dlrm", "dcn"):
+        cfg = compose_config(["debug=tiny_criteo", f"model={model}"], tiny=False)
+        assert (cfg.data.name, cfg.model.name, cfg.logger.kind) == ("criteo", model, "none")
+        assert (cfg.data.lines, cfg.model.emb_width, cfg.trainer.steps, cfg.trainer.batch_size) == (20000, 8, 60, 256)
+
+
+@pytest.mark.slow
+def test_the_tiny_criteo_preset_trains_dcn_from_the_command_line(tmp_path):
+    proc = run(tmp_path, "debug=tiny_criteo", "model=dcn", f"data.cache={tmp_path.parent / 'criteo_data'}",
+               criteo=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "done: 60 steps" in proc.stdout + proc.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["test/auc"] > 0.6 and s["test/auc"] < s["bayes/test/auc"]
