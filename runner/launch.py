@@ -7,6 +7,11 @@ summary; process i > 0 logs to ``<run dir>/runner_p<i>.log`` and keeps its Hydra
 
 If any child fails (non-zero exit or killed), the others are stopped (SIGTERM, then SIGKILL after
 ``--grace`` seconds) and the launcher exits with the failed child's code; otherwise it exits 0.
+
+Ctrl-C stops them together: the terminal sends SIGINT to the launcher and every child, but the children are
+started with SIGINT ignored, and the launcher turns it into SIGTERM for all of them, so they stop at one step
+boundary with one checkpoint (when checkpoints are on) as for a scheduler's SIGTERM; the launcher exits 130. A
+second Ctrl-C stops them at once (SIGKILL; checkpoints already committed stay usable).
 """
 from __future__ import annotations
 
@@ -75,29 +80,43 @@ def supervise(cmds: Sequence[Sequence[str]], *, grace: float = GRACE_S, out: IO[
     lock = threading.Lock()
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     procs, pumps = [], []
-    for i, cmd in enumerate(cmds):
-        p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             env={**env, **(envs[i] if envs else {})})
-        t = threading.Thread(target=_pump, args=(p.stdout, f"[p{i}] ", out, lock), daemon=True)
-        t.start()
-        procs.append(p)
-        pumps.append(t)
+
+    def say(line: str) -> None:
+        with lock:
+            out.write(f"[launch] {line}\n")
+            out.flush()
+
+    # The children inherit SIGINT ignored (an ignored signal stays ignored across exec, and Python then installs
+    # no KeyboardInterrupt handler): a terminal's Ctrl-C reaches them too, and only the launcher acts on it.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        for i, cmd in enumerate(cmds):
+            p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 env={**env, **(envs[i] if envs else {})})
+            t = threading.Thread(target=_pump, args=(p.stdout, f"[p{i}] ", out, lock), daemon=True)
+            t.start()
+            procs.append(p)
+            pumps.append(t)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     code = 0
     try:
         while [p.poll() for p in procs].count(None):  # poll every child (any() would stop at the first)
             failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
             if failed:
                 i, rc = failed[0]
-                with lock:
-                    out.write(f"[launch] process {i} exited with code {rc}; stopping the others\n")
-                    out.flush()
+                say(f"process {i} exited with code {rc}; stopping the others")
                 code = _exit_code(rc)
                 break
             time.sleep(poll)
     except KeyboardInterrupt:
-        code = 130
+        code = 130  # 128 + SIGINT, whatever the children's own codes (143: stopped by the launcher's SIGTERM)
+        say("Ctrl-C: every process stops after its current step (with a checkpoint if checkpoints are on); "
+            "Ctrl-C again stops them at once")
     finally:
-        _stop(procs, grace)
+        _stop(procs, grace, say)
         for t in pumps:
             t.join(timeout=5)
     if code == 0:
@@ -106,17 +125,28 @@ def supervise(cmds: Sequence[Sequence[str]], *, grace: float = GRACE_S, out: IO[
     return code
 
 
-def _stop(procs: Sequence[subprocess.Popen], grace: float) -> None:
+def _stop(procs: Sequence[subprocess.Popen], grace: float, say=None) -> None:
+    """SIGTERM to every live child, SIGKILL to those still running after ``grace`` seconds, or at once on a
+    Ctrl-C while waiting."""
     alive = [p for p in procs if p.poll() is None]
     for p in alive:
         p.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
-    for p in alive:
-        try:
-            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            p.kill()
+    try:
+        for p in alive:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    except KeyboardInterrupt:
+        for p in alive:
+            if p.poll() is None:
+                p.kill()
+        for p in alive:
             p.wait()
+        if say is not None:
+            say("Ctrl-C again: stopped every process at once; checkpoints already committed stay usable")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -123,3 +123,32 @@ def test_sigterm_to_the_launcher_stops_both_processes_at_the_same_step_with_one_
     assert sorted(steps) == [0, 1] and steps[0] == steps[1], out[-3000:]
     assert [p.name for p in ck.iterdir() if p.name.isdigit()] == [str(steps[0])]
     assert not any(w in out for w in ("Traceback", "Check failure stack trace", "SIGKILL")), out[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_launcher_stops_both_processes_at_the_same_step_with_one_checkpoint(tmp_path):
+    """A terminal's Ctrl-C reaches the launcher and its children (one process group): the children ignore it and
+    the launcher turns it into SIGTERM, so they stop together at one step with one checkpoint; exit code 130."""
+    ck = tmp_path / "ck"
+    launcher = [sys.executable, "-c", "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "runpy.run_module('runner.launch', run_name='__main__', alter_sys=True)"]
+    proc = subprocess.Popen([*launcher, "-n", "2", "--", *LONG, "mesh=data", "mesh.cpu_devices=1",
+                             "checkpoint.interval=100000", f"checkpoint.dir={ck}", f"hydra.run.dir={tmp_path / 'run'}"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own process group, as a terminal's foreground job
+    seen = _until_training(proc, r"\[p0\].*step +\d+/100000 +loss")
+    assert proc.poll() is None, seen[-3000:]
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole group
+    try:
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = seen + rest
+    assert proc.returncode == 130, out[-3000:]
+    assert "[launch] Ctrl-C: every process stops after its current step" in out, out[-3000:]
+    steps = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
+        r"\[p(\d)\] runner: stopped on SIGTERM at step (\d+) of 100000", out)}
+    assert sorted(steps) == [0, 1] and steps[0] == steps[1], out[-3000:]
+    assert [p.name for p in ck.iterdir() if p.name.isdigit()] == [str(steps[0])]
+    assert not any(w in out for w in ("Traceback", "KeyboardInterrupt", "interrupted (Ctrl-C)")), out[-3000:]
