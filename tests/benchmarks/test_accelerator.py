@@ -56,13 +56,15 @@ def test_quick_run_writes_both_tables_and_the_cpu_step_copies_no_table(tmp_path)
 def test_a_dense_optimizer_out_of_device_memory_is_recorded_not_fatal(tmp_path, monkeypatch):
     real = fused_update.Table
 
-    class Table(real):
-        def __init__(self, name, *args):
-            if not name.startswith("async_"):
-                raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
-            super().__init__(name, *args)
+    def dense_fails(message):  # fused_update.Table, whose dense (optax) tables raise this device error
+        class Table(real):
+            def __init__(self, name, *args):
+                if not name.startswith("async_"):
+                    raise jax.errors.JaxRuntimeError(message)
+                super().__init__(name, *args)
+        return Table
 
-    monkeypatch.setattr(fused_update, "Table", Table)
+    monkeypatch.setattr(fused_update, "Table", dense_fails("RESOURCE_EXHAUSTED: Ran out of memory on HBM"))
     monkeypatch.setitem(fused_update.QUICK, "opts", ("async_rowwise_adagrad", "async_adam"))
     monkeypatch.setitem(fused_update.QUICK, "bf16_opts", ())
     data = fused_update.run(True, tmp_path)
@@ -71,12 +73,6 @@ def test_a_dense_optimizer_out_of_device_memory_is_recorded_not_fatal(tmp_path, 
     assert not any("optax.adam" in t["target"] for t in data["targets"])  # no ratio to a step that did not run
     assert "| 10,000 | optax.adam | float32 | out of device memory |" in (tmp_path / "fused_update.md").read_text()
 
-    class Broken(real):
-        def __init__(self, name, *args):
-            if not name.startswith("async_"):
-                raise jax.errors.JaxRuntimeError("INTERNAL: something else")
-            super().__init__(name, *args)
-
-    monkeypatch.setattr(fused_update, "Table", Broken)
+    monkeypatch.setattr(fused_update, "Table", dense_fails("INTERNAL: something else"))
     with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):  # only running out of memory is recorded
         fused_update.run(True, tmp_path)
