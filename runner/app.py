@@ -10,7 +10,7 @@ from typing import Any
 import jax
 from omegaconf import DictConfig, OmegaConf
 
-from . import budget, distributed, preflight, progress
+from . import budget, distributed, notices, preflight, progress
 from .build import build_run
 from .checkpoint import open_checkpoints
 from .core import failures
@@ -74,8 +74,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         say(f"budget: {run_budget.describe()}, evaluation every {cfg.trainer.eval_interval:,} steps")
         # e.g. far more epochs than the data can use; a bfloat16 table under a plain optax optimizer; a table
         # whose width makes a TPU copy it every step
-        for warning in (run_budget.warnings() + preflight.rounding_warnings(program.emb_optimizers, program.tables)
-                        + preflight.layout_warnings(program.tables, jax.default_backend())):
+        for warning in (run_budget.warnings() + notices.rounding_warnings(program.emb_optimizers, program.tables)
+                        + notices.layout_warnings(program.tables, jax.default_backend())):
             say(warning)
         for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
             say(note)

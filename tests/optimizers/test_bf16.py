@@ -127,7 +127,7 @@ def test_many_tiny_updates_track_float32_where_round_to_nearest_stalls():
 @pytest.mark.parametrize("lr, moves", [(3e-3, False), (5e-3, True)])
 def test_dense_optax_baseline_on_bfloat16_rounds_to_nearest(lr, moves):
     """What the runner's warning for a bfloat16 table under a plain optax optimizer says
-    (``runner.preflight.rounding_warnings``): it writes rows back rounded to nearest, so on a table of ones
+    (``runner.notices.rounding_warnings``): it writes rows back rounded to nearest, so on a table of ones
     moving up (half a bfloat16 step is 2**-8 = 0.0039 there) Adam's steps of about ``lr`` are lost below it
     and kept above it."""
     rows, width = 16, 8

@@ -10,7 +10,7 @@ from optimizers import FUSED
 from runner.app import run
 from runner.build import build
 from runner.errors import PreflightError
-from runner.preflight import rounding_warnings
+from runner.notices import rounding_warnings
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGE = ("use_async_emb requires an embedding optimizer implementing AsyncEmbOptimizer, and {} has no fused "
@@ -118,7 +118,7 @@ def test_cli_refusal_is_fast_clean_and_nonzero(tmp_path):
 
 def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
     from runner.core.embeddings import TableSpec
-    from runner.preflight import layout_warnings
+    from runner.notices import layout_warnings
 
     def spec(name, rows, width):
         return TableSpec(name, rows, width, 1, rows)

@@ -1,0 +1,49 @@
+"""Warnings a run prints when it starts and then goes on: a setting that works but costs the user something
+they may not expect (each line starts with ``warning:``; ``runner.app`` prints them after the config and
+budget lines). Refusals are ``runner.preflight``'s."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from optimizers import OptaxEmbOptimizer
+
+
+def rounding_warnings(emb_optimizers: Mapping[str, Any], tables: Mapping[str, Any]) -> list[str]:
+    """Lines (each starting with ``warning:``) for each bfloat16 table a plain optax optimizer updates: it writes
+    the rows back rounded to nearest, so every update below half a bfloat16 step is lost. ``tables``: each
+    table's spec (its ``dtype``)."""
+    out = []
+    for name, opt in emb_optimizers.items():
+        if isinstance(opt, OptaxEmbOptimizer) and str(tables[name].dtype) == "bfloat16":
+            out.append(
+                f"warning: table '{name}' is stored in bfloat16 (model.tables.{name}.dtype) and its optimizer "
+                f"{type(opt).__name__} (plain optax over the whole table) writes every row back rounded to nearest: "
+                f"an update smaller than half a bfloat16 step (2**-8 of the value's power of two, 0.2-0.4% of the "
+                f"value) is lost and the row does not move. The fused optimizers (e.g. optimizer=async_adam) write "
+                f"bfloat16 rows with stochastic rounding, so such updates still move them on average; or keep this "
+                f"table in float32 (model.tables.{name}.dtype=float32)")
+    return out
+
+
+TPU_LANES = 128  # a TPU tile's minor dimension: a float32 row of a multiple of it is stored as it is
+TPU_WARN_ROWS = 1_000_000  # below this a whole-table copy costs little next to the rest of a step
+
+
+def layout_warnings(tables: Mapping[str, Any], backend: str) -> list[str]:
+    """Lines (each starting with ``warning:``) for each large table whose width is not a multiple of 128 when the
+    run's ``backend`` is a TPU: XLA may store it with its rows along the 128 lanes and copy it whole around every
+    step's row gather and scatter, so the step's cost grows with the table (docs/results/tpu.md: width 64 at 10M
+    rows 30.8 ms a step, width 128 4.7 ms). ``tables``: each table's spec (``rows``, ``width``)."""
+    if backend != "tpu":
+        return []
+    out = []
+    for name, spec in tables.items():
+        if spec.width % TPU_LANES and spec.rows >= TPU_WARN_ROWS:
+            wider = -(-spec.width // TPU_LANES) * TPU_LANES
+            out.append(
+                f"warning: table '{name}' is {spec.rows:,} rows x {spec.width} on a TPU: XLA stores a table whose "
+                f"width is not a multiple of {TPU_LANES} with its rows along the lanes and may copy it whole around "
+                f"every step's row gather and scatter, so a step's cost grows with the table (widths 64, 96 and 192 "
+                f"did; docs/results/tpu.md). Width {wider} keeps the step's cost to the rows it touches: set "
+                f"model.emb_width={wider}, or this table's own width (model.tables.<name>.width)")
+    return out
