@@ -1,12 +1,12 @@
-"""No run output is committed: Hydra runs and sweeps and W&B offline runs are ignored at any depth, and the
-only tracked file under outputs/ is its .gitkeep (DEVELOPERS.md keeps the folder)."""
+"""No run output is committed: Hydra runs and sweeps and W&B offline runs are ignored at any depth, and
+nothing under outputs/ is tracked (the first run creates the folder)."""
 import subprocess
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_OUTPUTS = ["outputs/2026-12-01/10-00-00/metrics.jsonl", "outputs/2026-12-01/10-00-00/.hydra/config.yaml",
+RUN_OUTPUTS = ["outputs/.gitkeep", "outputs/2026-12-01/10-00-00/metrics.jsonl", "outputs/2026-12-01/10-00-00/.hydra/config.yaml",
                "outputs/checkpoints/run/4/meta", "multirun/2026-12-01/10-00-00/0/summary.json",
                "wandb/offline-run-1/run-1.wandb", "runner/wandb/offline-run-2/files", "sub/outputs/x/runner.log",
                "conf/multirun/q", ".hydra/config.yaml", "optuna.db"]
@@ -26,14 +26,15 @@ def test_no_run_output_is_tracked():
     tracked = git("ls-files").stdout.splitlines()
     outputs = [f for f in tracked if {"outputs", "multirun", "wandb", ".hydra"} & set(f.split("/")[:-1])
                or "offline-run-" in f]
-    assert outputs == ["outputs/.gitkeep"]
+    assert outputs == []
     assert git("ls-files", "-ci", "--exclude-standard").stdout == ""  # nothing tracked that .gitignore ignores
 
 
-def test_run_outputs_are_ignored_and_the_gitkeep_is_not():
+def test_run_outputs_are_ignored_and_the_source_is_not():
     ignored = git("check-ignore", "--no-index", *RUN_OUTPUTS).stdout.splitlines()
     assert ignored == RUN_OUTPUTS
-    assert git("check-ignore", "--no-index", "outputs/.gitkeep").returncode == 1  # 1: not ignored
+    sources = ["runner/outputs.py", "runner/tracking/wandb.py", "conf/logger/wandb.yaml", "tests/runner/test_output_dir.py"]
+    assert git("check-ignore", "--no-index", *sources).returncode == 1  # 1: none of them ignored
 
 
 HEADED = sorted(p for group in ("experiment", "hparams_search", "debug", "model")
