@@ -44,11 +44,12 @@ def relayouts(hlo_text: str, rows: int) -> int:
                if op in ("copy", "transpose", "copy-done") and dims.split(",")[0] == str(rows) and "," in dims)
 
 
-def compiled_facts(t: Table, ids) -> dict:
-    comp = t.step.lower(t.table, t.state, ids).compile()
+def compiled_facts(step, args, rows: int) -> dict:
+    """The step compiled for ``args`` (arrays or shapes): its whole-table copies and its temporary bytes."""
+    comp = step.lower(*args).compile()
     mem = comp.memory_analysis()
-    return {"relayouts": relayouts(comp.as_text(), t.table.shape[0]),
-            "temp_bytes": int(getattr(mem, "temp_size_in_bytes", 0)) if mem is not None else 0}
+    return {"relayouts": relayouts(comp.as_text(), rows),
+            "temp_bytes": int(mem.temp_size_in_bytes) if mem is not None else 0}
 
 
 def scan(cfg: dict) -> list[dict]:
@@ -67,17 +68,14 @@ def scan(cfg: dict) -> list[dict]:
                         jax.ShapeDtypeStruct((B,), "int32"))
                 r = {"dtype": dtype, "vocab": V, "width": D, "table_bytes": V * D * jax.numpy.dtype(dtype).itemsize}
                 try:
-                    comp = step.lower(*args).compile()
+                    r.update(compiled_facts(step, args, V))
                 except jax.errors.JaxRuntimeError as e:  # its temporaries would not fit in the device's memory
-                    if "RESOURCE_EXHAUSTED" not in str(e):
+                    if not common.out_of_device_memory(e):
                         raise
                     out.append({**r, "relayouts": None, "temp_bytes": None})
                     print(f"scan {dtype:<8} V={V:>10,} D={D:<4} does not fit in device memory", flush=True)
                     continue
-                mem = comp.memory_analysis()
-                out.append({**r, "relayouts": relayouts(comp.as_text(), V),
-                            "temp_bytes": int(mem.temp_size_in_bytes) if mem is not None else 0})
-                r = out[-1]
+                out.append(r)
                 print(f"scan {dtype:<8} V={V:>10,} D={D:<4} relayouts {r['relayouts']}  "
                       f"temp {r['temp_bytes'] / 2**20:,.0f} MiB", flush=True)
     return out
@@ -101,7 +99,8 @@ def run(quick: bool, out: Path) -> dict:
                 res = {"vocab": V, "width": D, "optimizer": name, "step": common.stats(times["fused"]),
                        "x_smallest": (common.paired_ratio(times["fused"], times["smallest"])
                                       if "smallest" in times else None),
-                       "bytes": common.tree_bytes((t.table, t.state)), **compiled_facts(t, dev[V][0])}
+                       "bytes": common.tree_bytes((t.table, t.state)),
+                       **compiled_facts(t.step, (t.table, t.state, dev[V][0]), V)}
                 data["results"].append(res)
                 x = res["x_smallest"]["median"] if res["x_smallest"] else 1.0
                 print(f"D={D:<4} V={V:>10,} {name:<22} {common.spread(res['step'])} ms  x smallest V {x:.2f}  "

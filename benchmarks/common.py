@@ -178,6 +178,12 @@ def machine_line() -> str:
     return line
 
 
+def out_of_device_memory(e: Exception) -> bool:
+    """Whether a JAX runtime error is the device running out of memory (XLA's RESOURCE_EXHAUSTED): a size a
+    benchmark records as not fitting, where any other error stops it."""
+    return "RESOURCE_EXHAUSTED" in str(e)
+
+
 def write_result(out: Path, name: str, title: str, body: str, data: Mapping[str, Any]) -> Path:
     """``<name>.md`` (title, body) and ``<name>.json`` (data) under ``out``; returns the markdown path."""
     out.mkdir(parents=True, exist_ok=True)

@@ -120,7 +120,7 @@ def run(quick: bool, out: Path) -> dict:
                 n = cfg["dense_rounds"].get(V, 3)
                 res.update(bytes=t.bytes, step=common.stats(common.interleaved({"dense": t}, n, warmup=1)["dense"]))
             except jax.errors.JaxRuntimeError as e:  # an accelerator's memory: the dense step's table-sized
-                if "RESOURCE_EXHAUSTED" not in str(e):  # temporaries do not fit beside the table
+                if not common.out_of_device_memory(e):  # temporaries do not fit beside the table
                     raise
                 res.update(bytes=None, step=None, error="out of device memory")
             t = None

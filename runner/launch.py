@@ -125,7 +125,7 @@ def supervise(cmds: Sequence[Sequence[str]], *, grace: float = GRACE_S, out: IO[
     return code
 
 
-def _stop(procs: Sequence[subprocess.Popen], grace: float, say=None) -> None:
+def _stop(procs: Sequence[subprocess.Popen], grace: float, say) -> None:
     """SIGTERM to every live child, SIGKILL to those still running after ``grace`` seconds, or at once on a
     Ctrl-C while waiting."""
     alive = [p for p in procs if p.poll() is None]
@@ -145,8 +145,7 @@ def _stop(procs: Sequence[subprocess.Popen], grace: float, say=None) -> None:
                 p.kill()
         for p in alive:
             p.wait()
-        if say is not None:
-            say("Ctrl-C again: stopped every process at once; checkpoints already committed stay usable")
+        say("Ctrl-C again: stopped every process at once; checkpoints already committed stay usable")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
