@@ -37,7 +37,7 @@ def update_step(opt, ctx: optimizers.AsyncEmbContext, fused: bool, dtype: str = 
     compiles a step on ``devices`` devices (``optimizers.compiler_options``)."""
 
     def step(table, state, ids):
-        emb = table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32)  # the lookup
+        emb = ctx.narrow(table.at[ids].get(mode="fill", fill_value=0)).astype(jnp.float32)  # the lookup
         grads = 0.5 * emb + 0.01  # per-token gradients of a quadratic loss
         c = ctx.fresh()
         update = optimizers.make_update(c, ids, grads)
@@ -54,12 +54,13 @@ def update_step(opt, ctx: optimizers.AsyncEmbContext, fused: bool, dtype: str = 
 class Table:
     """A table, its optimizer state and its compiled step; calling it runs one step on batch ``i``."""
 
-    def __init__(self, name: str, vocab: int, width: int, batch: int, dtype: str, ids: list):
+    def __init__(self, name: str, vocab: int, width: int, batch: int, dtype: str, ids: list,
+                 stored_width: int | None = None):
         self.opt = optimizers.create(name)
         self.fused = optimizers.supports_async_emb(self.opt)
-        ctx = optimizers.AsyncEmbContext(vocab, width, batch)
-        self.table = jax.jit(lambda: jnp.zeros((vocab, width), dtype))()
-        self.state = jax.jit(lambda: self.opt.init(vocab, width))()
+        ctx = optimizers.AsyncEmbContext(vocab, width, batch, stored_width=stored_width)
+        self.table = jax.jit(lambda: jnp.zeros((vocab, ctx.stored_width), dtype))()
+        self.state = jax.jit(lambda: self.opt.init(vocab, ctx.stored_width))()
         self.bytes = common.tree_bytes((self.table, self.state))
         self.step, self.ids = update_step(self.opt, ctx, self.fused, dtype), ids
 

@@ -41,6 +41,12 @@ class AsyncEmbContext:
         route_peak: the most distinct ids one device sent one shard in sampled train batches (column layout:
             the most one device held); when given, slots are ``route_capacity`` times it.
         route_overflow: what a step with more ids for one shard (column: one device) than its slots does.
+        stored_width: the columns a row is stored with, at least ``emb_width``; None = ``emb_width``. Wider
+            (e.g. a 64-wide table padded to 128 lanes on a TPU, where XLA otherwise stores a narrow table
+            column-major and copies it whole around every row gather and scatter): the table and its
+            per-element state are ``[rows, stored_width]``; lookups return ``emb_width`` columns, the rules see
+            only those, and an update writes zeros past them (a table's padding columns, zero when created,
+            stay zero; the state's are never read). Not with a layout that splits the width.
         dc_lambda: delay compensation (DC-ASGD, Zheng et al. 2017): None = off; else every update record
             carries the rows its gradient was computed on (``AsyncEmbGradientUpdate.rows``, ``w_then``) and
             each touched row's summed gradient becomes ``g + dc_lambda * g * g * (w_now - w_then)`` before the
@@ -60,6 +66,7 @@ class AsyncEmbContext:
     route_peak: int | None = None
     route_overflow: RouteOverflow = RouteOverflow.reroute
     dc_lambda: float | None = None
+    stored_width: int | None = None
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
     layout: Layout = dataclasses.field(init=False, repr=False)
 
@@ -68,6 +75,23 @@ class AsyncEmbContext:
         self.routing = coerce(Routing, self.routing)
         self.route_overflow = coerce(RouteOverflow, self.route_overflow)
         self.layout = select(self.table_layout, self.routing, self.table_shards)
+        if self.stored_width is None:
+            self.stored_width = self.emb_width
+        if not self.emb_width <= self.stored_width:
+            raise ValueError(f"stored_width={self.stored_width} is narrower than the table's width {self.emb_width}: "
+                             "give at least the width (or None)")
+        if self.padded and self.layout.splits_width:
+            raise ValueError(f"stored_width={self.stored_width} pads rows of width {self.emb_width}, which the "
+                             f"{self.layout.name} layout splits over its shards: pad only a table it does not split")
+
+    @property
+    def padded(self) -> bool:
+        """Rows are stored wider than ``emb_width`` (``stored_width``): lookups and rules use the first columns."""
+        return self.stored_width != self.emb_width
+
+    def narrow(self, rows: jax.Array) -> jax.Array:
+        """``rows [..., stored_width]`` -> their first ``emb_width`` columns (as they are when not padded)."""
+        return rows[..., :self.emb_width] if self.padded else rows
 
     @property
     def num_unique(self) -> int:

@@ -54,7 +54,10 @@ def dense_gradient(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, shape: 
     from a record of either kind (per device on the routed row and the column layout, ``update_token_ids``).
     On a sharded table it is split as the table is, so no device holds all of it."""
     ids = update_token_ids(ctx, update)
-    g = jnp.zeros(shape, jnp.float32).at[ids].add(update.grads.astype(jnp.float32), mode="drop")
+    grads = update.grads.astype(jnp.float32)
+    if grads.shape[-1] != shape[1]:  # a padded table (ctx.stored_width): zero gradient in the padding columns
+        grads = jnp.pad(grads, ((0, 0), (0, shape[1] - grads.shape[-1])))
+    g = jnp.zeros(shape, jnp.float32).at[ids].add(grads, mode="drop")
     if ctx.sharded:
         g = jax.lax.with_sharding_constraint(g, jax.sharding.NamedSharding(ctx.mesh, ctx.table_spec()))
     return g

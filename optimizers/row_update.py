@@ -111,6 +111,17 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
         sq = _row_sums(row_sq)  # summed over the shards below, with the rule's check: each its rows or columns
 
     n_local = table.shape[0]
+    padded = not (axis is not None and ctx.layout.splits_width) and table.shape[1] != ctx.emb_width
+
+    def narrow(a):
+        """A gathered leaf's first ``emb_width`` columns when the table is stored padded (rows: as they are)."""
+        return a[..., :ctx.emb_width] if padded and a.ndim >= 2 and a.shape[-1] == table.shape[1] else a
+
+    def widen(v, a):
+        """New values ``v`` for leaf ``a``: padded with zero columns up to ``a``'s stored width."""
+        if a.ndim >= 2 and v.shape[-1] != a.shape[-1]:
+            return jnp.pad(v, ((0, 0),) * (v.ndim - 1) + ((0, a.shape[-1] - v.shape[-1]),))
+        return v
     local = jnp.where(owned, local, n_local)  # out of range: gathers fill, scatters drop
 
     def across_width(s):
@@ -135,10 +146,10 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
     def rule(local, ids, g, row_sq, owned, then):
         """New rows (float32, or rounded to the table's bfloat16) and state for these rows, and how many of
         the owned ones hold a non-finite value (as stored)."""
-        with phase("gather"):
-            rows = table.at[local].get(mode="fill", fill_value=0, unique_indices=True).astype(jnp.float32)
-            row_state = jax.tree.map(lambda a: a.at[local].get(mode="fill", fill_value=0, unique_indices=True),
-                                     state.rows)
+        with phase("gather"):  # stored rows (ctx.stored_width) narrowed to the width the rule sees
+            rows = narrow(table.at[local].get(mode="fill", fill_value=0, unique_indices=True)).astype(jnp.float32)
+            row_state = jax.tree.map(
+                lambda a: narrow(a.at[local].get(mode="fill", fill_value=0, unique_indices=True)), state.rows)
         with phase("rule"):
             if then is not None:  # the gradient, late by the updates applied since, corrected (DC-ASGD)
                 g = g + jnp.float32(ctx.dc_lambda) * g * g * (rows - then)
@@ -152,7 +163,7 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
             rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq), lr)
             new_rows, new_row_state = rule_opt.update_rows(rows, row_state, g, rc)
             if table.dtype == jnp.bfloat16:  # state stays f32; the rows are rounded stochastically on write-back
-                cols = jnp.arange(table.shape[1], dtype=jnp.int32)
+                cols = jnp.arange(new_rows.shape[1], dtype=jnp.int32)
                 if axis is not None and ctx.layout.splits_width:
                     cols = cols + lax.axis_index(axis) * ctx.shard_width  # global column ids: same bits on any layout
                 new_rows = stochastic_round_bf16(new_rows, rounding_bits(ids, cols, step))
@@ -192,7 +203,8 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
         _, (new_rows, new_row_state), bad = lax.while_loop(lambda c: c[0] < chunks, body,
                                                            (jnp.int32(0), out0, jnp.zeros((), jnp.int32)))
     # Invalid or not ours: an index past the end (n_local or n_local + 1, after the gate), nothing is written.
-    scatter = lambda a, v: a.at[write].set(v.astype(a.dtype), mode="drop", unique_indices=True)  # noqa: E731
+    # A padded table's rows (and per-element state) are written whole: the rule's columns, then zeros.
+    scatter = lambda a, v: a.at[write].set(widen(v, a).astype(a.dtype), mode="drop", unique_indices=True)  # noqa: E731
     refused = jnp.zeros((), jnp.int32) if lost is None else lost
     with phase("gate"):
         if axis is not None:  # one all-reduce for all three (counts as float32: exact below 2**24 rows a step)

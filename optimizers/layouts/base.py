@@ -127,8 +127,8 @@ class Layout:
 
     # ----- memory and traffic model ------------------------------------------------------------------------
     def shard_shape(self, ctx: AsyncEmbContext) -> tuple[int, int]:
-        """``(rows, width)`` of the block of the table each device holds."""
-        return self.shard_rows(ctx), self.shard_width(ctx)
+        """``(rows, width)`` of the block of the table each device holds (its stored width: padding included)."""
+        return self.shard_rows(ctx), self.shard_width(ctx) if self.splits_width else ctx.stored_width
 
     def table_bytes(self, ctx: AsyncEmbContext, itemsize: int = 4) -> int:
         """Bytes of the table on each device, at ``itemsize`` bytes a value."""

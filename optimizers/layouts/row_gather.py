@@ -33,7 +33,7 @@ class RowGather(RowLayout):
             group_ids = lax.all_gather(ids_local, axis, axis=0, tiled=True)  # this data group's ids
             local_ids = group_ids - lax.axis_index(axis) * ctx.shard_rows
             owned = (local_ids >= 0) & (local_ids < ctx.shard_rows)
-            rows = table_shard.at[jnp.where(owned, local_ids, ctx.shard_rows)].get(mode="fill", fill_value=0)
+            rows = ctx.narrow(table_shard.at[jnp.where(owned, local_ids, ctx.shard_rows)].get(mode="fill", fill_value=0))
             return lax.psum_scatter(rows.astype(jnp.float32), axis, scatter_dimension=0, tiled=True)
 
         none = jnp.zeros((), jnp.int32)

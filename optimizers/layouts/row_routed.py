@@ -83,11 +83,11 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
     unique, seg = dedupe(flat, ctx.stored_rows, num_unique_for(n, ctx.stored_rows), pad_id=None)  # bad ids: -1
     slots = ctx.slots_for(n, exact)
     b = bucket(ctx, unique, slots)
-    width = table_shard.shape[1]
+    width = ctx.emb_width
 
     def fetch(b: Buckets) -> jax.Array:  # [U, width]: the rows of the unique ids in b's slots; others zeros
         wanted = exchange(ctx, b.send)  # [shards, C]: rows other devices want from me
-        rows = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)
+        rows = ctx.narrow(table_shard.at[wanted].get(mode="fill", fill_value=0)).astype(jnp.float32)
         got = exchange(ctx, rows).reshape(-1, width)  # [shards * C, width]: my ids' rows
         return got.at[b.slot].get(mode="fill", fill_value=0)
 

@@ -23,7 +23,7 @@ class Single(Layout):
                with_dedupe: bool = False) -> tuple:
         """One gather; ids outside the table read zeros. Nothing is routed: ``(overflow, peak)`` are 0."""
         none = jnp.zeros((), jnp.int32)
-        return table.at[ids].get(mode="fill", fill_value=0).astype(jnp.float32), (none, none)
+        return ctx.narrow(table.at[ids].get(mode="fill", fill_value=0)).astype(jnp.float32), (none, none)
 
     def update(self, opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table: jax.Array,
                state: Any, gate: jax.Array) -> tuple:

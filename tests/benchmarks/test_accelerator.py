@@ -39,14 +39,18 @@ def test_relayouts_counts_whole_table_copies_only():
 def test_quick_run_writes_both_tables_and_the_cpu_step_copies_no_table(tmp_path):
     data = accelerator.run(True, tmp_path)
     cfg = accelerator.QUICK
-    assert {(r["width"], r["vocab"]) for r in data["results"]} == {(w, v) for w in cfg["widths"] for v in cfg["sizes"]}
+    assert {(r["width"], r["stored_width"], r["vocab"]) for r in data["results"]} == \
+        {(*w, v) for w in cfg["widths"] for v in cfg["sizes"]}
+    padded = [r for r in data["results"] if r["stored_width"] > r["width"]]
+    assert padded and all(r["bytes"] > r["vocab"] * r["stored_width"] * 4 for r in padded)  # stored padded
     scan = data["scan"]
     assert len(scan) == len(cfg["scan"]["widths"]) * len(cfg["scan"]["sizes"]) * len(cfg["scan"]["dtypes"])
     # XLA:CPU updates the donated table in place at every width and dtype: the property the TPU lacks at 64
     assert all(r["relayouts"] == 0 for r in data["results"] + scan), [(r["width"], r["relayouts"]) for r in scan]
     assert all(r["temp_bytes"] < r["table_bytes"] for r in scan)
     md = (tmp_path / "accelerator.md").read_text()
-    assert "| 16 | async_rowwise_adagrad | 4,000 |" in md
+    assert "| 16 (16) | async_rowwise_adagrad | 4,000 |" in md
+    assert "| 16 (32) | async_rowwise_adagrad | 4,000 |" in md
     assert "## Whole-table copies by width (compiled, not run)" in md
     assert "| bfloat16 | 4,000 | 0 (" in md
     assert json.loads((tmp_path / "accelerator.json").read_text())["config"]["backend"] == jax.default_backend()
