@@ -170,6 +170,7 @@ class TableConfig:
     vocab: Optional[int] = hparam(None, "rows incl. the padding row 0; None = the data's id range + 1",
                                   low=2, high=MAX_IDS + 1)
     width: Optional[int] = hparam(None, "this table's width; None = model.emb_width", low=1, high=MAX_WIDTH)
+    stored_width: Optional[int] = hparam(None, "stored columns, >= width (128: lanes)", low=1, high=MAX_WIDTH)
     dtype: TableDType = TableDType.float32
     init_scale: float = hparam(0.05, "scale of the initial rows", low=0.0)
     kind: TableKind = TableKind.dense  # dense | hash | modulo (runner/core/hash_tables.py)
@@ -184,8 +185,7 @@ class TableConfig:
                       "another id", low=0, high=2**30)
     default: HashDefault = HashDefault.zeros
     probes: int = hparam(16, "kind=hash: slots after its home slot an id may live in", low=1, high=1024)
-    sketch_width: int = hparam(1 << 16, "kind=hash, admit_after > 1: counters per row of the admission "
-                               "sketch (4 rows)", low=1, high=1 << 26)
+    sketch_width: int = hparam(1 << 16, "kind=hash: counters per row of the admission sketch", low=1, high=1 << 26)
     partitions: Optional[int] = hparam(None, "kind=hash: the slots split by the id's hash into this many parts, "
                                        "each row shard holding whole ones; None = the table shards (row layout), "
                                        "or the checkpoint's on a resume", low=1, high=4096)

@@ -38,12 +38,13 @@ def layout_warnings(tables: Mapping[str, Any], backend: str) -> list[str]:
         return []
     out = []
     for name, spec in tables.items():
-        if spec.width % TPU_LANES and spec.rows >= TPU_WARN_ROWS:
+        if getattr(spec, "columns", spec.width) % TPU_LANES and spec.rows >= TPU_WARN_ROWS:
             wider = -(-spec.width // TPU_LANES) * TPU_LANES
             out.append(
                 f"warning: table '{name}' is {spec.rows:,} rows x {spec.width} on a TPU: XLA stores a table whose "
                 f"width is not a multiple of {TPU_LANES} with its rows along the lanes and may copy it whole around "
                 f"every step's row gather and scatter, so a step's cost grows with the table (widths 64, 96 and 192 "
-                f"did; docs/results/tpu.md). Width {wider} keeps the step's cost to the rows it touches: set "
-                f"model.emb_width={wider}, or this table's own width (model.tables.<name>.width)")
+                f"did; docs/results/tpu.md). Storing its rows {wider} wide keeps the step's cost to the rows it touches: "
+                f"set model.tables.{name}.stored_width={wider} (padding: the model still sees {spec.width} columns), or "
+                f"the width itself (model.emb_width={wider}, or model.tables.{name}.width)")
     return out

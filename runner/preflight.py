@@ -351,6 +351,10 @@ def check_mesh(plan: MeshPlan, available: int, batch_size: int, tables: Mapping[
     if n <= 1:
         return
     for name, spec in tables.items():
+        if plan.layout.splits_width and spec.columns != spec.width:
+            raise PreflightError(
+                f"table '{name}': model.tables.{name}.stored_width={spec.columns} pads its {spec.width}-wide rows, "
+                f"which the column layout splits over its shards; drop the stored_width or use mesh.table_layout=row")
         if plan.layout.splits_width and spec.width % n:
             raise PreflightError(
                 f"table '{name}': emb_width={spec.width} does not shard evenly over the {n} '{plan.table_axis}' "

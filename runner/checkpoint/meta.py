@@ -78,7 +78,7 @@ def tables_of(program: Any) -> dict[str, dict[str, Any]]:
     """Each table's facts a resume must match. ``permute_ids``: whether the stored rows are permuted
     (``mesh.permute_ids`` as the run resolved it; a checkpoint from before the setting has no such key:
     unpermuted)."""
-    return {n: {"vocab": s.vocab, "rows": s.rows, "width": s.width, "dtype": s.dtype,
+    return {n: {"vocab": s.vocab, "rows": s.rows, "width": s.width, "stored_width": s.columns, "dtype": s.dtype,
                 "optimizer": type(program.emb_optimizers[n]).__name__,
                 "tokens_per_batch": program.contexts[n].tokens_per_batch, "permute_ids": bool(s.permute_ids),
                 "kind": s.kind,
@@ -137,7 +137,9 @@ def _compensation(program: Any) -> str:
 # ----- compatibility ------------------------------------------------------------------------------------
 def _field_names(name: str) -> dict[str, str]:
     return {"vocab": f"model.tables.{name}.vocab (or the data's id range)",
-            "width": f"model.tables.{name}.width / model.emb_width", "dtype": f"model.tables.{name}.dtype",
+            "width": f"model.tables.{name}.width / model.emb_width",
+            "stored_width": f"model.tables.{name}.stored_width, the columns its rows and state are stored with",
+            "dtype": f"model.tables.{name}.dtype",
             "optimizer": f"optimizer / table_optimizers.{name}",
             "tokens_per_batch": "trainer.batch_size x tokens per example (the deferred update's shape)"}
 
@@ -172,6 +174,8 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
         for key, label in _field_names(name).items():
             if key == "tokens_per_batch" and not program.async_emb or key == "vocab" and moved:
                 continue  # a hash table saved with other partitions has other rows: placed again (rebucket.py)
+            if key == "stored_width" and key not in theirs[name]:  # a checkpoint from before the setting
+                theirs[name][key] = theirs[name]["width"]
             if ours[name][key] != theirs[name][key]:
                 problems.append(f"table '{name}' {key} ({label}): the checkpoint has {theirs[name][key]!r}, "
                                 f"this config has {ours[name][key]!r}")

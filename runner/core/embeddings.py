@@ -41,6 +41,13 @@ class TableSpec:
     hash: Any = None  # kind=hash: its ``hash_tables.HashSpec``
     # a stack of tables (``runner.core.stacking``): the row of each member's id 1, ascending; () otherwise
     bases: tuple[int, ...] = ()
+    stored_width: int | None = None  # columns a row is stored with (model.tables.<name>.stored_width); None = width
+
+    @property
+    def columns(self) -> int:
+        """The columns the table (and its per-element optimizer state) is stored with: ``stored_width`` or the
+        width. Past the width they are padding: zero in the table, never read (``AsyncEmbContext.stored_width``)."""
+        return self.stored_width or self.width
 
 
 def stored_rows(spec: TableSpec, ids: jax.Array, mesh: Mesh | None = None, split: bool = True) -> jax.Array:
@@ -95,7 +102,8 @@ def _fill_block(spec: TableSpec, seed: jax.Array, shape: tuple[int, int], row0, 
     dtype = jnp.dtype(spec.dtype)
     n_rows, n_cols = shape
     chunk = max(1, min(chunk_rows, n_rows))
-    cols = col0 + jnp.arange(n_cols)
+    width = min(n_cols, spec.width)  # the columns drawn: a padded table's (stored_width) are zeros past the width
+    cols = col0 + jnp.arange(width)
 
     def body(i, block):
         off = jnp.minimum(i * chunk, n_rows - chunk)  # the last chunk overlaps its predecessor (same values)
@@ -108,6 +116,8 @@ def _fill_block(spec: TableSpec, seed: jax.Array, shape: tuple[int, int], row0, 
         else:
             vals = normal_block(seed, ids, cols) * spec.init_scale
         vals = jnp.where(((rows > 0) & (rows < spec.vocab))[:, None], vals, 0)  # padding row 0, padded rows
+        if n_cols > width:  # stored padded (stored_width): zero columns past the width
+            vals = jnp.pad(vals, ((0, 0), (0, n_cols - width)))
         return lax.dynamic_update_slice_in_dim(block, vals.astype(dtype), off, 0)
 
     return lax.fori_loop(0, -(-n_rows // chunk), body, jnp.zeros(shape, dtype))
@@ -135,9 +145,9 @@ def table_values(spec: TableSpec, key: Any, sharding: NamedSharding | None, chun
     else:
         seed = jax.random.bits(key, (2,), jnp.uint32)
     if sharding is None or len(sharding.device_set) == 1:
-        return _fill_block(spec, seed, (spec.rows, spec.width), 0, 0, chunk_rows)
+        return _fill_block(spec, seed, (spec.rows, spec.columns), 0, 0, chunk_rows)
     mesh, pspec = sharding.mesh, sharding.spec
-    local = sharding.shard_shape((spec.rows, spec.width))
+    local = sharding.shard_shape((spec.rows, spec.columns))
 
     def fill_shard(s):
         # The spec names the mesh axes each dim is split over; this shard's block starts at its index there.

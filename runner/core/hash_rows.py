@@ -43,10 +43,11 @@ RESET_CHUNK = 1024  # rows drawn afresh per iteration: the reset costs the new i
 
 
 def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: Any, assigned: Assigned,
-               seed: jax.Array, init_scale: float, row0: int | jax.Array = 0):
+               seed: jax.Array, init_scale: float, row0: int | jax.Array = 0, width: int | None = None):
     """The table and optimizer state with each slot given to a new id reset: its row drawn afresh, each per-row
     leaf of its optimizer state (leading dim = the table's rows) set to ``initial_state``'s row 0 (the
     optimizer's state of a row never trained). ``row0``: the global row of ``table``'s first (a row shard's).
+    ``width``: the row's width when the table is stored wider (``stored_width``): the padding columns get zeros.
 
     The new ids are packed to the front and reset ``RESET_CHUNK`` at a time, as many chunks as there are new
     ids (none: no work), in place."""
@@ -67,7 +68,8 @@ def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: 
         tab, st = carry
         start = jnp.minimum(i * k, n - k)
         r = lax.dynamic_slice_in_dim(rows, start, k)
-        vals = fresh_rows(spec, seed, lax.dynamic_slice_in_dim(keys, start, k), tab.shape[1], init_scale)
+        vals = fresh_rows(spec, seed, lax.dynamic_slice_in_dim(keys, start, k), width or tab.shape[1], init_scale)
+        vals = jnp.pad(vals, ((0, 0), (0, tab.shape[1] - vals.shape[1])))  # padding columns (stored_width): zeros
         tab = tab.at[r].set(vals.astype(tab.dtype), mode="drop")
         return tab, jax.tree.map(lambda leaf, init: reset(r, leaf, init), st, initial_state)
 

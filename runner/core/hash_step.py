@@ -60,7 +60,7 @@ def map_batch(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]):
         spec = program.tables[n]
         keys = keys_of(raw_ids[n])
         with traced(program, n, "its rows given to new ids were reset"):
-            initial = program.emb_optimizers[n].init(1, spec.width)
+            initial = program.emb_optimizers[n].init(1, spec.columns)
         step = _sharded_step if sharded(program, n) else _step
         hashed[n], tables[n], emb_states[n], rows[n], moved[n], counts = step(
             program, n, state.hashed[n], tables[n], emb_states[n], keys, state.step, _seed(state, i), initial)
@@ -76,7 +76,7 @@ def _step(program, n, hstate, table, emb_state, keys, step, seed, initial):
     counts ``[admitted, evicted, unadmitted lookups, filled slots]``."""
     spec, out = program.tables[n], program.contexts[n].stored_rows
     hstate, got = assign(spec.hash, hstate, keys, step)
-    table, emb_state = reset_rows(spec.hash, table, emb_state, initial, got, seed, spec.init_scale)
+    table, emb_state = reset_rows(spec.hash, table, emb_state, initial, got, seed, spec.init_scale, width=spec.width)
     counts = jnp.stack([got.admitted, got.evicted, got.unadmitted, jnp.sum(hstate.filled)])
     rows = key_rows(spec.hash, keys, got.slots, out)
     return hstate, table, emb_state, rows, reassigned_rows(spec.hash, got, out), counts
@@ -96,7 +96,7 @@ def _sharded_step(program, n, hstate, table, emb_state, keys, step, seed, initia
         hs, got = assign(h, hs, keys_all, step, shard * per)
         mine = partition_of(h, keys_all[:, 0], keys_all[:, 1]) // per == shard
         slots = lax.pmax(jnp.where(mine, got.slots, -2), axis)  # each id's slot, from the shard that holds it
-        tab, es = reset_rows(h, tab, es, initial, got, seed, spec.init_scale, shard * per * h.part_rows)
+        tab, es = reset_rows(h, tab, es, initial, got, seed, spec.init_scale, shard * per * h.part_rows, spec.width)
         moved = jnp.sort(lax.all_gather(reassigned_rows(h, got, out), axis, axis=0, tiled=True))
         counts = lax.psum(jnp.stack([got.admitted, got.evicted, got.unadmitted, jnp.sum(hs.filled)]), axis)
         return hs, tab, es, key_rows(h, keys_all, slots, out), moved, counts

@@ -94,7 +94,7 @@ def plan(specs: Mapping[str, TableSpec], optimizers: Mapping[str, Any], shards: 
         if s.kind != "dense":
             groups[("alone", n)] = [n]
             continue
-        k = (s.width, s.dtype, s.init_scale, s.permute_ids, _opt_key(optimizers[n]), key(s) if key else None)
+        k = (s.width, s.columns, s.dtype, s.init_scale, s.permute_ids, _opt_key(optimizers[n]), key(s) if key else None)
         groups.setdefault(k, []).append(n)
     members: dict[str, Member] = {}
     stacks: dict[str, tuple[str, ...]] = {}

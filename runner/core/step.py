@@ -139,7 +139,7 @@ class TrainProgram:
                    else jax.random.fold_in(k_tables, index[name]))
             tables[name] = table_values(spec, key, NamedSharding(self.mesh, ctx.table_spec()))
             with traced(self, name, "its state was built (init)"):
-                emb_states[name] = self.emb_optimizers[name].init(spec.rows, spec.width)
+                emb_states[name] = self.emb_optimizers[name].init(spec.rows, spec.columns)
             if self.async_emb:
                 empty = empty_update(ctx)
                 pending[name] = self._queued(empty)
@@ -213,7 +213,8 @@ class TrainProgram:
         m, spec = self.stacking.members[name], self.logical[name]
         ids = jnp.arange(spec.vocab, dtype=jnp.int32)
         phys = jnp.where(ids == 0, 0, ids + (m.base - 1))
-        return state.tables[m.stack][stored_rows(self.tables[m.stack], phys, self.mesh, split=False)]
+        rows = state.tables[m.stack][stored_rows(self.tables[m.stack], phys, self.mesh, split=False)]
+        return rows[:, :spec.width]  # a table stored padded (stored_width): its own columns
 
     def model_loss(self, params, embs: Mapping[str, jax.Array], batch, raw_ids: Mapping[str, jax.Array]):
         """The model's loss of the physical tables' rows ``embs`` (each logical table's rows split out of its
@@ -340,7 +341,8 @@ class TrainProgram:
         # The model scores catalogues by row number: it gets every table with row i holding id i (a gather
         # under mesh.permute_ids, dropped by the compiler for a model that never reads the tables).
         return self.model.predict(state.params, embs, batch,
-                                  {n: in_id_order(self.tables[n], t, self.mesh) for n, t in state.tables.items()})
+                                  {n: in_id_order(self.tables[n], t, self.mesh)[:, :self.tables[n].width]
+                                   for n, t in state.tables.items()})
 
     # ----- compiled entry points ---------------------------------------------------------------------
     def compile(self, state: TrainState, example_batch: Mapping[str, Any]):

@@ -120,15 +120,17 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
     from runner.core.embeddings import TableSpec
     from runner.notices import layout_warnings
 
-    def spec(name, rows, width):
-        return TableSpec(name, rows, width, 1, rows)
+    def spec(name, rows, width, stored=None):
+        return TableSpec(name, rows, width, 1, rows, stored_width=stored)
 
     tables = {"items": spec("items", 10_000_000, 64), "users": spec("users", 999_999, 64),
-              "ads": spec("ads", 2_000_000, 256), "pages": spec("pages", 1_000_000, 200)}
+              "ads": spec("ads", 2_000_000, 256), "pages": spec("pages", 1_000_000, 200),
+              "clicks": spec("clicks", 5_000_000, 64, stored=128)}
     warned = layout_warnings(tables, "tpu")
-    assert len(warned) == 2, warned  # not users (small), not ads (a multiple of 128)
+    assert len(warned) == 2, warned  # not users (small), not ads (a multiple of 128), not clicks (stored 128 wide)
     assert warned[0].startswith("warning: table 'items' is 10,000,000 rows x 64 on a TPU: ")
-    assert "set model.emb_width=128, or this table's own width (model.tables.<name>.width)" in warned[0]
+    assert ("set model.tables.items.stored_width=128 (padding: the model still sees 64 columns), or the width itself "
+            "(model.emb_width=128, or model.tables.items.width)") in warned[0]
     assert "docs/results/tpu.md" in warned[0]
     assert warned[1].startswith("warning: table 'pages' is 1,000,000 rows x 200") and "model.emb_width=256" in warned[1]
     assert layout_warnings(tables, "cpu") == [] and layout_warnings(tables, "gpu") == []
