@@ -117,3 +117,23 @@ def test_a_slot_given_to_a_new_id_gets_a_fresh_row_and_zero_padding():
     np.testing.assert_allclose(np.asarray(t)[rows, :WIDTH], want, rtol=1e-6, atol=1e-7)
     assert not np.asarray(t)[rows, WIDTH:].any()
     assert (np.delete(np.asarray(t), rows, axis=0) == 9.0).all()
+
+
+def test_a_checkpoint_from_before_the_setting_resumes_as_unpadded(tmp_path):
+    """A checkpoint whose record has no stored_width (written before the setting) holds unpadded tables: a config
+    without padding resumes it, one with padding is refused."""
+    import json
+
+    from runner.app import run
+
+    base = [*RUN, "checkpoint.interval=5", f"checkpoint.dir={tmp_path / 'ck'}"]
+    run(compose_config(base), tmp_path / "a")
+    record = tmp_path / "ck" / "5" / "meta" / "metadata"
+    meta = json.loads(record.read_text())
+    for t in meta["tables"].values():
+        del t["stored_width"]
+    record.write_text(json.dumps(meta))
+    with pytest.raises(PreflightError, match=r"table 'users' stored_width .*: the checkpoint has 8, this config has 16"):
+        run(compose_config([*base, "trainer.steps=10", "model.tables.users.stored_width=16"]), tmp_path / "b")
+    run(compose_config([*base, "trainer.steps=10"]), tmp_path / "c")
+    assert (tmp_path / "ck" / "10").is_dir()
