@@ -10,11 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 import optimizers
 from optimizers import Routing, TableLayout
-from tests.optimizers.test_contract import CASES, TOKENS, VOCAB, WIDTH, batch, case_id, fused_step, initial_table
+from tests.optimizers.test_contract import CASES, TOKENS, VOCAB, WIDTH, batch, case_id, fused_step, initial_table, \
+    placed
 
 STORED = WIDTH + 5  # not a multiple of anything the layouts split by: the padding is only ever sliced off
 
@@ -32,14 +33,6 @@ def context(layout: str, stored_width: int | None) -> optimizers.AsyncEmbContext
     table_layout, routing = LAYOUTS[layout]
     return optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", table_layout=table_layout,
                                       routing=routing, stored_width=stored_width)
-
-
-def placed(ctx, table, state):
-    if not ctx.sharded:
-        return table, state
-    named = lambda spec: NamedSharding(ctx.mesh, spec)  # noqa: E731
-    return (jax.device_put(table, named(ctx.table_spec())),
-            jax.device_put(state, jax.tree.map(named, ctx.state_specs(state))))
 
 
 def train(case, layout: str, stored_width: int | None, steps):
