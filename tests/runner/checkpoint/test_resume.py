@@ -287,7 +287,7 @@ def test_checkpoint_records_its_config_versions_and_format(runs):
     assert meta["config"]["trainer"]["stop_after"] == N and meta["config"]["model"]["emb_width"] == 8
     assert set(meta["versions"]) >= {"jax", "optax", "orbax-checkpoint", "tensorstore", "recsys-runner"}
     assert meta["versions"]["jax"] == jax.__version__
-    assert meta["tables"]["items"] == {"vocab": 501, "rows": 501, "width": 8, "dtype": "float32",
+    assert meta["tables"]["items"] == {"vocab": 501, "rows": 501, "width": 8, "stored_width": 8, "dtype": "float32",
                                        "optimizer": "AsyncAdam", "tokens_per_batch": 32 * 5, "permute_ids": False,
                                        "kind": "dense"}
 
