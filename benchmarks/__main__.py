@@ -9,7 +9,8 @@ sizes (its timings mean nothing; it checks that everything runs), every benchmar
 in about 30 s.
 
 Not in the suite: ``python -m benchmarks.accelerator``, the fused update's cost against the vocabulary by
-row width, meant for a machine with an accelerator (its TPU run is kept in ``results/tpu_v5e/``).
+row width, and ``python -m benchmarks.padding``, the runner's step with 64-wide tables padded or not, both meant
+for a machine with an accelerator (their TPU runs are kept in ``results/tpu_v5e/``).
 """
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ class TableConfig:
     vocab: Optional[int] = hparam(None, "rows incl. the padding row 0; None = the data's id range + 1",
                                   low=2, high=MAX_IDS + 1)
     width: Optional[int] = hparam(None, "this table's width; None = model.emb_width", low=1, high=MAX_WIDTH)
-    stored_width: Optional[int] = hparam(None, "stored columns, >= width (128: lanes)", low=1, high=MAX_WIDTH)
+    stored_width: Optional[int] = hparam(None, "stored columns >= width; None: auto", low=1, high=MAX_WIDTH)
     dtype: TableDType = TableDType.float32
     init_scale: float = hparam(0.05, "scale of the initial rows", low=0.0)
     kind: TableKind = TableKind.dense  # dense | hash | modulo (runner/core/hash_tables.py)

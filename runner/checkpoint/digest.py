@@ -6,7 +6,8 @@ over its elements:
 - ``bits``: the element's bit pattern as an unsigned 32-bit integer (1- and 2-byte dtypes zero-extended,
   8-byte dtypes as two 32-bit words, each an element of a trailing axis of 2);
 - ``where(pos)``: a hash of the element's index in the *logical* array (the first ``rows`` rows of a
-  row-padded table; padding rows are left out), one ``mix`` round per axis;
+  row-padded table and the first ``cols`` columns of one stored wider than its rows, ``stored_width``; padding
+  rows and columns are left out), one ``mix`` round per axis;
 - ``mix``: the murmur3 finaliser (xor-shifts and multiplications by odd constants), a bijection of uint32.
 
 What that guarantees, and what it does not:
@@ -83,8 +84,9 @@ def _terms(bits: jax.Array, start: Sequence[Any], shape: tuple[int, ...], scheme
 
 
 def _block_sum(bits: jax.Array, start: Sequence[Any], shape: tuple[int, ...], rows: int | None, scheme: int,
-               keep: jax.Array | None = None) -> jax.Array:
-    """The digest's sum over a block (rows at or past ``rows``, and where ``keep`` is False, left out)."""
+               keep: jax.Array | None = None, cols: int | None = None) -> jax.Array:
+    """The digest's sum over a block (rows at or past ``rows``, columns at or past ``cols``, and where ``keep``
+    is False, left out)."""
     if bits.ndim == 0:
         return bits if scheme == 1 else mix(bits ^ jnp.uint32(SEED))
     shape = tuple(shape) + (2,) * (bits.ndim - len(shape))
@@ -93,19 +95,23 @@ def _block_sum(bits: jax.Array, start: Sequence[Any], shape: tuple[int, ...], ro
     if rows is not None:
         real = _index(bits, start, 0) < jnp.uint32(rows)
         keep = real if keep is None else keep & real
+    if cols is not None:
+        real = _index(bits, start, 1) < jnp.uint32(cols)
+        keep = real if keep is None else keep & real
     if keep is not None:
         terms = jnp.where(keep, terms, jnp.uint32(0))
     return jnp.sum(terms, dtype=jnp.uint32)
 
 
-def digest(x: jax.Array, rows: int | None = None, scheme: int = SCHEME) -> jax.Array:
-    """The digest of a whole array (its first ``rows`` rows when given), as a uint32 scalar."""
+def digest(x: jax.Array, rows: int | None = None, scheme: int = SCHEME, cols: int | None = None) -> jax.Array:
+    """The digest of a whole array (its first ``rows`` rows and ``cols`` columns when given), as a uint32 scalar."""
     x = jnp.asarray(x)
-    return _block_sum(_bits(x), (0,) * x.ndim, tuple(x.shape), rows, scheme)
+    return _block_sum(_bits(x), (0,) * x.ndim, tuple(x.shape), rows, scheme, cols=cols)
 
 
-@partial(jax.jit, static_argnames=("shape", "rows", "chunk", "scheme"))
-def _block_digest(block: jax.Array, start: jax.Array, *, shape: tuple, rows: int | None, chunk: int, scheme: int):
+@partial(jax.jit, static_argnames=("shape", "rows", "chunk", "scheme", "cols"))
+def _block_digest(block: jax.Array, start: jax.Array, *, shape: tuple, rows: int | None, chunk: int, scheme: int,
+                  cols: int | None = None):
     """One shard's share, ``chunk`` rows at a time (only a chunk is ever bit-cast)."""
     n = block.shape[0]
 
@@ -114,7 +120,7 @@ def _block_digest(block: jax.Array, start: jax.Array, *, shape: tuple, rows: int
         bits = _bits(lax.dynamic_slice_in_dim(block, s, chunk, 0))
         fresh = lax.broadcasted_iota(jnp.int32, (chunk,) + (1,) * (bits.ndim - 1), 0) + s >= i * chunk  # ...once
         return acc + _block_sum(bits, [start[0] + s, *[start[d] for d in range(1, block.ndim)]], shape, rows,
-                                scheme, keep=fresh)
+                                scheme, keep=fresh, cols=cols)
 
     return lax.fori_loop(0, -(-n // chunk), body, jnp.uint32(0))
 
@@ -122,30 +128,31 @@ def _block_digest(block: jax.Array, start: jax.Array, *, shape: tuple, rows: int
 _SMALL_FNS: dict[tuple, Any] = {}
 
 
-def digests(info: Sequence[tuple[str, jax.Array, int | None]], scheme: int = SCHEME) -> dict[str, int]:
-    """{key: digest} for ``(key, array, logical rows or None)`` entries: small arrays in one jitted call,
-    large ones shard by shard (summed over the processes when there are several)."""
+def digests(info: Sequence[tuple], scheme: int = SCHEME) -> dict[str, int]:
+    """{key: digest} for ``(key, array, logical rows or None[, logical columns or None])`` entries: small arrays
+    in one jitted call, large ones shard by shard (summed over the processes when there are several)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown digest scheme {scheme!r}; this runner knows {SCHEMES}")
-    small = [(k, x, r) for k, x, r in info if x.ndim == 0 or x.nbytes <= CHUNK_BYTES]
-    big = [(k, x, r) for k, x, r in info if not (x.ndim == 0 or x.nbytes <= CHUNK_BYTES)]
-    limits = tuple(r for _, _, r in small)
+    info = [(k, x, r, *(rest or (None,))) for k, x, r, *rest in info]
+    small = [e for e in info if e[1].ndim == 0 or e[1].nbytes <= CHUNK_BYTES]
+    big = [e for e in info if not (e[1].ndim == 0 or e[1].nbytes <= CHUNK_BYTES)]
+    limits = tuple((r, c) for _, _, r, c in small)
     if (limits, scheme) not in _SMALL_FNS:
-        _SMALL_FNS[limits, scheme] = jax.jit(lambda xs: [digest(x, r, scheme) for x, r in zip(xs, limits)])
+        _SMALL_FNS[limits, scheme] = jax.jit(lambda xs: [digest(x, r, scheme, c) for x, (r, c) in zip(xs, limits)])
     fn = _SMALL_FNS[limits, scheme]
-    out = dict(zip([k for k, _, _ in small], map(int, jax.device_get(fn([x for _, x, _ in small])))))
+    out = dict(zip([e[0] for e in small], map(int, jax.device_get(fn([e[1] for e in small])))))
     parts = []
-    for _, x, r in big:
+    for _, x, r, c in big:
         row_bytes = x.dtype.itemsize * int(np.prod(x.shape[1:]))
         shards = [s for s in x.addressable_shards if s.replica_id == 0]
         parts.append([_block_digest(s.data, np.array([i.start or 0 for i in s.index], np.int32), shape=tuple(x.shape),
                                     rows=r, chunk=max(1, min(CHUNK_BYTES // max(row_bytes, 1), s.data.shape[0])),
-                                    scheme=scheme)
+                                    scheme=scheme, cols=c)
                       for s in shards])
     sums = np.array([sum(int(v) for v in jax.device_get(p)) % 2**32 for p in parts], np.uint64)
     if jax.process_count() > 1 and len(sums):
         from jax.experimental import multihost_utils
 
         sums = np.asarray(multihost_utils.process_allgather(sums)).sum(axis=0) % 2**32
-    out.update({k: int(v) for (k, _, _), v in zip(big, sums)})
+    out.update({e[0]: int(v) for e, v in zip(big, sums)})
     return out

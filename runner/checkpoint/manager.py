@@ -40,6 +40,7 @@ from . import drills, quiet, trash
 from . import lock as lock_lib
 from . import meta as meta_lib
 from . import rebucket as rebucket_lib
+from . import target as target_lib
 from ..core import mesh as mesh_lib
 from ..errors import CheckpointError, PreflightError
 
@@ -192,7 +193,7 @@ class Checkpoints:
             meta_lib.check_compatible(meta, self.program, str(where))  # a wrong config is an error, not a skip
             data_lib.check(meta, self.data, str(where), allow=bool(self.cfg.checkpoint.get("allow_data_change")))
             moves = rebucket_lib.rebucketed(meta, meta_lib.tables_of(self.program))  # other partitions
-            target = meta_lib.restore_target(meta, abstract, shardings, mesh_lib.replicated(self.program.mesh),
+            target = target_lib.restore_target(meta, abstract, shardings, mesh_lib.replicated(self.program.mesh),
                                              str(where), read_whole=set(moves))
             try:
                 # strict=False: row-padded leaves are padded with zeros or cut to this layout's row count
@@ -236,7 +237,8 @@ class Checkpoints:
         best_abstract = BestState(abstract.params, abstract.tables)
         best_shardings = BestState(shardings.params, shardings.tables)
         try:
-            target = meta_lib.restore_target({"arrays": meta["best_arrays"]}, best_abstract, best_shardings,
+            target = target_lib.restore_target({"arrays": meta["best_arrays"], "tables": meta["tables"]}, best_abstract,
+                                             best_shardings,
                                              mesh_lib.replicated(self.program.mesh), str(where))
             how = ocp.checkpoint_utils.construct_restore_args(target, strict=False)
             args = ocp.args.Composite(best=ocp.args.PyTreeRestore(target, restore_args=how))

@@ -6,9 +6,9 @@
   config and the library versions that wrote it, each table's layout, every array's shape, dtype and
   digest (``runner.checkpoint.digest``, checked after each restore), and the data file's fingerprint
   (``runner.checkpoint.data``, checked on resume).
-- ``check_compatible`` / ``restore_target``: refuse a checkpoint this config cannot continue (a
-  ``PreflightError`` naming the field and both values) and build the abstract target the arrays are read
-  into: this run's shapes and shardings, so a checkpoint reshards onto any mesh and table layout.
+- ``check_compatible``: refuse a checkpoint this config cannot continue (a ``PreflightError`` naming the field
+  and both values); ``runner.checkpoint.target`` builds the abstract target the arrays are read into: this
+  run's shapes and shardings, so a checkpoint reshards onto any mesh, table layout and stored width.
 - ``check_settings`` / ``check_writable`` / ``resume_source``: the checkpoint settings, checked before
   anything compiles; ``carry_metrics``: a resumed run's metrics.jsonl continues the history, no step twice.
 """
@@ -97,10 +97,22 @@ def logical_rows(path: tuple, shape: tuple, tables: Mapping[str, Mapping[str, An
     return None
 
 
-def leaves(state: Any, tables: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, Any, int | None]]:
-    """(key, leaf, logical rows or None) for every array of the state, in pytree order."""
+def logical_cols(path: tuple, shape: tuple, tables: Mapping[str, Mapping[str, Any]]) -> int | None:
+    """For a table or per-element state leaf stored wider than its rows (``stored_width``): the table's width
+    (the columns past it are padding); else None. A checkpoint's digests then do not depend on the padding, so
+    it restores at any stored width."""
+    if len(path) >= 2 and getattr(path[0], "name", None) in ("tables", "emb_states") and len(shape) == 2:
+        t = tables[path[1].key]
+        if shape[0] == t["rows"] and shape[1] == t.get("stored_width") != t["width"]:
+            return t["width"]
+    return None
+
+
+def leaves(state: Any, tables: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, Any, int | None, int | None]]:
+    """(key, leaf, logical rows or None, logical columns or None) for every array of the state, in pytree order."""
     flat, _ = jax.tree_util.tree_flatten_with_path(state)
-    return [(jax.tree_util.keystr(p), x, logical_rows(p, tuple(x.shape), tables)) for p, x in flat]
+    return [(jax.tree_util.keystr(p), x, logical_rows(p, tuple(x.shape), tables),
+             logical_cols(p, tuple(x.shape), tables)) for p, x in flat]
 
 
 def digests(state: Any, tables: Mapping[str, Mapping[str, Any]], fmt: int = FORMAT) -> dict[str, int]:
@@ -112,7 +124,7 @@ def describe_arrays(program: Any, tree: Any) -> dict[str, dict[str, Any]]:
     """Shape, dtype, logical rows and digest of every array of ``tree`` (a TrainState or a BestState)."""
     info = leaves(tree, tables_of(program))
     sums = checkpoint_digest.digests(info, scheme=DIGEST_SCHEMES[FORMAT])
-    return {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r in info}
+    return {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r, _ in info}
 
 
 def describe(cfg: DictConfig, program: Any, state: Any, *, step: int, metrics_rows: int, run: str,
@@ -121,7 +133,7 @@ def describe(cfg: DictConfig, program: Any, state: Any, *, step: int, metrics_ro
     tables = tables_of(program)
     info = leaves(state, tables)
     sums = checkpoint_digest.digests(info, scheme=DIGEST_SCHEMES[FORMAT])
-    arrays = {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r in info}
+    arrays = {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r, _ in info}
     return {"format": FORMAT, "step": step, "data_step": step, "metrics_rows": metrics_rows, "run_id": run,
             "output_dir": output_dir, "mesh": mesh, "async_emb": bool(program.async_emb),
             "staleness": int(program.staleness), "compensation": _compensation(program), "tables": tables,
@@ -138,7 +150,6 @@ def _compensation(program: Any) -> str:
 def _field_names(name: str) -> dict[str, str]:
     return {"vocab": f"model.tables.{name}.vocab (or the data's id range)",
             "width": f"model.tables.{name}.width / model.emb_width",
-            "stored_width": f"model.tables.{name}.stored_width, the columns its rows and state are stored with",
             "dtype": f"model.tables.{name}.dtype",
             "optimizer": f"optimizer / table_optimizers.{name}",
             "tokens_per_batch": "trainer.batch_size x tokens per example (the deferred update's shape)"}
@@ -174,11 +185,14 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
         for key, label in _field_names(name).items():
             if key == "tokens_per_batch" and not program.async_emb or key == "vocab" and moved:
                 continue  # a hash table saved with other partitions has other rows: placed again (rebucket.py)
-            if key == "stored_width" and key not in theirs[name]:  # a checkpoint from before the setting
-                theirs[name][key] = theirs[name]["width"]
             if ours[name][key] != theirs[name][key]:
                 problems.append(f"table '{name}' {key} ({label}): the checkpoint has {theirs[name][key]!r}, "
                                 f"this config has {ours[name][key]!r}")
+        stored = theirs[name].get("stored_width", theirs[name]["width"]), ours[name]["stored_width"]
+        if moved and stored[0] != stored[1]:  # its rows are placed again as stored: one change at a time
+            problems.append(f"table '{name}' stored_width (model.tables.{name}.stored_width): the checkpoint has "
+                            f"{stored[0]}, this config has {stored[1]}, and its partitions change too; resume with "
+                            f"model.tables.{name}.stored_width={stored[0]} first, then change it")
         slots = rebucket_lib.capacity(theirs[name]), rebucket_lib.capacity(ours[name])
         if moved and slots[0] != slots[1]:
             problems.append(f"table '{name}' capacity (model.tables.{name}.capacity): the checkpoint has "
@@ -229,47 +243,6 @@ def incompatible(where: str, problems: list[str]) -> str:
     return (f"checkpoint {where} was written by an incompatible config:\n  - " + "\n  - ".join(problems)
             + "\nResume it with the config that wrote it (stored in its meta/ item), or start a new run: "
               "checkpoint.resume=never with another checkpoint.dir or trainer.run_id.")
-
-
-def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, replicated: Any, where: str,
-                   read_whole: set[str] = frozenset()):
-    """The abstract tree to read into: this run's shapes and shardings. Row-padded leaves may differ in
-    their row count (Orbax pads with zeros or truncates padding rows); the deferred update's id list is
-    read whole (replicated) at its stored size and rebuilt for this run afterwards (`_refit`); the tables named
-    in ``read_whole`` (hash tables placed again, ``rebucketed``) are read whole at their stored shapes. Any other
-    difference is refused by name."""
-    stored, problems = meta["arrays"], []
-    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
-    sh = jax.tree_util.tree_leaves(shardings)
-    out = []
-    for (path, x), s in zip(flat, sh):
-        key = jax.tree_util.keystr(path)
-        if key not in stored:
-            problems.append(f"array {key}: missing from the checkpoint (this config has shape {tuple(x.shape)})")
-            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
-            continue
-        shape, dtype, rows = tuple(stored[key]["shape"]), stored[key]["dtype"], stored[key]["rows"]
-        if dtype != str(x.dtype):
-            problems.append(f"array {key} dtype: the checkpoint has {dtype}, this config has {x.dtype}")
-        if (len(path) >= 2 and getattr(path[0], "name", None) in ("tables", "emb_states", "hashed")
-                and getattr(path[1], "key", None) in read_whole):
-            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # placed again (rebucket.py)
-        elif path[-1] == jax.tree_util.GetAttrKey(SEGMENT_IDS) and shape == tuple(x.shape):
-            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # re-placed by the refit
-        elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == len(x.shape) == 1:
-            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # at its stored size
-        elif shape == tuple(x.shape) or (rows is not None and shape[1:] == tuple(x.shape[1:])
-                                       and min(shape[0], x.shape[0]) >= rows):
-            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
-        else:
-            problems.append(f"array {key} shape: the checkpoint has {shape}, this config has {tuple(x.shape)}")
-            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
-    extra = sorted(set(stored) - {jax.tree_util.keystr(p) for p, _ in flat})
-    if extra:
-        problems.append(f"arrays {extra}: in the checkpoint but not in this config's state")
-    if problems:
-        raise PreflightError(incompatible(where, problems))
-    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def config_changes(old: Mapping[str, Any], cfg: DictConfig) -> list[str]:

@@ -50,6 +50,20 @@ class TableSpec:
         return self.stored_width or self.width
 
 
+LANES = 128  # a TPU tile's minor dimension: a float32 row of a multiple of it is stored row-major as it is
+AUTO_PAD_FROM = 64  # narrower tables are not padded by default: 2.7x-16x the memory, and no copy at 10M rows
+
+
+def auto_stored_width(width: int, backend: str, splits_width: bool = False) -> int | None:
+    """The stored width ``model.tables.<name>.stored_width=null`` resolves to: on a TPU, a width of at least 64
+    that is not a multiple of 128 is padded up to one (XLA would store the table column-major and copy it whole
+    around every row gather and scatter: docs/results/tpu.md); None (the width itself) on other backends, for
+    narrower widths, and on a layout that splits the width over its shards."""
+    if backend != "tpu" or splits_width or width < AUTO_PAD_FROM or width % LANES == 0:
+        return None
+    return -(-width // LANES) * LANES
+
+
 def stored_rows(spec: TableSpec, ids: jax.Array, mesh: Mesh | None = None, split: bool = True) -> jax.Array:
     """The rows that hold ``ids`` (int32): the ids themselves, or their relabelling under ``spec.permute_ids``
     (0, the padding id, and ids outside ``[1, vocab)`` stay as they are).

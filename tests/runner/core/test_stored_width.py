@@ -88,15 +88,30 @@ def test_a_stored_width_equal_to_the_width_is_no_padding():
     assert program.tables["users"].columns == 8 and not program.contexts["users"].padded
 
 
-def test_a_resume_with_another_stored_width_is_refused(tmp_path):
+@pytest.mark.parametrize("first, then", [(16, None), (None, 16), (16, 24)], ids=["padded-then-not", "not-then-padded",
+                                                                          "16-then-24"])
+def test_a_checkpoint_resumes_at_another_stored_width(tmp_path, first, then):
+    """The padding is the layout, not the model: a checkpoint saved with one stored width resumes at another (the
+    padding columns cut off or added as zeros; the digests cover the table's own columns) and the run goes on as
+    one whose both halves ran at the new width (to float rounding)."""
     from runner.app import run
 
-    base = [*RUN, "checkpoint.interval=5", f"checkpoint.dir={tmp_path / 'ck'}"]
-    run(compose_config([*base, "model.tables.users.stored_width=16"]), tmp_path / "a")
-    with pytest.raises(PreflightError, match=r"table 'users' stored_width \(model.tables.users.stored_width, the "
-                                             r"columns its rows and state are stored with\): the checkpoint has 16, "
-                                             r"this config has 8"):
-        run(compose_config([*base, "trainer.steps=10"]), tmp_path / "b")
+    def widths(s):
+        return [f"model.tables.{n}.stored_width={s}" for n in ("users", "items")] if s else []
+
+    import json
+
+    def two_runs(ck, before, after, out):  # 5 steps and a checkpoint, then a resume to step 10
+        base = [*RUN, "checkpoint.interval=5", f"checkpoint.dir={tmp_path / ck}"]
+        run(compose_config([*base, *widths(before)]), tmp_path / f"{out}1")
+        run(compose_config([*base, *widths(after), "trainer.steps=10"]), tmp_path / f"{out}2")
+        return [json.loads(x) for x in (tmp_path / f"{out}2" / "metrics.jsonl").read_text().splitlines()]
+
+    resumed = two_runs("ck", first, then, "a")
+    whole = two_runs("ck_same", then, then, "b")  # the same two runs, both at the new stored width
+    loss = lambda rows: {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}  # noqa: E731
+    got, want = loss(resumed), loss(whole)
+    assert set(range(6, 11)) <= set(got) and all(got[k] == pytest.approx(want[k], rel=1e-5) for k in range(6, 11))
 
 
 def test_a_slot_given_to_a_new_id_gets_a_fresh_row_and_zero_padding():
@@ -119,9 +134,9 @@ def test_a_slot_given_to_a_new_id_gets_a_fresh_row_and_zero_padding():
     assert (np.delete(np.asarray(t), rows, axis=0) == 9.0).all()
 
 
-def test_a_checkpoint_from_before_the_setting_resumes_as_unpadded(tmp_path):
+def test_a_checkpoint_from_before_the_setting_resumes(tmp_path):
     """A checkpoint whose record has no stored_width (written before the setting) holds unpadded tables: a config
-    without padding resumes it, one with padding is refused."""
+    without padding resumes it, and so does one with padding."""
     import json
 
     from runner.app import run
@@ -133,7 +148,33 @@ def test_a_checkpoint_from_before_the_setting_resumes_as_unpadded(tmp_path):
     for t in meta["tables"].values():
         del t["stored_width"]
     record.write_text(json.dumps(meta))
-    with pytest.raises(PreflightError, match=r"table 'users' stored_width .*: the checkpoint has 8, this config has 16"):
-        run(compose_config([*base, "trainer.steps=10", "model.tables.users.stored_width=16"]), tmp_path / "b")
-    run(compose_config([*base, "trainer.steps=10"]), tmp_path / "c")
+    run(compose_config([*base, "trainer.steps=10", "model.tables.users.stored_width=16"]), tmp_path / "b")
     assert (tmp_path / "ck" / "10").is_dir()
+
+
+@pytest.mark.parametrize("width, backend, splits, want", [
+    (64, "tpu", False, 128), (96, "tpu", False, 128), (192, "tpu", False, 256), (200, "tpu", False, 256),
+    (128, "tpu", False, None), (256, "tpu", False, None), (48, "tpu", False, None), (16, "tpu", False, None),
+    (64, "tpu", True, None), (64, "cpu", False, None), (64, "gpu", False, None),
+])
+def test_the_default_pads_on_a_tpu_only_widths_it_copies(width, backend, splits, want):
+    from runner.core.embeddings import auto_stored_width
+
+    assert auto_stored_width(width, backend, splits) == want
+
+
+def test_a_run_on_a_tpu_pads_its_tables_unless_told_not_to(monkeypatch, caplog):
+    """stored_width=null on a TPU backend (faked: the tables are built on the CPU) pads the 64-wide tables to 128
+    and says so; a stored_width set to the width keeps a table narrow; on the CPU nothing is padded."""
+    import logging
+
+    cfg = ["model.emb_width=64", "model.tables.authors.stored_width=64"]
+    program, _, _ = build(compose_config(cfg))
+    assert {n: s.columns for n, s in program.tables.items()} == {"users": 64, "items": 64, "authors": 64}
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    with caplog.at_level(logging.INFO, logger="runner"):
+        program, _, _ = build(compose_config(cfg))
+    assert {n: s.columns for n, s in program.tables.items()} == {"users": 128, "items": 128, "authors": 64}
+    assert program.contexts["items"].stored_width == 128
+    assert ("table items stored 128 columns wide for the TPU (its width 64; model.tables.items.stored_width=64 "
+            "keeps it unpadded)") in caplog.text

@@ -1,0 +1,63 @@
+"""What a restore reads a checkpoint's arrays into: this run's shapes and shardings, and the differences from the
+checkpoint's that a restore may carry over (row padding, a table's padding columns, the deferred update's id
+list, hash tables placed again); any other difference is refused by name before anything is read."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+
+from ..errors import PreflightError
+from .meta import SEGMENT_IDS, UNIQUE_TOKENS, incompatible
+
+
+def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, replicated: Any, where: str,
+                   read_whole: set[str] = frozenset()):
+    """The abstract tree to read into: this run's shapes and shardings. Row-padded leaves may differ in
+    their row count (Orbax pads with zeros or truncates padding rows), and tables and their per-element state
+    in their padding columns (``stored_width``: the same); the deferred update's id list is
+    read whole (replicated) at its stored size and rebuilt for this run afterwards (`_refit`); the tables named
+    in ``read_whole`` (hash tables placed again, ``rebucketed``) are read whole at their stored shapes. Any other
+    difference is refused by name."""
+    stored, problems = meta["arrays"], []
+    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    sh = jax.tree_util.tree_leaves(shardings)
+    out = []
+    for (path, x), s in zip(flat, sh):
+        key = jax.tree_util.keystr(path)
+        if key not in stored:
+            problems.append(f"array {key}: missing from the checkpoint (this config has shape {tuple(x.shape)})")
+            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
+            continue
+        shape, dtype, rows = tuple(stored[key]["shape"]), stored[key]["dtype"], stored[key]["rows"]
+        if dtype != str(x.dtype):
+            problems.append(f"array {key} dtype: the checkpoint has {dtype}, this config has {x.dtype}")
+        if (len(path) >= 2 and getattr(path[0], "name", None) in ("tables", "emb_states", "hashed")
+                and getattr(path[1], "key", None) in read_whole):
+            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # placed again (rebucket.py)
+        elif path[-1] == jax.tree_util.GetAttrKey(SEGMENT_IDS) and shape == tuple(x.shape):
+            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # re-placed by the refit
+        elif path[-1] == jax.tree_util.GetAttrKey(UNIQUE_TOKENS) and len(shape) == len(x.shape) == 1:
+            out.append(jax.ShapeDtypeStruct(shape, x.dtype, sharding=replicated))  # at its stored size
+        elif shape == tuple(x.shape) or (
+                (shape[0] == x.shape[0] or (rows is not None and min(shape[0], x.shape[0]) >= rows))
+                and (shape[1:] == tuple(x.shape[1:]) or _other_padding(meta, path, shape, tuple(x.shape)))):
+            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
+        else:
+            problems.append(f"array {key} shape: the checkpoint has {shape}, this config has {tuple(x.shape)}")
+            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
+    extra = sorted(set(stored) - {jax.tree_util.keystr(p) for p, _ in flat})
+    if extra:
+        problems.append(f"arrays {extra}: in the checkpoint but not in this config's state")
+    if problems:
+        raise PreflightError(incompatible(where, problems))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _other_padding(meta: Mapping[str, Any], path: tuple, shape: tuple, now: tuple) -> bool:
+    """A table or per-element state leaf stored with other padding columns (``stored_width``) than this run's,
+    both at least the table's width: Orbax pads the columns with zeros or cuts the padding off."""
+    if len(path) < 2 or getattr(path[0], "name", None) not in ("tables", "emb_states") or len(shape) != 2:
+        return False
+    t = meta.get("tables", {}).get(getattr(path[1], "key", None))
+    return isinstance(t, Mapping) and len(now) == 2 and min(shape[1], now[1]) >= t["width"]
