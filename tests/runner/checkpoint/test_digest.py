@@ -131,3 +131,20 @@ def test_sharded_and_chunked_match_numpy(monkeypatch, spec):
     assert cd.digests(info) == {"t": reference(a, rows=1001), "whole": reference(a), "small": reference(a[:3])}
     assert cd.digests(info, scheme=1) == {"t": reference_v1(a, rows=1001), "whole": reference_v1(a),
                                           "small": reference_v1(a[:3])}
+
+
+@pytest.mark.parametrize("spec", [P("table", None), P()], ids=["rows", "replicated"])
+def test_padding_columns_do_not_count(monkeypatch, spec):
+    """A table stored wider than its rows (``stored_width``) digests as the narrow one: its first ``cols`` columns,
+    whole, sharded by rows or chunked; a change inside them still shows."""
+    monkeypatch.setattr(cd, "CHUNK_BYTES", 3 * 8 * 4 * 7 + 4)
+    mesh = build_mesh(MeshPlan((("data", 2), ("table", 4)), "table", "row"))
+    a = np.random.default_rng(5).normal(size=(1004, 8)).astype(np.float32)
+    padded = np.concatenate([a, np.full((1004, 5), 9.0, np.float32)], axis=1)
+    x = jax.device_put(padded, NamedSharding(mesh, spec))
+    info = [("big", x, 1001, 8), ("small", jnp.asarray(padded[:3]), None, 8), ("narrow", jnp.asarray(a[:3]), None)]
+    assert cd.digests(info) == {"big": reference(a, rows=1001), "small": reference(a[:3]), "narrow": reference(a[:3])}
+    assert int(cd.digest(jnp.asarray(padded), rows=1001, cols=8)) == reference(a, rows=1001)
+    changed = padded.copy()
+    changed[5, 7] = -changed[5, 7]
+    assert int(cd.digest(jnp.asarray(changed), cols=8)) != reference(a)
