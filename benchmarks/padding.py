@@ -57,8 +57,9 @@ def run(quick: bool, out: Path) -> dict:
 
 def report(out: Path, data: dict) -> None:
     c = data["config"]
-    rows = [[r["variant"], ", ".join(f"{n} {s[0]:,} x {s[1]}" for n, s in r["tables"].items()), common.spread(r["step"]),
-             f"{r['examples_per_s']:,.0f}", common.spread(r["x_unpadded"], 1, "{:.2f}")] for r in data["results"]]
+    rows = [[r["variant"], ", ".join(f"{n} {s[0]:,} x {s[1]}" for n, s in r["tables"].items()),
+             common.spread(r["step"]), f"{r['examples_per_s']:,.0f}", common.spread(r["x_unpadded"], 1, "{:.2f}")]
+            for r in data["results"]]
     body = (f"The ranking model, {c['items']:,} items, batch {c['batch']:,}, fused async row-wise Adagrad, one device; "
             f"{c['rounds']} interleaved rounds of {c['steps']} steps after {c['warmup']} warm-up round; medians with "
             f"(min-max). {common.machine_line()}.\n\n"
