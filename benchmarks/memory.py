@@ -1,10 +1,10 @@
 """Peak memory of a table and its optimizer state: initialisation and fused update steps, against the bytes
 of the table + state themselves. Each configuration runs in a fresh process, so its peak RSS is its own.
 
-In the child: compile the update step from abstract shapes, note the RSS (the process baseline: Python,
-JAX, compiled code), initialise the table (``runner.core.embeddings.init_table``, as the trainer does) and the
-optimizer state (``opt.init`` under jit, as ``TrainProgram.init_state`` does), note the peak, run donated
-update steps, note the peak again. "Overhead" is (peak - baseline) / (table + state bytes) - 1.
+In the child: compile the update step, the table's fill (``runner.core.embeddings.table_initializer``, what
+``init_table`` runs, as the trainer does) and the optimizer state's init (``opt.init`` under jit, as
+``TrainProgram.init_state`` does) from abstract shapes, note the RSS (the process baseline: Python, JAX,
+compiled code), initialise table and state, note the peak, run donated update steps, note the peak again. "Overhead" is (peak - baseline) / (table + state bytes) - 1.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def child(cfg: dict) -> dict:
     from jax.sharding import Mesh, NamedSharding
 
     import optimizers
-    from runner.core.embeddings import TableSpec, init_table
+    from runner.core.embeddings import TableSpec, table_initializer
 
     from .fused_update import update_step
 
@@ -54,13 +54,14 @@ def child(cfg: dict) -> dict:
     ids_abs = jax.ShapeDtypeStruct((B,), jnp.int32)
     step = step.lower(table_abs, state_shape, ids_abs).compile()
     init_state = jax.jit(lambda: opt.init(V, D), out_shardings=state_sh).lower().compile()
+    spec, key = TableSpec("t", V, D, 1, V, dtype=cfg["dtype"]), jax.random.key(0)
+    fill = table_initializer(spec, shard(ctx.table_spec())).lower(key).compile()
     rng = np.random.default_rng(0)
     ids = [jnp.asarray(common.zipf_ids(rng, V, B)) for _ in range(cfg["steps"])]
     jax.block_until_ready(ids)
 
     base = common.rss_bytes()
-    spec = TableSpec("t", V, D, 1, V, dtype=cfg["dtype"])
-    table = init_table(spec, jax.random.key(0), shard(ctx.table_spec()))
+    table = fill(key)
     state = init_state()
     jax.block_until_ready((table, state))
     peak_init = common.peak_rss_bytes()

@@ -145,9 +145,14 @@ def init_table(spec: TableSpec, key: jax.Array, sharding: NamedSharding | None, 
     one chunk of work, never a table-sized temporary (drawing a 10M x 64 table with ``jax.random.normal``
     in one go peaks near 10 GB on CPU; a sharded fill through the SPMD partitioner gathers whole tables).
     """
+    return table_initializer(spec, sharding, chunk_rows)(key)
+
+
+def table_initializer(spec: TableSpec, sharding: NamedSharding | None, chunk_rows: int = 1 << 14):
+    """``init_table``'s jitted ``key -> table``, to compile ahead (e.g. before a memory baseline is taken)."""
     options = compiler_options([spec.dtype])  # bfloat16: keep XLA:CPU from filling an f32 copy
     fill = lambda k: table_values(spec, k, sharding, chunk_rows)  # noqa: E731
-    return jax.jit(fill, out_shardings=sharding, compiler_options=options)(key)
+    return jax.jit(fill, out_shardings=sharding, compiler_options=options)
 
 
 def table_values(spec: TableSpec, key: Any, sharding: NamedSharding | None, chunk_rows: int = 1 << 14):
