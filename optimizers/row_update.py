@@ -111,11 +111,10 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
         sq = _row_sums(row_sq)  # summed over the shards below, with the rule's check: each its rows or columns
 
     n_local = table.shape[0]
-    padded = not (axis is not None and ctx.layout.splits_width) and table.shape[1] != ctx.emb_width
 
     def narrow(a):
-        """A gathered leaf's first ``emb_width`` columns when the table is stored padded (rows: as they are)."""
-        return a[..., :ctx.emb_width] if padded and a.ndim >= 2 and a.shape[-1] == table.shape[1] else a
+        """A gathered table or per-element state leaf's own columns (``ctx.stored_width``: its padding cut off)."""
+        return ctx.narrow(a) if a.ndim >= 2 and a.shape[-1] == ctx.stored_width else a
 
     def widen(v, a):
         """New values ``v`` for leaf ``a``: padded with zero columns up to ``a``'s stored width."""
