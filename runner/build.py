@@ -181,8 +181,8 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
                 f"the table needs >= {id_range + 1} rows (row 0 is padding); raise it or set it to null")
         specs[name] = TableSpec(name, vocab, t.width or cfg.model.emb_width, tokens,
                                 rows=-(-vocab // shards) * shards, dtype=t.dtype, init_scale=t.init_scale,
-                                permute_ids=permuted[name], stored_width=padding.stored_width(name, t, cfg.model.emb_width))
-    return padding.padded_for_backend(cfg, plan, specs)
+                                permute_ids=permuted[name])
+    return padding.stored_widths(cfg, plan, specs)
 
 
 def hash_partitions(cfg: DictConfig, plan: MeshPlan | None, name: str, t: DictConfig) -> int:
@@ -209,7 +209,7 @@ def keyed_table(name: str, t: DictConfig, tokens: int, emb_width: int, shards: i
             raise PreflightError(f"model.tables.{name}.kind=modulo needs model.tables.{name}.vocab (the rows ids "
                                  f"are hashed onto, incl. the padding row 0), e.g. model.tables.{name}.vocab=100001")
         return TableSpec(name, t.vocab, width, tokens, rows=-(-t.vocab // shards) * shards, dtype=t.dtype,
-                         init_scale=t.init_scale, kind="modulo", stored_width=padding.stored_width(name, t, emb_width))
+                         init_scale=t.init_scale, kind="modulo")
     if t.capacity is None:
         raise PreflightError(f"model.tables.{name}.kind=hash needs model.tables.{name}.capacity (the ids it holds "
                              f"at once), e.g. model.tables.{name}.capacity=100000")
@@ -223,7 +223,7 @@ def keyed_table(name: str, t: DictConfig, tokens: int, emb_width: int, shards: i
     spec = HashSpec(int(t.capacity), int(t.admit_after), str(t.evict), int(t.ttl), str(t.default), int(t.probes),
                     sketch_width=int(t.sketch_width), admit_window=int(t.admit_window), partitions=partitions)
     return TableSpec(name, spec.rows, width, tokens, rows=spec.rows, dtype=t.dtype, init_scale=t.init_scale,
-                     kind="hash", hash=spec, stored_width=padding.stored_width(name, t, emb_width))
+                     kind="hash", hash=spec)
 
 
 def optimizer_key(cfg: DictConfig, name: str) -> str:

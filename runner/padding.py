@@ -19,28 +19,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("runner")
 
 
-def stored_width(name: str, t: DictConfig, emb_width: int) -> int | None:
-    """``model.tables.<name>.stored_width``, checked: at least the table's width. None when it is the width or
-    null (``padded_for_backend`` then applies the backend's default to a null one)."""
-    stored, width = t.get("stored_width"), t.width or emb_width
-    if stored is None or int(stored) == width:
-        return None
-    if int(stored) < width:
-        raise PreflightError(f"model.tables.{name}.stored_width={stored} is narrower than the table's width {width}: "
-                             f"set it to at least {width} (e.g. {-(-width // 128) * 128}, the TPU's lanes), or null")
-    return int(stored)
-
-
-def padded_for_backend(cfg: DictConfig, plan: MeshPlan | None, specs: dict[str, TableSpec]) -> dict[str, TableSpec]:
-    """The tables whose ``stored_width`` is null, stored as ``auto_stored_width`` decides for this backend (on a
-    TPU: widths of 64 or more padded to a multiple of 128); logged when it pads one."""
+def stored_widths(cfg: DictConfig, plan: MeshPlan | None, specs: dict[str, TableSpec]) -> dict[str, TableSpec]:
+    """Each table with its stored width: ``model.tables.<name>.stored_width`` when set (at least the width; the
+    width itself: unpadded), else what ``auto_stored_width`` decides for this backend (on a TPU: widths of 64 or
+    more padded to a multiple of 128), logged when it pads one."""
     backend, splits = jax.default_backend(), plan is not None and plan.layout.splits_width
     out = {}
     for name, s in specs.items():
         t = cfg.model.tables.get(name)
-        auto = auto_stored_width(s.width, backend, splits) if t is None or t.get("stored_width") is None else None
-        out[name] = dataclasses.replace(s, stored_width=auto) if auto else s
-        if auto and jax.process_index() == 0:
-            log.info("table %s stored %d columns wide for the %s (its width %d; model.tables.%s.stored_width=%d "
-                     "keeps it unpadded)", name, auto, backend.upper(), s.width, name, s.width)
+        stored = None if t is None else t.get("stored_width")
+        if stored is None:
+            stored = auto_stored_width(s.width, backend, splits)
+            if stored and jax.process_index() == 0:
+                log.info("table %s stored %d columns wide for the %s (its width %d; model.tables.%s.stored_width=%d "
+                         "keeps it unpadded)", name, stored, backend.upper(), s.width, name, s.width)
+        elif int(stored) < s.width:
+            raise PreflightError(f"model.tables.{name}.stored_width={stored} is narrower than the table's width "
+                                 f"{s.width}: set it to at least {s.width} (e.g. {-(-s.width // 128) * 128}, the "
+                                 f"TPU's lanes), or null")
+        out[name] = dataclasses.replace(s, stored_width=int(stored)) if stored and int(stored) != s.width else s
     return out
