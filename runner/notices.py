@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 from optimizers import OptaxEmbOptimizer
 
+from .core.embeddings import LANES as TPU_LANES
+
 
 def rounding_warnings(emb_optimizers: Mapping[str, Any], tables: Mapping[str, Any]) -> list[str]:
     """Lines (each starting with ``warning:``) for each bfloat16 table a plain optax optimizer updates: it writes
@@ -25,7 +27,6 @@ def rounding_warnings(emb_optimizers: Mapping[str, Any], tables: Mapping[str, An
     return out
 
 
-TPU_LANES = 128  # a TPU tile's minor dimension: a float32 row of a multiple of it is stored as it is
 TPU_WARN_ROWS = 1_000_000  # below this a whole-table copy costs little next to the rest of a step
 
 

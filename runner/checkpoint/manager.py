@@ -194,7 +194,7 @@ class Checkpoints:
             data_lib.check(meta, self.data, str(where), allow=bool(self.cfg.checkpoint.get("allow_data_change")))
             moves = rebucket_lib.rebucketed(meta, meta_lib.tables_of(self.program))  # other partitions
             target = target_lib.restore_target(meta, abstract, shardings, mesh_lib.replicated(self.program.mesh),
-                                             str(where), read_whole=set(moves))
+                                               str(where), read_whole=set(moves))
             try:
                 # strict=False: row-padded leaves are padded with zeros or cut to this layout's row count
                 how = ocp.checkpoint_utils.construct_restore_args(target, strict=False)
@@ -238,8 +238,7 @@ class Checkpoints:
         best_shardings = BestState(shardings.params, shardings.tables)
         try:
             target = target_lib.restore_target({"arrays": meta["best_arrays"], "tables": meta["tables"]}, best_abstract,
-                                             best_shardings,
-                                             mesh_lib.replicated(self.program.mesh), str(where))
+                                               best_shardings, mesh_lib.replicated(self.program.mesh), str(where))
             how = ocp.checkpoint_utils.construct_restore_args(target, strict=False)
             args = ocp.args.Composite(best=ocp.args.PyTreeRestore(target, restore_args=how))
             with quiet.abandoned_reads_dropped():

@@ -149,8 +149,7 @@ def _compensation(program: Any) -> str:
 # ----- compatibility ------------------------------------------------------------------------------------
 def _field_names(name: str) -> dict[str, str]:
     return {"vocab": f"model.tables.{name}.vocab (or the data's id range)",
-            "width": f"model.tables.{name}.width / model.emb_width",
-            "dtype": f"model.tables.{name}.dtype",
+            "width": f"model.tables.{name}.width / model.emb_width", "dtype": f"model.tables.{name}.dtype",
             "optimizer": f"optimizer / table_optimizers.{name}",
             "tokens_per_batch": "trainer.batch_size x tokens per example (the deferred update's shape)"}
 
