@@ -53,6 +53,8 @@ from jax import lax
 
 from optimizers.rounding import mix32
 
+from .hash_ops import either, first_min, windows
+
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
 DEFAULTS = ("zeros", "shared")
@@ -210,13 +212,13 @@ def window_slots(spec: HashSpec, uh, ul):
 def _find(spec: HashSpec, state: HashState, uh, ul, valid, first: int = 0):
     """(hit, slot, window) of each id: whether it holds a slot in its window, and which (global slots;
     ``window`` indexes ``state``, which holds the partitions from ``first`` on). ``valid``: the ids of the
-    partitions ``state`` holds."""
+    partitions ``state`` holds. An id is in at most one slot, so its slot is the window's largest match."""
     win = window_slots(spec, uh, ul) - first * spec.part_capacity
-    wk = state.keys.at[win].get(mode="fill", fill_value=0)
+    (wk,) = windows(win, valid, state.keys)
     match = (wk[..., 0] == uh[:, None]) & (wk[..., 1] == ul[:, None]) & valid[:, None]
-    hit = jnp.any(match, axis=1)
-    slot = jnp.take_along_axis(win, jnp.argmax(match, axis=1)[:, None], 1)[:, 0] + first * spec.part_capacity
-    return hit, jnp.where(hit, slot, -1), win
+    local = jnp.max(jnp.where(match, win, -1), axis=1)
+    hit = local >= 0
+    return hit, jnp.where(hit, local + first * spec.part_capacity, -1), win
 
 
 def _mine(spec: HashSpec, state: HashState, uh, ul, valid, first: int) -> jax.Array:
@@ -227,35 +229,33 @@ def _mine(spec: HashSpec, state: HashState, uh, ul, valid, first: int) -> jax.Ar
     return valid & (part >= first) & (part < first + held(spec, state))
 
 
-def _lexmin(mask_and_keys: list[jax.Array]) -> jax.Array:
-    """Per row, the index of the lexicographically smallest tuple of the given [N, P] int32 keys."""
-    keep = jnp.ones(mask_and_keys[0].shape, bool)
-    for k in mask_and_keys:
-        big = jnp.iinfo(jnp.int32).max
-        v = jnp.where(keep, k, big)
-        keep &= v == jnp.min(v, axis=1, keepdims=True)
-    return jnp.argmax(keep, axis=1)
-
-
 def _choose(spec: HashSpec, last, count, win, wants, step):
     """(slot, can, evicts) of each id that wants one: its choice in its window (first empty, else the policy's
     victim among the evictable; ``last``'s length where none), whether it found one, and whether that slot
     holds another id (an eviction if it keeps it). Slots index ``last`` and ``count`` (the partitions held)."""
     c = last.shape[0]
-    wl, wc = last.at[win].get(mode="fill", fill_value=0), count.at[win].get(mode="fill", fill_value=0)
-    empty = wl < 0
     limit = step - spec.ttl if spec.evict == "ttl" else step  # a slot seen at or after it is kept
-    evictable = ~empty & (wl < limit)
-    cls = jnp.where(empty, 0, jnp.where(evictable, 1, 2)).astype(jnp.int32)
-    j = _lexmin([cls, wc, wl] if spec.evict == "lfu" else [cls, wl])
+    big = jnp.iinfo(jnp.int32).max
+    if spec.evict == "lfu":
+        wl, wc = windows(win, wants, last, count)
+        empty = wl < 0
+        cls = jnp.where(empty, 0, jnp.where(wl < limit, 1, 2)).astype(jnp.int32)
+        j = first_min([cls, wc, wl])
+        kind = jnp.take_along_axis(cls, j[:, None], 1)[:, 0]
+    else:  # lru, ttl: one key, the empty (last -1) first, then the least recently seen evictable, the kept last
+        (wl,) = windows(win, wants, last)
+        v = jnp.where(wl < 0, -1, jnp.where(wl < limit, wl, big))
+        j = first_min([v])
+        best = jnp.take_along_axis(v, j[:, None], 1)[:, 0]
+        kind = jnp.where(best < 0, 0, jnp.where(best == big, 2, 1))
     pick = jnp.take_along_axis(win, j[:, None], 1)[:, 0]
-    kind = jnp.take_along_axis(cls, j[:, None], 1)[:, 0]
     can = wants & (kind < 2)
     return jnp.where(can, pick, c), can, kind == 1
 
 
 _NONE = np.uint32(0xFFFFFFFF)
 ROUND_CHUNK = 1024  # positions a round after the first packs (when no more want a slot; else it runs on all)
+FIRST_ROUND_SHARE = 4  # eighths of the batch the first round packs the positions wanting a slot into (if they fit)
 
 
 def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array,
@@ -279,8 +279,8 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array,
     valid = _mine(spec, state, kh, kl, ~is_pad(keys), first)
     hit, slot, win = _find(spec, state, kh, kl, valid, first)
     at_hit = jnp.where(hit, slot - base, c)
-    last = state.last.at[at_hit].set(step, mode="drop")
-    count = state.count.at[at_hit].add(1, mode="drop")  # once per occurrence
+    last = state.last.at[at_hit].set(step, mode="drop")  # seen this step: not evictable
+    count = state.count  # the rounds read the counts of the slots they may evict, which this step leaves alone
     miss = valid & ~hit
     sketch = state.sketch
     if spec.admit_after > 1 and spec.admit_window:  # counts age: halved every admit_window steps
@@ -301,11 +301,19 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array,
     else:
         wants = miss
     idx = jnp.arange(n, dtype=jnp.int32)
+    cp, w = spec.part_capacity, win.shape[1]
 
-    def claim(keys_, last_, count_, kh, kl, win, wants_, pos):
+    def window_at(start):
+        """The windows (as ``win``: slots of ``state``) that start at ``start``, wrapping within the partition."""
+        g = start + base
+        pb = (g // cp) * cp
+        local = (g - pb)[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :]
+        return jnp.where(local >= cp, local - cp, local) + (pb - base)[:, None]
+
+    def claim(keys_, last_, kh, kl, win, wants_, pos):
         """One round for the positions ``pos`` (their ids ``kh``, ``kl``, windows ``win``, which of them want a
-        slot ``wants_``): (keys, last, count, chosen, won, first, evicts, lost)."""
-        chosen, can, evicting = _choose(spec, last_, count_, win, wants_, step)
+        slot ``wants_``): (keys, last, chosen, won, first, evicts, lost)."""
+        chosen, can, evicting = _choose(spec, last_, count, win, wants_, step)
         at = jnp.where(can, chosen, c)
         keys_ = keys_.at[at].set(_NONE, mode="drop").at[at, 0].min(kh, mode="drop")
         top = keys_.at[at, 0].get(mode="fill", fill_value=0) == kh
@@ -316,36 +324,42 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array,
         # (neither empty nor evictable) in the next rounds; every taken slot's last step is the step after them
         last_ = last_.at[at].set(step + n, mode="drop").at[at].min(step + pos, mode="drop")
         first_ = won & (last_.at[at].get(mode="fill", fill_value=-1) == step + pos)
-        count_ = count_.at[at].set(0, mode="drop").at[at].add(1, mode="drop")
-        return keys_, last_, count_, chosen, won, first_, first_ & evicting, can & ~won
+        return keys_, last_, chosen, won, first_, first_ & evicting, can & ~won
 
-    # round 1: every position that wants a slot
-    keys_, last, count, chosen, won, firsts, evicts, lost = claim(state.keys, last, count, kh, kl, win, wants, idx)
-    got, wants = jnp.where(won, chosen, c), wants & ~won
-    k = max(1, min(n, ROUND_CHUNK))
-
-    def again(carry):  # the ids that lost a slot to a smaller id choose again among the rest: a few, packed
-        i, keys_, last_, count_, got, firsts, evicts, wants_, _ = carry
-
+    def some(ops, wants_, k):
+        """``claim`` for the positions that want a slot: packed into ``k`` when at most ``k`` do, else all."""
         def packed(ops):
-            keys_, last_, count_ = ops
             pos = jnp.full((k,), n, jnp.int32).at[jnp.where(wants_, jnp.cumsum(wants_) - 1, k)].set(idx, mode="drop")
             g = lambda a, fill: a.at[pos].get(mode="fill", fill_value=fill)  # noqa: E731
-            out = claim(keys_, last_, count_, g(kh, 0), g(kl, 0), g(win, c), g(wants_, False), pos)
-            return out[:3] + tuple(jnp.zeros((n,), x.dtype).at[pos].set(x, mode="drop") for x in out[3:])
+            out = claim(*ops, g(kh, 0), g(kl, 0), window_at(g(win[:, 0], 0)), g(wants_, False), pos)
+            return out[:2] + tuple(jnp.zeros((n,), x.dtype).at[pos].set(x, mode="drop") for x in out[2:])
 
         def whole(ops):
             return claim(*ops, kh, kl, win, wants_, idx)
 
-        keys_, last_, count_, chosen, won, first_, ev, lost = lax.cond(jnp.sum(wants_) <= k, packed, whole,
-                                                                       (keys_, last_, count_))
-        return (i + 1, keys_, last_, count_, jnp.where(won, chosen, got), firsts | first_, evicts | ev,
+        if k >= n:
+            return whole(ops)
+        return either(jnp.sum(wants_) <= k, packed, whole, ops)
+
+    # round 1: every position that wants a slot (packed into half the batch when they fit: most positions hit)
+    keys_, last, chosen, won, firsts, evicts, lost = some((state.keys, last), wants,
+                                                                 max(1, min(n, FIRST_ROUND_SHARE * n // 8)))
+    got, wants = jnp.where(won, chosen, c), wants & ~won
+    k = max(1, min(n, ROUND_CHUNK))
+
+    def again(carry):  # the ids that lost a slot to a smaller id choose again among the rest: a few, packed
+        i, keys_, last_, got, firsts, evicts, wants_, _ = carry
+        keys_, last_, chosen, won, first_, ev, lost = some((keys_, last_), wants_, k)
+        return (i + 1, keys_, last_, jnp.where(won, chosen, got), firsts | first_, evicts | ev,
                 wants_ & ~won, jnp.any(lost))
 
-    carry = (jnp.int32(1), keys_, last, count, got, firsts, evicts, wants, jnp.any(lost))
-    _, new_keys, last, count, got, firsts, evicts, _, _ = lax.while_loop(
-        lambda cr: (cr[0] < spec.rounds) & cr[8], again, carry)
+    carry = (jnp.int32(1), keys_, last, got, firsts, evicts, wants, jnp.any(lost))
+    _, new_keys, last, got, firsts, evicts, _, _ = lax.while_loop(
+        lambda cr: (cr[0] < spec.rounds) & cr[7], again, carry)
     last = last.at[got].set(step, mode="drop")
+    # a slot given to a new id counts from zero; every occurrence of a held id (hit or given a slot) adds one
+    count = count.at[jnp.where(firsts, got, c)].set(0, mode="drop")
+    count = count.at[jnp.where(hit, slot - base, got)].add(1, mode="drop")
     uslot = jnp.where(hit, slot, jnp.where(got < c, got + base, -1))
     admitted, evicted = jnp.sum(firsts).astype(jnp.int32), jnp.sum(evicts).astype(jnp.int32)
     out = Assigned(uslot.reshape(shape), jnp.where(firsts, got + base, spec.capacity), keys, admitted, evicted,

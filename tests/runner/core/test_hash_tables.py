@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runner.core import hash_rows as hr, hash_tables as ht
-from runner.core import id_sort
+from runner.core import hash_ops, id_sort
 
 M32 = 0xFFFFFFFF
 
@@ -173,17 +173,57 @@ def test_mapping_matches_the_dict_reference(policy):
         assert sum(unadmitted) > 0
 
 
-@pytest.mark.parametrize("chunk", [1, 3])
-def test_later_rounds_packed_or_whole_match_the_dict_reference(monkeypatch, chunk):
+@pytest.mark.parametrize("chunk,share", [(1, 0), (3, 8), (3, 1)])
+def test_rounds_packed_or_whole_match_the_dict_reference(monkeypatch, chunk, share):
     """A round after the first packs the positions still wanting a slot when at most ``ROUND_CHUNK`` of them are
-    left, else runs on the whole batch: with a chunk of 1 or 3 both happen, and the slots are the reference's."""
+    left, else runs on the whole batch; the first round packs them into ``FIRST_ROUND_SHARE`` eighths of the
+    batch when they fit (0: one position, 8: never packed): with these sizes both happen in both, and the slots
+    are the reference's."""
     monkeypatch.setattr(ht, "ROUND_CHUNK", chunk)
+    monkeypatch.setattr(ht, "FIRST_ROUND_SHARE", share)
     spec = ht.HashSpec(capacity=48, probes=3, evict="lru")
     ids = drifting_stream(steps=300, batch=40, population=2000, active=300, drift=0.3, seed=4)
     _, (slots, admitted, evicted, _) = run_jax(spec, ids)
     _, out = run_dict(spec, ids)
     assert [list(map(int, r)) for r in slots] == [o[0] for o in out]
     assert list(admitted) == [o[1] for o in out] and list(evicted) == [o[2] for o in out]
+
+
+def test_windows_read_as_slices_or_slot_by_slot_equal_plain_indexing():
+    """``windows`` reads a batch whose used windows do not wrap as one slice each, else slot by slot: both give
+    every used window's values as numpy's indexing does (an unused window may wrap without changing the path)."""
+    rng = np.random.default_rng(11)
+    keys = rng.integers(0, 2**32, (50, 2), dtype=np.uint32)
+    last = rng.integers(-1, 99, 50).astype(np.int32)
+    read = jax.jit(hash_ops.windows)
+    start = rng.integers(0, 50 - 6, 30)
+    win = (start[:, None] + np.arange(6)[None]).astype(np.int32)
+    wrapped = win.copy()
+    wrapped[4] = (47 + np.arange(6)) % 50  # slots 47, 48, 49, 0, 1, 2
+    used = np.ones(30, bool)
+    for w, u in [(win, used), (wrapped, used), (wrapped, np.arange(30) != 4)]:
+        wk, wl = read(jnp.asarray(w), jnp.asarray(u), jnp.asarray(keys), jnp.asarray(last))
+        np.testing.assert_array_equal(np.asarray(wk)[u], keys[w][u])
+        np.testing.assert_array_equal(np.asarray(wl)[u], last[w][u])
+
+
+@pytest.mark.parametrize("policy", [dict(evict="lru"), pytest.param(dict(evict="lfu"), marks=SLOW)],
+                         ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+def test_a_large_table_whose_windows_rarely_wrap_matches_the_dict_reference(policy):
+    """Windows read as slices (no id's window wraps in most steps of a 4,096-slot table) give the reference's
+    slots, admissions, evictions and final table, as the slot-by-slot reads of small tables do."""
+    spec = ht.HashSpec(capacity=4096, probes=2, **policy)
+    ids = drifting_stream(steps=600, batch=24, population=40_000, active=8_000, drift=6, seed=5)
+    held = [[k for k in row if k] for row in ids]
+    ref = DictTable(spec)
+    wraps = [any(ref.window(int(k))[-1] < ref.window(int(k))[0] for k in row) for row in held]
+    assert 0 < sum(wraps) < len(wraps) // 10  # both ways of reading happen, slices in most steps
+    state, (slots, admitted, evicted, _) = run_jax(spec, ids)
+    ref, out = run_dict(spec, ids)
+    assert [list(map(int, r)) for r in slots] == [o[0] for o in out]
+    assert list(admitted) == [o[1] for o in out] and list(evicted) == [o[2] for o in out]
+    assert sum(evicted) > 100
+    assert list(np.asarray(state.last)) == ref.last and list(np.asarray(state.count)) == ref.count
 
 
 def test_new_ids_rows_and_state_are_reset_chunk_by_chunk(monkeypatch):
