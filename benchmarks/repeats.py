@@ -5,6 +5,9 @@ Each DIR is the ``--out`` folder of one ``python -m benchmarks`` run (its ``<nam
 met here only if it was met in every run: the ratios on a shared 2-core machine move by tens of percent from
 run to run, so one run's median can meet a threshold the next one misses. Writes ``repeats.md`` and
 ``repeats.json`` (every run's value per target) to ``--out`` (default ``benchmarks/results``).
+
+``--update``: the DIRs hold runs of some benchmarks only (``python -m benchmarks --only NAME``); their rows
+replace those benchmarks' rows of the ``repeats.json`` already in ``--out``, and every other row is kept.
 """
 from __future__ import annotations
 
@@ -35,6 +38,19 @@ def collect(dirs: list[Path]) -> list[dict]:
     return list(by_name.values())
 
 
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old``'s rows with those of the benchmarks ``new`` covers replaced by ``new``'s (at the first replaced
+    row's place, in ``new``'s order); a benchmark only ``new`` has goes at the end."""
+    rerun = {r["benchmark"] for r in new}
+    out: list[dict] = []
+    for r in old:
+        if r["benchmark"] not in rerun:
+            out.append(r)
+        elif not any(x["benchmark"] == r["benchmark"] for x in out):
+            out.extend(x for x in new if x["benchmark"] == r["benchmark"])
+    return out + [x for x in new if x["benchmark"] not in {r["benchmark"] for r in old}]
+
+
 def _num(x: float) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3f}"
 
@@ -56,15 +72,25 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.repeats", description=__doc__.split("\n\n")[0])
     p.add_argument("dirs", nargs="+", type=Path, help="the --out folders of the runs")
     p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument("--update", action="store_true",
+                   help="replace only the rerun benchmarks' rows of the repeats.json in --out, keep the others")
     a = p.parse_args(argv)
     missing = [str(d) for d in a.dirs if not any(d.glob("*.json"))]
     if missing:
         p.exit(2, f"python -m benchmarks.repeats: no benchmark results (<name>.json) in {', '.join(missing)}\n")
-    rows = collect(a.dirs)
+    rows, runs = collect(a.dirs), len(a.dirs)
+    if a.update:
+        previous = a.out / "repeats.json"
+        if not previous.exists():
+            p.exit(2, f"python -m benchmarks.repeats: --update needs an earlier {previous}; run without it first\n")
+        old = json.loads(previous.read_text())
+        for r in old["targets"]:  # JSON keeps the run numbers as strings
+            r["runs"] = {int(k): v for k, v in r["runs"].items()}
+        rows, runs = merge(old["targets"], rows), max(runs, old["runs"])
     a.out.mkdir(parents=True, exist_ok=True)
-    text = report(rows, len(a.dirs))
+    text = report(rows, runs)
     (a.out / "repeats.md").write_text(text)
-    (a.out / "repeats.json").write_text(json.dumps({"runs": len(a.dirs), "targets": rows}, indent=1) + "\n")
+    (a.out / "repeats.json").write_text(json.dumps({"runs": runs, "targets": rows}, indent=1) + "\n")
     print(text)
     return 0
 

@@ -10,11 +10,11 @@ from benchmarks import repeats
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_run(d: Path, values: dict[str, float]) -> Path:
+def write_run(d: Path, values: dict[str, float], bench: str = "fused_update") -> Path:
     d.mkdir()
     targets = [{"target": name, "measured": v, "threshold": 1.5, "better": "lower", "met": v <= 1.5}
                for name, v in values.items()]
-    (d / "fused_update.json").write_text(json.dumps({"results": [], "targets": targets}))
+    (d / f"{bench}.json").write_text(json.dumps({"results": [], "targets": targets}))
     (d / "summary.json").write_text(json.dumps({"targets": [{"target": "ignored"}]}))  # not a benchmark's
     return d
 
@@ -41,3 +41,29 @@ def test_the_command_writes_both_files_and_refuses_a_folder_without_results(tmp_
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "no benchmark results" in proc.stderr and "empty" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_update_replaces_only_the_rerun_benchmarks_rows(tmp_path):
+    """--update: runs of one benchmark replace its rows of the earlier repeats.json; the others stay as they
+    were, in their place; without an earlier file it is refused by name."""
+    out = tmp_path / "out"
+    first = []
+    for i in range(3):
+        d = write_run(tmp_path / f"a{i}", {"fast": 1.0 + i / 10}, "fused_update")
+        (d / "hash_tables.json").write_text(json.dumps({"targets": [
+            {"target": "hash x dense", "measured": 2.9, "threshold": 1.3, "better": "lower", "met": False}]}))
+        (d / "memory.json").write_text(json.dumps({"targets": [
+            {"target": "rss", "measured": 4.0, "threshold": 5, "better": "lower", "met": True}]}))
+        first.append(d)
+    assert repeats.main([*map(str, first), "--out", str(out)]) == 0
+    again = [write_run(tmp_path / f"b{i}", {"hash x dense": 1.9 + i / 10}, "hash_tables") for i in range(3)]
+    assert repeats.main([*map(str, again), "--out", str(out), "--update"]) == 0
+    rows = json.loads((out / "repeats.json").read_text())["targets"]
+    assert [r["target"] for r in rows] == ["fast", "hash x dense", "rss"]
+    assert rows[1]["min"] == 1.9 and rows[1]["max"] == 2.1 and rows[0]["max"] == 1.2 and rows[2]["met_in"] == 3
+    md = (out / "repeats.md").read_text()
+    assert "| hash x dense | 1.900 | 2.000 | 2.100 | 1.900-2.100 | <= 1.5 | 0 of 3 |" in md and "2.900" not in md
+    assert "| rss | 4.000 | 4.000 | 4.000 | 4.000-4.000 | <= 5 | 3 of 3 |" in md
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.repeats", *map(str, again), "--out",
+                           str(tmp_path / "none"), "--update"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "--update needs an earlier" in proc.stderr and "none" in proc.stderr
