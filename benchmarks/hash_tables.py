@@ -3,8 +3,8 @@
 Cost: one table's fused row-wise Adagrad step (the lookup, per-token gradients, dedupe, segment-sum, the rule
 on the touched rows, scatter; table and state donated; ``fused_update.update_step``) on a dense table of
 ``capacity + 2`` rows fed ids in range, against the same step on a hash table of ``capacity`` slots fed raw
-64-bit ids, which first maps them (``runner.core.hash_tables.assign``: dedupe of the keys, window probe,
-admission, eviction) and resets the rows it gives to new ids. B = 16,384 lookups per step, Zipf(1.1) ids
+64-bit ids, which first maps them (``runner.core.hash_tables.assign``: window probe, admission, eviction)
+and resets the rows it gives to new ids. Both tables are stored as a run stores them (``stored_width``). B = 16,384 lookups per step, Zipf(1.1) ids
 from a population 10x the capacity whose ranks drift, D = 64, capacity 1M; the two take turns every round,
 "x dense" is their ratio round by round.
 
@@ -28,6 +28,7 @@ import numpy as np
 import optimizers
 from optimizers import compiler_options
 from runner.core import hash_rows as hr, hash_tables as ht
+from runner.core.embeddings import auto_stored_width
 
 from . import common
 from .fused_update import Table
@@ -36,6 +37,12 @@ FULL = dict(capacity=1_000_000, width=64, batch=16_384, population=10_000_000, d
 QUICK = dict(capacity=10_000, width=16, batch=512, population=100_000, drift=5, rounds=3, warmup=1)
 OPTIMIZER = "async_rowwise_adagrad"
 SEEDS = (0, 1, 2)
+
+
+def stored_width(width: int) -> int | None:
+    """The runner's default stored width of a table this wide on this backend (on a TPU, 64 -> 128 columns;
+    ``runner.core.embeddings.auto_stored_width``): both tables are measured as a run stores them."""
+    return auto_stored_width(width, jax.default_backend())
 
 
 def drifting_ids(rng: np.random.Generator, population: int, batch: int, steps: int, drift: int) -> list[np.ndarray]:
@@ -52,27 +59,28 @@ class HashTable:
         self.spec = ht.HashSpec(capacity)
         opt = optimizers.create(OPTIMIZER)
         rows = self.spec.rows
-        ctx = optimizers.AsyncEmbContext(rows, width, batch)
-        self.table = jax.jit(lambda: jnp.zeros((rows, width), jnp.float32))()
-        self.state = jax.jit(lambda: opt.init(rows, width))()
+        ctx = optimizers.AsyncEmbContext(rows, width, batch, stored_width=stored_width(width))
+        stored = ctx.stored_width
+        self.table = jax.jit(lambda: jnp.zeros((rows, stored), jnp.float32))()
+        self.state = jax.jit(lambda: opt.init(rows, stored))()
         self.slots = jax.jit(lambda: ht.init_state(self.spec))()
         self.bytes = common.tree_bytes((self.table, self.state))
         self.slot_bytes = common.tree_bytes(self.slots)
         # what grows with capacity: the per-slot arrays (the sketch and the fill counter are fixed-size)
         self.per_slot_bytes = sum(x.nbytes for x in jax.tree.leaves(self.slots)
                                   if x.ndim and x.shape[0] == capacity) / capacity
-        initial = opt.init(1, width)
+        initial = opt.init(1, stored)
         spec, seed = self.spec, jnp.zeros((2,), jnp.uint32)
 
         def step(table, state, slots, keys, s):
             slots, got = ht.assign(spec, slots, keys, s)
             if upto == "map":
                 return table, state, slots, got.slots, got.admitted
-            table, state = hr.reset_rows(spec, table, state, initial, got, seed, 0.05)
+            table, state = hr.reset_rows(spec, table, state, initial, got, seed, 0.05, width=width)
             ids = hr.key_rows(spec, keys, got.slots, rows)
             if upto == "reset":
                 return table, state, slots, ids, got.admitted
-            emb = table.at[ids].get(mode="fill", fill_value=0)
+            emb = ctx.narrow(table.at[ids].get(mode="fill", fill_value=0))
             grads = 0.5 * emb + 0.01
             c = ctx.fresh()
             keep, table, state = opt.gradient_update_start(c, optimizers.make_update(c, ids, grads), table, state,
@@ -97,7 +105,8 @@ def cost(cfg: dict) -> dict:
     scramble = rng.permutation(cfg["population"]).astype(np.int64) * 7919 + 12345  # distinct, never 0
     keys = [jnp.asarray(ht.fingerprint(scramble[x])) for x in raw]
     dense_ids = [jnp.asarray((x % cfg["capacity"] + 1).astype(np.int32)) for x in raw]
-    dense = Table(OPTIMIZER, cfg["capacity"] + 2, cfg["width"], cfg["batch"], "float32", dense_ids)
+    dense = Table(OPTIMIZER, cfg["capacity"] + 2, cfg["width"], cfg["batch"], "float32", dense_ids,
+                  stored_width(cfg["width"]))
     hashed = HashTable(cfg["capacity"], cfg["width"], cfg["batch"], keys)
     parts = {p: HashTable(cfg["capacity"], cfg["width"], cfg["batch"], keys, p) for p in ("map", "reset")}
     times = common.interleaved({"dense": dense, "hash": hashed, **parts}, cfg["rounds"], cfg["warmup"])
@@ -167,7 +176,9 @@ def run(quick: bool, out: Path, with_quality: bool = False) -> dict:
             f"{cfg['rounds']} interleaved rounds after {cfg['warmup']} warm-up steps; the hash table gave "
             f"{res['admitted_per_step']:,.0f} ids a slot a step (each one's row and state reset) and ended "
             f"{res['occupancy']:.0%} full. The two partial steps run the same stream on their own tables. "
-            f"{common.machine_line()}.\n\n" + common.md_table(head, rows)
+            + (f"Both tables stored {stored_width(cfg['width'])} columns wide (the runner's default here). "
+               if stored_width(cfg["width"]) else "")
+            + f"{common.machine_line()}.\n\n" + common.md_table(head, rows)
             + f"\n\nSlots: {res['slot_bytes_per_slot']:.0f} bytes each (key 8, last step 4, count 4) and a "
             f"{res['sketch_bytes'] / 2**20:.1f} MiB admission sketch, fixed; the table and its optimizer state: "
             f"{res['table_bytes'] / 2**20:,.0f} MiB.\n")

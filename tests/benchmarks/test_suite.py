@@ -80,6 +80,8 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
     hashed = json.loads((out / "hash_tables.json").read_text())["cost"]
     assert hashed["slot_bytes_per_slot"] == 16 and 0 < hashed["occupancy"] <= 1  # key 8, last step 4, count 4
     assert hashed["dense"]["n"] == hashed["hash"]["n"] == hashed["x_dense"]["n"] >= 2
+    assert hashed["hash_map"]["n"] == hashed["hash_reset"]["n"] == hashed["map_x_dense"]["n"] >= 2  # its parts
+    assert 0 < hashed["admitted_per_step"] <= 512  # the quick batch's lookups
     conv = json.loads((out / "convert.json").read_text())
     assert conv["results"]["convert"]["examples"] == conv["results"]["pyarrow read"]["examples"] == 20_000
     assert all(r["peak_rss"] > 0 and r["mb_per_s"] > 0 for r in conv["results"].values())
