@@ -358,6 +358,8 @@ def assert_same_hash_runs(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) ->
 
 @pytest.mark.slow
 def test_a_hash_table_resumes_only_with_its_own_kind_capacity_and_window(tmp_path):
+    """A hash table's kind, window and capacity must match its checkpoint's, and its partitions and stored width
+    may not both change on one resume (its rows are placed again as stored): each refused by its message."""
     over = ["async_emb=on", "mesh=single", *HASH, "trainer.stop_after=2"]
     launch(tmp_path, "first", over)
     for change, words in ((["model.tables.items.probes=8"], "table 'items' probes"),
@@ -365,6 +367,10 @@ def test_a_hash_table_resumes_only_with_its_own_kind_capacity_and_window(tmp_pat
                           (["model.tables.users.kind=modulo", "model.tables.users.vocab=52"], "table 'users' kind"),
                           (["model.tables.items.capacity=64", "model.tables.items.partitions=4"],
                            r"table 'items' capacity \(model.tables.items.capacity\): the checkpoint has 60, this "
-                           r"config has 64")):
+                           r"config has 64"),
+                          (["model.tables.items.partitions=4", "model.tables.items.stored_width=13"],
+                           r"table 'items' stored_width \(model.tables.items.stored_width\): the checkpoint has 8, "
+                           r"this config has 13, and its partitions change too; resume with "
+                           r"model.tables.items.stored_width=8 first, then change it")):
         with pytest.raises(PreflightError, match=words):
             launch(tmp_path, "again", [*over, *change])
