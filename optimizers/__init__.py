@@ -24,7 +24,7 @@ from .hparams import Range, describe, hparam, problems, ranges
 from .layouts import ROUTE_CAPACITY, Choice, Layout, RouteOverflow, Routing, TableLayout, select
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer, no_fused_update_message, supports_async_emb
 from .record import (dedupe, empty_update, make_update, num_unique_for, record_for, record_token_ids, segment_rows,
-                     segment_sum)
+                     segment_sum, without_rows)
 from .registry import FUSED, REGISTRY, create
 from .rounding import hash2d, stochastic_round_bf16
 from .routing import permute_ids, route_peak, unpermute_ids
@@ -34,8 +34,8 @@ from .xla import compiler_options
 __all__ = [
     "AsyncEmbOptimizer", "AsyncEmbGradientUpdate", "supports_async_emb", "no_fused_update_message",
     "AsyncEmbContext", "layouts", "Layout", "select", "Choice", "TableLayout", "Routing", "RouteOverflow",
-    "ROUTE_CAPACITY", "make_update", "empty_update", "dedupe", "num_unique_for", "segment_sum", "segment_rows",
-    "record_for", "record_token_ids", "FusedEmbOptimizer", "EmbOptState", "RowContext", "OptaxEmbOptimizer", "AsyncAdam",
+    "ROUTE_CAPACITY", "make_update", "empty_update", "without_rows", "dedupe", "num_unique_for", "segment_sum",
+    "segment_rows", "record_for", "record_token_ids", "FusedEmbOptimizer", "EmbOptState", "RowContext", "OptaxEmbOptimizer", "AsyncAdam",
     "AsyncRowwiseAdagrad", "AsyncAdagrad", "AsyncSGD", "AsyncFtrl", "AsyncPartialRowwiseAdam",
     "AsyncRowwiseAdagradMomentum", "Adam", "Adagrad", "REGISTRY", "FUSED", "create",
     "hparam", "Range", "problems", "ranges", "describe", "hash2d", "stochastic_round_bf16", "permute_ids",

@@ -191,6 +191,29 @@ def segment_rows(rows: jax.Array, segment_ids: jax.Array, num_unique: int) -> ja
     return rows.astype(jnp.float32).at[jnp.minimum(first, n)].get(mode="fill", fill_value=0)
 
 
+def without_rows(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, drop: jax.Array) -> AsyncEmbGradientUpdate:
+    """``update`` without the unique rows ``drop`` marks (bool, the shape of ``update.unique_tokens``): their
+    tokens get segment id -1, so they are left out of the sums, the norm and the gate as padding is, and the
+    other unique rows close up in order (still sorted, padding last; per device block of a per-device record).
+    The same record as ``make_update`` of the same ids with the dropped ones out of range, in O(record) work:
+    no sort."""
+    def close_up(unique, seg, drop):
+        keep = ~drop & (unique < ctx.stored_rows)
+        at = jnp.cumsum(keep) - 1
+        size = unique.shape[0]
+        unique = jnp.full((size,), ctx.stored_rows, unique.dtype).at[jnp.where(keep, at, size)].set(
+            unique, mode="drop", unique_indices=True)
+        s = jnp.maximum(seg, 0)
+        return unique, jnp.where((seg < 0) | ~keep[s], -1, at[s]).astype(seg.dtype)
+
+    if ctx.local_record(update):
+        split = P(ctx.batch_axes)
+        close_up = jax.shard_map(close_up, mesh=ctx.mesh, in_specs=(split, split, split), out_specs=(split, split),
+                                 check_vma=False)
+    unique, seg = close_up(update.unique_tokens, update.segment_ids, drop)
+    return update._replace(unique_tokens=unique, segment_ids=seg)
+
+
 def token_ids(ctx: AsyncEmbContext, unique: jax.Array, segment_ids: jax.Array) -> jax.Array:
     """Per-token ids from an update record's (unique ids, segment ids); padding tokens get ``ctx.stored_rows``."""
     return jnp.where(segment_ids < 0, ctx.stored_rows, unique.at[jnp.maximum(segment_ids, 0)].get(

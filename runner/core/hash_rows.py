@@ -20,6 +20,15 @@ def slot_rows(spec: HashSpec, slots: jax.Array) -> jax.Array:
     return (slots // cp) * spec.part_rows + 1 + slots % cp
 
 
+def row_slots(spec: HashSpec, rows: jax.Array) -> jax.Array:
+    """The (global) slot of each row, -1 for a row that holds no slot (padding, shared or unused, out of range):
+    ``slot_rows``'s inverse."""
+    part = rows // spec.part_rows
+    j = rows - part * spec.part_rows - 1
+    return jnp.where((rows >= 0) & (rows < spec.rows) & (j >= 0) & (j < spec.part_capacity),
+                     part * spec.part_capacity + j, -1).astype(jnp.int32)
+
+
 def rows_of(spec: HashSpec, slots: jax.Array, out_of_range: int) -> jax.Array:
     """The table rows of ``slots`` (``slot_rows``); no slot is the shared row (default=shared) or the
     out-of-range id ``out_of_range`` (reads zeros, updates nothing). Padding ids read row 0 in neither case:

@@ -14,18 +14,18 @@ exactly as one device with the same partitions does. A modulo table's rows are i
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from optimizers import make_update
+from optimizers import make_update, without_rows
 from optimizers.record import update_token_ids
 
 from .failures import traced
-from .hash_rows import key_rows, reassigned_rows, reset_rows
+from .hash_rows import key_rows, reassigned_rows, reset_rows, row_slots
 from .hash_tables import HashState, assign, find, is_pad, key_hash, keys_of, partition_of
 from .id_sort import distinct_keys
 
@@ -49,10 +49,21 @@ def _seed(state: Any, i: int) -> jax.Array:
     return jax.random.bits(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 7919 + i), (2,), jnp.uint32)
 
 
+class Moved(NamedTuple):
+    """Which rows of a hash table this step gave to another id: ``rows``, ascending and padded with the table's
+    stored rows (``reassigned_rows``); on one device (or a replicated table) also the slots' keys ``before`` and
+    ``after`` the step's mapping: a row changed hands exactly when its slot's key changed, which ``drop_moved``
+    checks for the rows of a deferred update alone, with no sort of the batch."""
+
+    rows: jax.Array
+    before: jax.Array | None = None
+    after: jax.Array | None = None
+
+
 def map_batch(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]):
     """Each hash table's slots for this batch (``assign``): returns the state with the slots
     updated and every row given to a new id reset (its values and its optimizer state), the rows the
-    batch's ids read, each table's rows given to a new id this step (``reassigned_rows``), and the step's
+    batch's ids read, each table's rows given to a new id this step (``Moved``), and the step's
     counts."""
     hashed, tables, emb_states = dict(state.hashed), dict(state.tables), dict(state.emb_states)
     rows, moved, metrics = {}, {}, {}
@@ -64,6 +75,7 @@ def map_batch(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]):
         step = _sharded_step if sharded(program, n) else _step
         hashed[n], tables[n], emb_states[n], rows[n], moved[n], counts = step(
             program, n, state.hashed[n], tables[n], emb_states[n], keys, state.step, _seed(state, i), initial)
+        moved[n] = Moved(moved[n]) if sharded(program, n) else Moved(moved[n], state.hashed[n].keys, hashed[n].keys)
         metrics.update({f"emb/occupancy/{n}": counts[3].astype(jnp.float32) / spec.hash.capacity,
                         f"emb/admitted/{n}": counts[0], f"emb/evicted/{n}": counts[1],
                         f"emb/unadmitted_lookups/{n}": counts[2]})
@@ -133,18 +145,29 @@ def read_rows(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]) -> dic
     return out
 
 
-def drop_moved(program: Any, head: Mapping[str, Any], moved: Mapping[str, jax.Array]):
+def drop_moved(program: Any, head: Mapping[str, Any], moved: Mapping[str, Moved]):
     """Async: each hash table's deferred update without the rows given to another id since its gradient
     was computed (their gradient belongs to the id that lost the row), and how many distinct rows it dropped.
 
-    The record is rebuilt from its tokens' ids with those rows' out of range (``make_update``: the tokens of a
-    dropped row are left out of the sums, the norm and the gate, and a per-device record, the routed row
-    layout's, stays sorted per device, as its routing needs)."""
+    The tokens of a dropped row are left out of the sums, the norm and the gate, and a per-device record, the
+    routed row layout's, stays sorted per device, as its routing needs. On one device (or a replicated table) a
+    row was given to another id exactly when its slot's key changed in this step's mapping: the record's rows
+    are checked against the keys before and after it and the dropped ones closed up (``without_rows``: work in
+    the record's size, no sort). On a row-sharded mesh the record is rebuilt from its tokens' ids with those
+    rows' out of range (``make_update``), checked against the sorted rows given to new ids on every shard."""
     out, dropped = dict(head), {}
     for n, m in moved.items():
         if n not in head:
             continue
         u, ctx = head[n], program.contexts[n]
+        if m.before is not None:  # the rows whose slot's key changed, closed up in the record (no sort)
+            slots = row_slots(program.tables[n].hash, u.unique_tokens)
+            at = jnp.maximum(slots, 0)
+            gone = jnp.any(m.before[at] != m.after[at], axis=-1) & (slots >= 0) & u.pending
+            out[n] = without_rows(ctx, u, gone)
+            dropped[f"emb/stale_dropped/{n}"] = jnp.sum(gone).astype(jnp.int32)
+            continue
+        m = m.rows
         tokens = update_token_ids(ctx, u)
         at = jnp.minimum(jnp.searchsorted(m, tokens), m.shape[0] - 1)
         gone = (m[at] == tokens) & (tokens < ctx.stored_rows) & u.pending

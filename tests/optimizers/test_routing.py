@@ -250,3 +250,31 @@ def test_the_lookups_dedupe_without_the_padding_id_is_make_updates(layout):
     whole = optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens)
     with pytest.raises(ValueError, match="with_dedupe=True\\) needs a per-device record"):
         lookup_counted(whole, np.zeros((VOCAB, WIDTH), np.float32), ids, with_dedupe=True)
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["one-device", "routed-2x4"])
+def test_a_record_without_some_rows_is_make_update_without_their_ids(routed):
+    """``without_rows``: dropping some unique rows of a record (per device block on the routed layout) gives the
+    record ``make_update`` builds from the same ids with the dropped ones out of range, exactly: unique ids
+    still sorted with padding last, the dropped rows' tokens at segment -1, the gradients untouched."""
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "table"))
+    tokens = 8 * 6
+    ctx = (optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens, mesh=mesh, table_axis="table") if routed
+           else optimizers.AsyncEmbContext(VOCAB, WIDTH, tokens))
+    rng = np.random.default_rng(9)
+    ids = rng.integers(-1, VOCAB + 2, size=tokens).astype(np.int32)
+    ids[:3] = 0  # padding
+    grads = rng.normal(size=(tokens, WIDTH)).astype(np.float32)
+    upd = jax.jit(lambda i, g: optimizers.make_update(ctx, i, g))(ids, grads)
+    unique = np.asarray(upd.unique_tokens)
+    drop = (rng.random(unique.shape) < 0.4) & (unique < VOCAB)
+    assert drop.sum() > 3
+    seg = np.asarray(upd.segment_ids)  # a token's row is its own block's (one block on one device)
+    block = np.arange(tokens) // (tokens // 8) * ctx.local_unique if routed else np.zeros(tokens, int)
+    gone = (seg >= 0) & drop[block + np.maximum(seg, 0)]
+    got = jax.jit(lambda u, d: optimizers.without_rows(ctx, u, d))(upd, drop)
+    want = jax.jit(lambda i, g: optimizers.make_update(ctx, i, g))(np.where(gone, VOCAB, ids), grads)
+    np.testing.assert_array_equal(np.asarray(got.unique_tokens), np.asarray(want.unique_tokens))
+    np.testing.assert_array_equal(np.asarray(got.segment_ids), np.asarray(want.segment_ids))
+    np.testing.assert_array_equal(np.asarray(got.grads), grads)
+    assert (np.asarray(got.segment_ids)[gone] == -1).all() and ctx.local_record(got) == routed

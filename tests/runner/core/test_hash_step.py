@@ -129,7 +129,7 @@ def test_a_new_id_gets_fresh_values_and_optimizer_state(cfg_of):
         {k: jnp.asarray(v) for k, v in data.batch(99, 32).items()}).items()}
     raw["users"] = jnp.asarray(new)[:, None]
     after, rows, moved, m = jax.jit(lambda st, r: hash_step.map_batch(program, st, r))(state, raw)
-    given = np.asarray(moved["users"])
+    given = np.asarray(moved["users"].rows)
     moved = np.zeros(program.tables["users"].rows, bool)
     moved[given[given < moved.size]] = True
     assert int(m["emb/admitted/users"]) == moved.sum() > 0 and int(m["emb/evicted/users"]) == moved.sum()
