@@ -21,8 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from optimizers import make_update, without_rows
-from optimizers.record import update_token_ids
+from optimizers import without_rows
 
 from .failures import traced
 from .hash_rows import key_rows, reassigned_rows, reset_rows, row_slots
@@ -152,9 +151,9 @@ def drop_moved(program: Any, head: Mapping[str, Any], moved: Mapping[str, Moved]
     The tokens of a dropped row are left out of the sums, the norm and the gate, and a per-device record, the
     routed row layout's, stays sorted per device, as its routing needs. On one device (or a replicated table) a
     row was given to another id exactly when its slot's key changed in this step's mapping: the record's rows
-    are checked against the keys before and after it and the dropped ones closed up (``without_rows``: work in
-    the record's size, no sort). On a row-sharded mesh the record is rebuilt from its tokens' ids with those
-    rows' out of range (``make_update``), checked against the sorted rows given to new ids on every shard."""
+    are checked against the keys before and after it. On a row-sharded mesh, where a shard holds only its own
+    slots' keys, they are searched for in the sorted rows every shard gave to new ids. Either way the dropped
+    rows are closed up in the record (``without_rows``: work in the record's size, no new dedupe)."""
     out, dropped = dict(head), {}
     for n, m in moved.items():
         if n not in head:
@@ -167,12 +166,11 @@ def drop_moved(program: Any, head: Mapping[str, Any], moved: Mapping[str, Moved]
             out[n] = without_rows(ctx, u, gone)
             dropped[f"emb/stale_dropped/{n}"] = jnp.sum(gone).astype(jnp.int32)
             continue
-        m = m.rows
-        tokens = update_token_ids(ctx, u)
-        at = jnp.minimum(jnp.searchsorted(m, tokens), m.shape[0] - 1)
-        gone = (m[at] == tokens) & (tokens < ctx.stored_rows) & u.pending
+        m, unique = m.rows, u.unique_tokens  # a row may sit in several devices' blocks: count it once
+        at = jnp.minimum(jnp.searchsorted(m, unique), m.shape[0] - 1)
+        gone = (m[at] == unique) & (unique < ctx.stored_rows) & u.pending
         hit = jnp.zeros(m.shape, bool).at[jnp.where(gone, at, m.shape[0])].set(True, mode="drop")
-        out[n] = make_update(ctx, jnp.where(gone, ctx.stored_rows, tokens), u.grads, u.pending, rows=u.rows)
+        out[n] = without_rows(ctx, u, gone)
         dropped[f"emb/stale_dropped/{n}"] = jnp.sum(hit).astype(jnp.int32)
     return out, dropped
 

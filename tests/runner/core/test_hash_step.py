@@ -207,6 +207,9 @@ def test_row_sharded_on_a_2x4_mesh_equals_one_device_with_as_many_partitions(cfg
         np.testing.assert_allclose(np.asarray(mesh.tables[n]), np.asarray(one.tables[n]), rtol=1e-5, atol=1e-6)
         for a, b in zip(*(jax.tree.leaves(numpy_tree(s.emb_states[n])) for s in (mesh, one))):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=n)
-    for k in ("emb/admitted/items", "emb/evicted/items", "emb/unadmitted_lookups/items", "emb/occupancy/items"):
+    for k in ("emb/admitted/items", "emb/evicted/items", "emb/unadmitted_lookups/items", "emb/occupancy/items",
+              "emb/stale_dropped/items", "emb/stale_dropped/users"):
         assert [float(m[k]) for m in m8] == [float(m[k]) for m in m1], k
     assert sum(int(m["emb/evicted/items"]) for m in m1) > 0 and sum(int(m["emb/admitted/users"]) for m in m1) > 0
+    # the mesh drops what one device drops: found in the rows every shard gave away, or by their keys
+    assert sum(int(m["emb/stale_dropped/users"]) + int(m["emb/stale_dropped/items"]) for m in m1) > 0
