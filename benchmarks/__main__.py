@@ -10,7 +10,8 @@ in about 30 s.
 
 Not in the suite: ``python -m benchmarks.accelerator``, the fused update's cost against the vocabulary by
 row width, and ``python -m benchmarks.padding``, the runner's step with 64-wide tables padded or not, both meant
-for a machine with an accelerator (their TPU runs are kept in ``results/tpu_v5e/``).
+for a machine with an accelerator (their TPU runs are kept in ``results/tpu_v5e/``); ``python -m
+benchmarks.hash_runner``, the runner's whole step with hash tables against modulo tables (about 3 minutes).
 """
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
-"""benchmarks.hash_tables stores both tables as a run of the runner would on the backend it runs on."""
-import jax
+"""benchmarks.hash_tables stores both tables as a run of the runner would on the backend it runs on;
+benchmarks.hash_runner times the runner's step with hash tables against modulo tables of as many rows."""
+import json
 
-from benchmarks import hash_tables
+import jax
+import pytest
+
+from benchmarks import hash_runner, hash_tables
 
 
 def test_tables_are_stored_as_the_runner_stores_them(monkeypatch):
@@ -10,3 +14,15 @@ def test_tables_are_stored_as_the_runner_stores_them(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert hash_tables.stored_width(64) == 128 and hash_tables.stored_width(16) is None
     assert hash_tables.stored_width(128) is None
+
+
+@pytest.mark.slow
+def test_the_runner_comparison_writes_both_variants_with_as_many_rows(tmp_path):
+    hash_runner.run(True, tmp_path)
+    data = json.loads((tmp_path / "hash_runner.json").read_text())
+    got = {r["variant"]: r for r in data["results"]}
+    assert set(got) == {"hash", "modulo"}
+    assert got["hash"]["table_rows"] == got["modulo"]["table_rows"]  # the same memory: slots + 2 rows, vocab rows
+    assert got["hash"]["table_rows"]["items"] == hash_runner.QUICK["item_rows"] + 2
+    assert got["modulo"]["x_modulo"]["median"] == 1.0 and got["hash"]["x_modulo"]["n"] == hash_runner.QUICK["rounds"]
+    assert "| hash | authors" in (tmp_path / "hash_runner.md").read_text()
