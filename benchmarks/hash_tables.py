@@ -33,8 +33,9 @@ from runner.core.embeddings import auto_stored_width
 from . import common
 from .fused_update import Table
 
-FULL = dict(capacity=1_000_000, width=64, batch=16_384, population=10_000_000, drift=50, rounds=25, warmup=3)
-QUICK = dict(capacity=10_000, width=16, batch=512, population=100_000, drift=5, rounds=3, warmup=1)
+FULL = dict(capacity=1_000_000, width=64, batch=16_384, population=10_000_000, drift=50, rounds=25, warmup=3,
+            fill=250)
+QUICK = dict(capacity=10_000, width=16, batch=512, population=100_000, drift=5, rounds=3, warmup=1, fill=60)
 OPTIMIZER = "async_rowwise_adagrad"
 SEEDS = (0, 1, 2)
 
@@ -109,12 +110,24 @@ def cost(cfg: dict) -> dict:
                   stored_width(cfg["width"]))
     hashed = HashTable(cfg["capacity"], cfg["width"], cfg["batch"], keys)
     parts = {p: HashTable(cfg["capacity"], cfg["width"], cfg["batch"], keys, p) for p in ("map", "reset")}
-    times = common.interleaved({"dense": dense, "hash": hashed, **parts}, cfg["rounds"], cfg["warmup"])
+    # the same step on a table the stream has filled (every new id evicts): ``fill`` untimed steps of another
+    # stream of the same kind first, then its next batches in the timed rounds
+    later = drifting_ids(np.random.default_rng(1), cfg["population"], cfg["batch"], cfg["fill"] + n, cfg["drift"])
+    full = HashTable(cfg["capacity"], cfg["width"], cfg["batch"], [jnp.asarray(ht.fingerprint(scramble[x]))
+                                                                    for x in later])
+    for i in range(cfg["fill"]):
+        jax.block_until_ready(full(i))
+    filled = float(ht.occupancy(full.slots))
+    variants = {"dense": dense, "hash": hashed, **parts, "full": lambda i: full(cfg["fill"] + i)}
+    times = common.interleaved(variants, cfg["rounds"], cfg["warmup"])
     res = {"dense": common.stats(times["dense"]), "hash": common.stats(times["hash"]),
            "x_dense": common.paired_ratio(times["hash"], times["dense"]),
            **{f"hash_{p}": common.stats(times[p]) for p in parts},
            **{f"{p}_x_dense": common.paired_ratio(times[p], times["dense"]) for p in parts},
            "admitted_per_step": float(np.mean([int(a) for a in hashed.admitted[cfg["warmup"]:]])),
+           "hash_full": common.stats(times["full"]), "full_x_dense": common.paired_ratio(times["full"], times["dense"]),
+           "full_occupancy_before": filled, "full_occupancy": float(ht.occupancy(full.slots)),
+           "full_admitted_per_step": float(np.mean([int(a) for a in full.admitted[cfg["fill"] + cfg["warmup"]:]])),
            "table_bytes": dense.bytes, "slot_bytes": hashed.slot_bytes,
            "slot_bytes_per_slot": hashed.per_slot_bytes, "sketch_bytes": 4 * hashed.spec.sketch_depth * hashed.spec.sketch_width,
            "occupancy": float(ht.occupancy(hashed.slots)),
@@ -170,12 +183,16 @@ def run(quick: bool, out: Path, with_quality: bool = False) -> dict:
             ["of which: the mapping alone (assign)", common.spread(res["hash_map"]),
              common.spread(res["map_x_dense"], 1, "{:.2f}")],
             ["of which: the mapping and the new ids' resets", common.spread(res["hash_reset"]),
-             common.spread(res["reset_x_dense"], 1, "{:.2f}")]]
+             common.spread(res["reset_x_dense"], 1, "{:.2f}")],
+            ["hash, the table full (every new id evicts)", common.spread(res["hash_full"]),
+             common.spread(res["full_x_dense"], 1, "{:.2f}")]]
     body = (f"{OPTIMIZER}, capacity {cfg['capacity']:,}, D = {cfg['width']}, B = {cfg['batch']:,} lookups per step "
             f"({res['distinct_per_step']:,.0f} distinct), ids from a drifting population of {cfg['population']:,}; "
             f"{cfg['rounds']} interleaved rounds after {cfg['warmup']} warm-up steps; the hash table gave "
             f"{res['admitted_per_step']:,.0f} ids a slot a step (each one's row and state reset) and ended "
-            f"{res['occupancy']:.0%} full. The two partial steps run the same stream on their own tables. "
+            f"{res['occupancy']:.0%} full. The two partial steps run the same stream on their own tables. The full "
+            f"table ran {cfg['fill']} untimed steps of another stream of the same kind first ({res['full_occupancy']:.0%} "
+            f"of its slots held after the rounds) and gave {res['full_admitted_per_step']:,.0f} ids a slot a step. "
             + (f"Both tables stored {stored_width(cfg['width'])} columns wide (the runner's default here). "
                if stored_width(cfg["width"]) else "")
             + f"{common.machine_line()}.\n\n" + common.md_table(head, rows)

@@ -82,6 +82,7 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
     assert hashed["dense"]["n"] == hashed["hash"]["n"] == hashed["x_dense"]["n"] >= 2
     assert hashed["hash_map"]["n"] == hashed["hash_reset"]["n"] == hashed["map_x_dense"]["n"] >= 2  # its parts
     assert 0 < hashed["admitted_per_step"] <= 512  # the quick batch's lookups
+    assert hashed["full_occupancy"] > 0.9 and hashed["full_x_dense"]["n"] >= 2  # the full table's step, evicting
     conv = json.loads((out / "convert.json").read_text())
     assert conv["results"]["convert"]["examples"] == conv["results"]["pyarrow read"]["examples"] == 20_000
     assert all(r["peak_rss"] > 0 and r["mb_per_s"] > 0 for r in conv["results"].values())
