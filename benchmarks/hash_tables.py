@@ -4,9 +4,11 @@ Cost: one table's fused row-wise Adagrad step (the lookup, per-token gradients, 
 on the touched rows, scatter; table and state donated; ``fused_update.update_step``) on a dense table of
 ``capacity + 2`` rows fed ids in range, against the same step on a hash table of ``capacity`` slots fed raw
 64-bit ids, which first maps them (``runner.core.hash_tables.assign``: window probe, admission, eviction)
-and resets the rows it gives to new ids. Both tables are stored as a run stores them (``stored_width``). B = 16,384 lookups per step, Zipf(1.1) ids
-from a population 10x the capacity whose ranks drift, D = 64, capacity 1M; the two take turns every round,
-"x dense" is their ratio round by round.
+and resets the rows it gives to new ids. Both tables are stored as a run stores them (``stored_width``).
+B = 16,384 lookups per step, Zipf(1.1) ids from a population 10x the capacity whose ranks drift, D = 64,
+capacity 1M; the variants take turns every round, "x dense" is their ratio round by round. Beside the whole
+hash step: its first parts alone (the mapping; the mapping and the resets), and the whole step on a table
+that ``fill`` untimed steps of another stream have filled, so every new id evicts.
 
 Quality (``--quality``): ``experiment=hash_tables`` (raw ids, drifting ranks, 10x more distinct ids than
 slots) three ways, seeds 0-2: the hash tables; modulo tables of the same rows (``kind=modulo``: hash(id)
@@ -191,8 +193,9 @@ def run(quick: bool, out: Path, with_quality: bool = False) -> dict:
             f"{cfg['rounds']} interleaved rounds after {cfg['warmup']} warm-up steps; the hash table gave "
             f"{res['admitted_per_step']:,.0f} ids a slot a step (each one's row and state reset) and ended "
             f"{res['occupancy']:.0%} full. The two partial steps run the same stream on their own tables. The full "
-            f"table ran {cfg['fill']} untimed steps of another stream of the same kind first ({res['full_occupancy']:.0%} "
-            f"of its slots held after the rounds) and gave {res['full_admitted_per_step']:,.0f} ids a slot a step. "
+            f"table ran {cfg['fill']} untimed steps of another stream of the same kind first "
+            f"({res['full_occupancy']:.0%} of its slots held after the rounds) and gave "
+            f"{res['full_admitted_per_step']:,.0f} ids a slot a step. "
             + (f"Both tables stored {stored_width(cfg['width'])} columns wide (the runner's default here). "
                if stored_width(cfg["width"]) else "")
             + f"{common.machine_line()}.\n\n" + common.md_table(head, rows)
