@@ -98,7 +98,8 @@ def test_bfloat16_padded_rounds_as_the_narrow_table():
     out = []
     for stored in (None, STORED):
         ctx = context("single", stored)
-        table = jnp.zeros((VOCAB, ctx.stored_width), jnp.bfloat16).at[:, :WIDTH].set(initial_table(0))
+        first = jnp.asarray(initial_table(0)).astype(jnp.bfloat16)
+        table = jnp.zeros((VOCAB, ctx.stored_width), jnp.bfloat16).at[:, :WIDTH].set(first)
         state = opt.init(VOCAB, ctx.stored_width)
         step = fused_step(opt, ctx)
         for ids, grads, pending in steps():
