@@ -49,12 +49,13 @@ def _seed(state: Any, i: int) -> jax.Array:
 
 
 class Moved(NamedTuple):
-    """Which rows of a hash table this step gave to another id: ``rows``, ascending and padded with the table's
-    stored rows (``reassigned_rows``); on one device (or a replicated table) also the slots' keys ``before`` and
-    ``after`` the step's mapping: a row changed hands exactly when its slot's key changed, which ``drop_moved``
-    checks for the rows of a deferred update alone, with no sort of the batch."""
+    """Which rows of a hash table this step gave to another id. On one device (or a replicated table): the
+    slots' keys ``before`` and ``after`` the step's mapping (a row changed hands exactly when its slot's key
+    changed, which ``drop_moved`` checks for the rows of a deferred update alone, with no sort of the batch). On a
+    row-sharded mesh, where a shard holds only its own slots' keys: ``rows``, every shard's rows given to a new
+    id, ascending and padded with the table's stored rows (``reassigned_rows``)."""
 
-    rows: jax.Array
+    rows: jax.Array | None = None
     before: jax.Array | None = None
     after: jax.Array | None = None
 
@@ -74,7 +75,6 @@ def map_batch(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]):
         step = _sharded_step if sharded(program, n) else _step
         hashed[n], tables[n], emb_states[n], rows[n], moved[n], counts = step(
             program, n, state.hashed[n], tables[n], emb_states[n], keys, state.step, _seed(state, i), initial)
-        moved[n] = Moved(moved[n]) if sharded(program, n) else Moved(moved[n], state.hashed[n].keys, hashed[n].keys)
         metrics.update({f"emb/occupancy/{n}": counts[3].astype(jnp.float32) / spec.hash.capacity,
                         f"emb/admitted/{n}": counts[0], f"emb/evicted/{n}": counts[1],
                         f"emb/unadmitted_lookups/{n}": counts[2]})
@@ -86,11 +86,12 @@ def _step(program, n, hstate, table, emb_state, keys, step, seed, initial):
     """One device's (or a replicated table's) mapping: ``(state, table, emb state, rows, moved, counts)``, the
     counts ``[admitted, evicted, unadmitted lookups, filled slots]``."""
     spec, out = program.tables[n], program.contexts[n].stored_rows
+    before = hstate.keys
     hstate, got = assign(spec.hash, hstate, keys, step)
     table, emb_state = reset_rows(spec.hash, table, emb_state, initial, got, seed, spec.init_scale, width=spec.width)
     counts = jnp.stack([got.admitted, got.evicted, got.unadmitted, jnp.sum(hstate.filled)])
     rows = key_rows(spec.hash, keys, got.slots, out)
-    return hstate, table, emb_state, rows, reassigned_rows(spec.hash, got, out), counts
+    return hstate, table, emb_state, rows, Moved(before=before, after=hstate.keys), counts
 
 
 def _sharded_step(program, n, hstate, table, emb_state, keys, step, seed, initial):
@@ -116,7 +117,7 @@ def _sharded_step(program, n, hstate, table, emb_state, keys, step, seed, initia
                       in_specs=(s_specs, ctx.table_spec(), e_specs, P(ctx.batch_axes), P(), P()),
                       out_specs=(s_specs, ctx.table_spec(), e_specs, P(), P(), P()), check_vma=False)
     hstate, table, emb_state, rows, moved, counts = f(hstate, table, emb_state, keys, step, seed)
-    return hstate, table, emb_state, rows.reshape(keys.shape[:-1]), moved, counts
+    return hstate, table, emb_state, rows.reshape(keys.shape[:-1]), Moved(rows=moved), counts
 
 
 def read_rows(program: Any, state: Any, raw_ids: Mapping[str, jax.Array]) -> dict[str, jax.Array]:

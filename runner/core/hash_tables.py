@@ -201,12 +201,17 @@ def partition_of(spec: HashSpec, hi: jax.Array, lo: jax.Array) -> jax.Array:
 
 def window_slots(spec: HashSpec, uh, ul):
     """[N, window] global slots: from the id's home slot in its partition on, wrapping within the partition."""
-    cp = spec.part_capacity
     # the home slot once per id, kept out of the [N, window] fusion (XLA would hash again for every column)
-    home = lax.optimization_barrier((key_hash(uh, ul, 0) % jnp.uint32(cp)).astype(jnp.int32))
+    home = lax.optimization_barrier((key_hash(uh, ul, 0) % jnp.uint32(spec.part_capacity)).astype(jnp.int32))
+    return window_from(spec, home, partition_of(spec, uh, ul))
+
+
+def window_from(spec: HashSpec, home: jax.Array, part: jax.Array) -> jax.Array:
+    """[N, window] global slots from each home slot ``home`` (within partition ``part``) on, wrapping within it."""
+    cp = spec.part_capacity
     local = home[:, None] + jnp.arange(spec.window, dtype=jnp.int32)[None, :]
     local = jnp.where(local >= cp, local - cp, local)  # the window is at most the partition: one wrap at most
-    return local + (partition_of(spec, uh, ul) * cp)[:, None]
+    return local + (part * cp)[:, None]
 
 
 def _find(spec: HashSpec, state: HashState, uh, ul, valid, first: int = 0):
@@ -301,14 +306,11 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array,
     else:
         wants = miss
     idx = jnp.arange(n, dtype=jnp.int32)
-    cp, w = spec.part_capacity, win.shape[1]
 
     def window_at(start):
-        """The windows (as ``win``: slots of ``state``) that start at ``start``, wrapping within the partition."""
+        """The windows (as ``win``: slots of ``state``) that start at ``start``."""
         g = start + base
-        pb = (g // cp) * cp
-        local = (g - pb)[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :]
-        return jnp.where(local >= cp, local - cp, local) + (pb - base)[:, None]
+        return window_from(spec, g % spec.part_capacity, g // spec.part_capacity) - base
 
     def claim(keys_, last_, kh, kl, win, wants_, pos):
         """One round for the positions ``pos`` (their ids ``kh``, ``kl``, windows ``win``, which of them want a
