@@ -88,23 +88,27 @@ def tables_of(program: Any) -> dict[str, dict[str, Any]]:
 
 
 # ----- array facts and digests --------------------------------------------------------------------------
+def table_record(path: tuple, tables: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The record (``tables_of``) of the table a leaf of ``tables`` or ``emb_states`` belongs to; else None."""
+    if len(path) >= 2 and getattr(path[0], "name", None) in ("tables", "emb_states"):
+        t = tables.get(getattr(path[1], "key", None))
+        return t if isinstance(t, Mapping) else None
+    return None
+
+
 def logical_rows(path: tuple, shape: tuple, tables: Mapping[str, Mapping[str, Any]]) -> int | None:
     """For a table or per-row state leaf (leading dim = stored rows): the table's vocab; else None."""
-    if len(path) >= 2 and getattr(path[0], "name", None) in ("tables", "emb_states"):
-        t = tables[path[1].key]
-        if len(shape) >= 1 and shape[0] == t["rows"]:
-            return t["vocab"]
-    return None
+    t = table_record(path, tables)
+    return t["vocab"] if t is not None and len(shape) >= 1 and shape[0] == t["rows"] else None
 
 
 def logical_cols(path: tuple, shape: tuple, tables: Mapping[str, Mapping[str, Any]]) -> int | None:
     """For a table or per-element state leaf stored wider than its rows (``stored_width``): the table's width
     (the columns past it are padding); else None. A checkpoint's digests then do not depend on the padding, so
     it restores at any stored width."""
-    if len(path) >= 2 and getattr(path[0], "name", None) in ("tables", "emb_states") and len(shape) == 2:
-        t = tables[path[1].key]
-        if shape[0] == t["rows"] and shape[1] == t.get("stored_width") != t["width"]:
-            return t["width"]
+    t = table_record(path, tables)
+    if t is not None and len(shape) == 2 and shape[0] == t["rows"] and shape[1] == t.get("stored_width") != t["width"]:
+        return t["width"]
     return None
 
 
@@ -130,10 +134,7 @@ def describe_arrays(program: Any, tree: Any) -> dict[str, dict[str, Any]]:
 def describe(cfg: DictConfig, program: Any, state: Any, *, step: int, metrics_rows: int, run: str,
              output_dir: str, mesh: str, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``data``: the fingerprint of the data file trained on (``runner.checkpoint.data``), recorded when given."""
-    tables = tables_of(program)
-    info = leaves(state, tables)
-    sums = checkpoint_digest.digests(info, scheme=DIGEST_SCHEMES[FORMAT])
-    arrays = {k: {"shape": list(x.shape), "dtype": str(x.dtype), "rows": r, "digest": sums[k]} for k, x, r, _ in info}
+    tables, arrays = tables_of(program), describe_arrays(program, state)
     return {"format": FORMAT, "step": step, "data_step": step, "metrics_rows": metrics_rows, "run_id": run,
             "output_dir": output_dir, "mesh": mesh, "async_emb": bool(program.async_emb),
             "staleness": int(program.staleness), "compensation": _compensation(program), "tables": tables,

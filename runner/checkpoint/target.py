@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import jax
 
 from ..errors import PreflightError
-from .meta import SEGMENT_IDS, UNIQUE_TOKENS, incompatible
+from .meta import SEGMENT_IDS, UNIQUE_TOKENS, incompatible, table_record
 
 
 def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, replicated: Any, where: str,
@@ -57,7 +57,5 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
 def _other_padding(meta: Mapping[str, Any], path: tuple, shape: tuple, now: tuple) -> bool:
     """A table or per-element state leaf stored with other padding columns (``stored_width``) than this run's,
     both at least the table's width: Orbax pads the columns with zeros or cuts the padding off."""
-    if len(path) < 2 or getattr(path[0], "name", None) not in ("tables", "emb_states") or len(shape) != 2:
-        return False
-    t = meta.get("tables", {}).get(getattr(path[1], "key", None))
-    return isinstance(t, Mapping) and len(now) == 2 and min(shape[1], now[1]) >= t["width"]
+    t = table_record(path, meta.get("tables", {}))
+    return t is not None and len(shape) == len(now) == 2 and min(shape[1], now[1]) >= t["width"]
