@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import jax
 from omegaconf import DictConfig
 
-from .core.embeddings import TableSpec, auto_stored_width
+from .core.embeddings import LANES, TableSpec, auto_stored_width
 from .errors import PreflightError
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def stored_widths(cfg: DictConfig, plan: MeshPlan | None, specs: dict[str, Table
                          "keeps it unpadded)", name, stored, backend.upper(), s.width, name, s.width)
         elif int(stored) < s.width:
             raise PreflightError(f"model.tables.{name}.stored_width={stored} is narrower than the table's width "
-                                 f"{s.width}: set it to at least {s.width} (e.g. {-(-s.width // 128) * 128}, the "
+                                 f"{s.width}: set it to at least {s.width} (e.g. {-(-s.width // LANES) * LANES}, the "
                                  f"TPU's lanes), or null")
         out[name] = dataclasses.replace(s, stored_width=int(stored)) if stored and int(stored) != s.width else s
     return out
