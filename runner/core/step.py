@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
@@ -42,6 +43,13 @@ from .compiled import FlushFn, StepFn, reused
 from .diagnostics import is_log_step, overlap, routed_diagnostics, skip_metrics
 from .flush import count_skips, flush_state
 from .state import SkipCounts, TrainState
+
+
+@partial(jax.jit, static_argnums=2)
+def _rows_at(table: jax.Array, rows: jax.Array, width: int) -> jax.Array:
+    """``table``'s ``rows``, their first ``width`` columns (``TrainProgram.table_of``): one program, not an
+    operation at a time."""
+    return table[rows][:, :width]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -211,10 +219,10 @@ class TrainProgram:
         it is stacked and unpermuted under ``mesh.permute_ids``: e.g. to read or export one feature's
         embeddings."""
         m, spec = self.stacking.members[name], self.logical[name]
-        ids = jnp.arange(spec.vocab, dtype=jnp.int32)
-        phys = jnp.where(ids == 0, 0, ids + (m.base - 1))
-        rows = state.tables[m.stack][stored_rows(self.tables[m.stack], phys, self.mesh, split=False)]
-        return rows[:, :spec.width]  # a table stored padded (stored_width): its own columns
+        ids = np.arange(spec.vocab, dtype=np.int32)  # the rows are worked out on the host, read in one program
+        phys = jax.device_put(np.where(ids == 0, 0, ids + (m.base - 1)).astype(np.int32))
+        rows = stored_rows(self.tables[m.stack], phys, self.mesh, split=False)
+        return _rows_at(state.tables[m.stack], rows, spec.width)  # a table stored padded: its own columns
 
     def model_loss(self, params, embs: Mapping[str, jax.Array], batch, raw_ids: Mapping[str, jax.Array]):
         """The model's loss of the physical tables' rows ``embs`` (each logical table's rows split out of its

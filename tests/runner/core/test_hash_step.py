@@ -152,14 +152,14 @@ def test_evaluation_reads_without_changing_the_table(cfg_of):
     _, state, _, _ = run_steps(program, data, 3)
     before = numpy_tree(state)
     raw = program.model.table_ids({k: jnp.asarray(v) for k, v in data.batch(50, 32).items()})
-    rows = np.asarray(hash_step.read_rows(program, state, raw)["users"])
+    rows = np.asarray(jax.jit(lambda st, r: hash_step.read_rows(program, st, r))(state, raw)["users"])
     spec = program.tables["users"]
-    slots = np.asarray(ht.find(spec.hash, state.hashed["users"], raw["users"]))
+    slots = np.asarray(jax.jit(ht.find, static_argnums=0)(spec.hash, state.hashed["users"], raw["users"]))
     assert (slots >= 0).any() and (slots < 0).any()
     np.testing.assert_array_equal(rows, np.where(slots >= 0, slots + 1, spec.hash.shared_row))
     zeros = dataclasses.replace(spec.hash, default="zeros")
     out = program.contexts["users"].stored_rows
-    np.testing.assert_array_equal(np.asarray(hr.rows_of(zeros, jnp.asarray(slots), out)), np.where(slots >= 0, slots + 1, out))
+    np.testing.assert_array_equal(np.asarray(jax.jit(hr.rows_of, static_argnums=(0, 2))(zeros, jnp.asarray(slots), out)), np.where(slots >= 0, slots + 1, out))
     scores = np.asarray(jax.jit(program.predict)(state, {k: jnp.asarray(v) for k, v in data.batch(50, 32).items()}))
     assert scores.shape == (32, 3) and np.isfinite(scores).all()
     for a, b in zip(jax.tree.leaves(numpy_tree(state.hashed)), jax.tree.leaves(before.hashed)):
