@@ -135,9 +135,9 @@ def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
 
 @pytest.mark.slow
 def test_relaunch_of_finished_run_only_evaluates(tmp_path, runs):
-    tmp = copy_of(runs("straight", "on", "2x4-row"), tmp_path)
+    tmp = copy_of(runs("straight", "k2dc", "2x4-row"), tmp_path)  # the bit-identical test's straight run
     objective = json.loads((tmp / "first" / "summary.json").read_text())["valid/auc_mean"]
-    assert launch(tmp, "again", ["async_emb=on", *MESHES["2x4-row"]]) == objective
+    assert launch(tmp, "again", [*MODES["k2dc"], *MESHES["2x4-row"]]) == objective
     # The same rows; only the final row's flush record differs: the relaunch restores the flushed state, so
     # its flush has nothing pending (the first run's flush applied step 6's update).
     again, first = metric_rows(tmp / "again"), metric_rows(tmp / "first")

@@ -32,8 +32,9 @@ def scores(program, state, task):
 @pytest.mark.parametrize("extra", [
     pytest.param(["async_emb=on"], id="async"),
     pytest.param(["async_emb=off", "model.stack_tables=true"], id="sync-stacked"),
-    pytest.param(["async_emb=on", *HASHED], id="async-hash"),
-    pytest.param(["async_emb=on", "mesh=data_table"], id="async-row-sharded-2x4", marks=pytest.mark.slow),
+    # hash tables (one partition a row shard) beside a dense one, row-sharded on the 2x4 mesh
+    pytest.param(["async_emb=on", "mesh=data_table", *HASHED, "model.tables.items.capacity=152"],
+                 id="async-hash-row-sharded-2x4", marks=pytest.mark.slow),
 ])
 def test_a_padded_run_trains_as_the_narrow_one(extra):
     program, s00, s0, l0, task = train(extra)
