@@ -84,7 +84,8 @@ def test_rebucket_matches_the_reference_and_keeps_every_placed_id_whole(parts):
     np.testing.assert_array_equal(r.row_map[old_rows], new_rows)
     for k, s in want.items():  # the step's own lookup finds each id at its new slot, with its metadata
         assert (int(r.hashed.last[s]), int(r.hashed.count[s])) == held[k]
-    found = np.asarray(jax.jit(ht.find, static_argnums=0)(new, ht.HashState(*map(jnp.asarray, r.hashed)), jnp.asarray(r.hashed.keys[got_slots])))
+    find = jax.jit(ht.find, static_argnums=0)
+    found = np.asarray(find(new, ht.HashState(*map(jnp.asarray, r.hashed)), jnp.asarray(r.hashed.keys[got_slots])))
     np.testing.assert_array_equal(found, got_slots)
     filled = np.bincount(got_slots // new.part_capacity, minlength=new.partitions)
     np.testing.assert_array_equal(np.atleast_1d(r.hashed.filled), filled if new.partitions > 1 else [filled.sum()])

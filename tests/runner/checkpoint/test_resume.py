@@ -139,7 +139,7 @@ def test_relaunch_of_finished_run_only_evaluates(tmp_path, runs):
     objective = json.loads((tmp / "first" / "summary.json").read_text())["valid/auc_mean"]
     assert launch(tmp, "again", [*MODES["k2dc"], *MESHES["2x4-row"]]) == objective
     # The same rows; only the final row's flush record differs: the relaunch restores the flushed state, so
-    # its flush has nothing pending (the first run's flush applied step 6's update).
+    # its flush has nothing pending (the first run's flush applied steps 5 and 6's deferred updates).
     again, first = metric_rows(tmp / "again"), metric_rows(tmp / "first")
     assert again[:-1] == first[:-1]
     flush_keys = {k for k in first[-1] if k.startswith("emb/flush_")}

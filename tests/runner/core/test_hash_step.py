@@ -159,7 +159,9 @@ def test_evaluation_reads_without_changing_the_table(cfg_of):
     np.testing.assert_array_equal(rows, np.where(slots >= 0, slots + 1, spec.hash.shared_row))
     zeros = dataclasses.replace(spec.hash, default="zeros")
     out = program.contexts["users"].stored_rows
-    np.testing.assert_array_equal(np.asarray(jax.jit(hr.rows_of, static_argnums=(0, 2))(zeros, jnp.asarray(slots), out)), np.where(slots >= 0, slots + 1, out))
+    rows_of = jax.jit(hr.rows_of, static_argnums=(0, 2))
+    np.testing.assert_array_equal(np.asarray(rows_of(zeros, jnp.asarray(slots), out)),
+                                  np.where(slots >= 0, slots + 1, out))
     scores = np.asarray(jax.jit(program.predict)(state, {k: jnp.asarray(v) for k, v in data.batch(50, 32).items()}))
     assert scores.shape == (32, 3) and np.isfinite(scores).all()
     for a, b in zip(jax.tree.leaves(numpy_tree(state.hashed)), jax.tree.leaves(before.hashed)):
