@@ -52,7 +52,7 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
     mem = json.loads((out / "memory.json").read_text())["results"]
     for r in mem:  # a bf16 table: 2 bytes a value; row-wise Adagrad state: an f32 and an int32 per row
         assert r["table_bytes"] == r["vocab"] * r["width"] * 2 and r["state_bytes"] == r["vocab"] * 8 + 4
-        assert r["peak"] >= r["peak_init"] >= r["base"] > 0
+        assert r["peak"] >= r["peak_init"] >= r["base"] > 0 and r["temp_bytes"] > 0
     bags = json.loads((out / "bags.json").read_text())
     for r in bags["results"]:  # a bag of L holds 1..L ids, padded: B x L ids reach the update, fewer are real
         assert r["ids"] == bags["config"]["bags"] * r["bag"] and r["unique_rows"] <= r["real_ids"] <= r["ids"]
