@@ -32,23 +32,39 @@ QUICK = dict(sizes=(1_000, 10_000), width=16, batch=256, rounds=3, warmup=1, den
              opts=("async_rowwise_adagrad", "async_adam"), bf16_opts=("async_rowwise_adagrad",), dense=("adam",))
 
 
-def update_step(opt, ctx: optimizers.AsyncEmbContext, fused: bool, dtype: str = "float32", devices: int = 1):
-    """Jitted ``(table, state, ids) -> (table, state, norm)`` with table and state donated, compiled as the runner
-    compiles a step on ``devices`` devices (``optimizers.compiler_options``)."""
+def update_body(opt, ctx: optimizers.AsyncEmbContext, fused: bool):
+    """``(table, state, ids) -> (table, state, norm)``, unjitted: the lookup, per-token gradients of a quadratic
+    loss and the update. On a mesh (``ctx.mesh``) as the train step runs it: the ids split over the devices and
+    their rows read through the layout's lookup (``runner.core.embeddings.lookup_counted``: routed to their
+    owners on the row layout); on one device a plain gather."""
+    sharded = ctx.mesh is not None and ctx.mesh.size > 1
+    if sharded:
+        from runner.core.embeddings import lookup_counted  # noqa: PLC0415
 
     def step(table, state, ids):
-        emb = ctx.narrow(table.at[ids].get(mode="fill", fill_value=0)).astype(jnp.float32)  # the lookup
-        grads = 0.5 * emb + 0.01  # per-token gradients of a quadratic loss
+        if sharded:
+            emb = lookup_counted(ctx, table, ids[:, None])[0][:, 0]  # ids [B, n]: one id an example
+        else:
+            emb = table.at[ids].get(mode="fill", fill_value=0)
+        grads = 0.5 * ctx.narrow(emb).astype(jnp.float32) + 0.01  # per-token gradients of a quadratic loss
         c = ctx.fresh()
         update = optimizers.make_update(c, ids, grads)
         if fused:
-            keep, table, state = opt.gradient_update_start(c, update, table, state, grads[0, 0])
+            keep, table, state = opt.gradient_update_start(c, update, table, state,
+                                                           jnp.zeros(()) if sharded else grads[0, 0])
             norm, _, _ = opt.gradient_update_done(c, keep[0])
         else:
             table, state, norm, _ = opt.apply_dense(c, update, table, state)
         return table, state, norm
 
-    return jax.jit(step, donate_argnums=(0, 1), compiler_options=compiler_options([dtype], devices))
+    return step
+
+
+def update_step(opt, ctx: optimizers.AsyncEmbContext, fused: bool, dtype: str = "float32", devices: int = 1):
+    """``update_body`` jitted with table and state donated, compiled as the runner compiles a step on
+    ``devices`` devices (``optimizers.compiler_options``)."""
+    return jax.jit(update_body(opt, ctx, fused), donate_argnums=(0, 1),
+                   compiler_options=compiler_options([dtype], devices))
 
 
 class Table:

@@ -33,7 +33,7 @@ from runner.core import hash_rows as hr, hash_tables as ht
 from runner.core.embeddings import auto_stored_width
 
 from . import common
-from .fused_update import Table
+from .fused_update import Table, update_body
 
 FULL = dict(capacity=1_000_000, width=64, batch=16_384, population=10_000_000, drift=50, rounds=25, warmup=3,
             fill=250)
@@ -74,6 +74,7 @@ class HashTable:
                                   if x.ndim and x.shape[0] == capacity) / capacity
         initial = opt.init(1, stored)
         spec, seed = self.spec, jnp.zeros((2,), jnp.uint32)
+        update = update_body(opt, ctx, fused=True)  # the dense table's step, on the rows the mapping gives
 
         def step(table, state, slots, keys, s):
             slots, got = ht.assign(spec, slots, keys, s)
@@ -83,12 +84,7 @@ class HashTable:
             ids = hr.key_rows(spec, keys, got.slots, rows)
             if upto == "reset":
                 return table, state, slots, ids, got.admitted
-            emb = ctx.narrow(table.at[ids].get(mode="fill", fill_value=0))
-            grads = 0.5 * emb + 0.01
-            c = ctx.fresh()
-            keep, table, state = opt.gradient_update_start(c, optimizers.make_update(c, ids, grads), table, state,
-                                                           grads[0, 0])
-            norm, _, _ = opt.gradient_update_done(c, keep[0])
+            table, state, norm = update(table, state, ids)
             return table, state, slots, norm, got.admitted
 
         self.step = jax.jit(step, donate_argnums=(0, 1, 2), compiler_options=compiler_options(["float32"], 1))

@@ -160,19 +160,19 @@ def drop_moved(program: Any, head: Mapping[str, Any], moved: Mapping[str, Moved]
         if n not in head:
             continue
         u, ctx = head[n], program.contexts[n]
-        if m.before is not None:  # the rows whose slot's key changed, closed up in the record (no sort)
+        if m.before is not None:  # the rows whose slot's key changed (no sort)
             slots = row_slots(program.tables[n].hash, u.unique_tokens)
             at = jnp.maximum(slots, 0)
             gone = jnp.any(m.before[at] != m.after[at], axis=-1) & (slots >= 0) & u.pending
-            out[n] = without_rows(ctx, u, gone)
-            dropped[f"emb/stale_dropped/{n}"] = jnp.sum(gone).astype(jnp.int32)
-            continue
-        m, unique = m.rows, u.unique_tokens  # a row may sit in several devices' blocks: count it once
-        at = jnp.minimum(jnp.searchsorted(m, unique), m.shape[0] - 1)
-        gone = (m[at] == unique) & (unique < ctx.stored_rows) & u.pending
-        hit = jnp.zeros(m.shape, bool).at[jnp.where(gone, at, m.shape[0])].set(True, mode="drop")
+            count = jnp.sum(gone)
+        else:  # found among the rows every shard gave away; a row may sit in several devices' blocks: counted once
+            unique = u.unique_tokens
+            at = jnp.minimum(jnp.searchsorted(m.rows, unique), m.rows.shape[0] - 1)
+            gone = (m.rows[at] == unique) & (unique < ctx.stored_rows) & u.pending
+            hit = jnp.zeros(m.rows.shape, bool).at[jnp.where(gone, at, m.rows.shape[0])].set(True, mode="drop")
+            count = jnp.sum(hit)
         out[n] = without_rows(ctx, u, gone)
-        dropped[f"emb/stale_dropped/{n}"] = jnp.sum(hit).astype(jnp.int32)
+        dropped[f"emb/stale_dropped/{n}"] = count.astype(jnp.int32)
     return out, dropped
 
 
