@@ -6,8 +6,8 @@ In the child: compile the update step, the table's fill (``runner.core.embedding
 ``TrainProgram.init_state`` does) from abstract shapes, note the RSS (the process baseline: Python, JAX,
 compiled code), initialise table and state, note the peak, run donated update steps, note the peak again. "Overhead" is (peak - baseline) / (table + state bytes) - 1.
 The compiled step's temporaries (``memory_analysis``) are recorded beside it: the part of the overhead that is the
-step's own working set. On several devices the step is the train step's (``sharded_step``): the batch split over
-the devices, its rows read through the layout's lookup.
+step's own working set. On several devices the step is the train step's (``fused_update.update_body``): the batch
+split over the devices, its rows read through the layout's lookup.
 """
 from __future__ import annotations
 
@@ -24,28 +24,6 @@ FULL = dict(width=64, batch=16_384, steps=5, configs=[
     dict(vocab=1_000_000, opt="adam", dtype="float32"),
 ])
 QUICK = dict(width=16, batch=256, steps=2, configs=[dict(vocab=20_000, opt="async_rowwise_adagrad", dtype="bfloat16")])
-
-
-def sharded_step(opt, ctx, dtype: str, devices: int):
-    """``fused_update.update_step`` on a mesh, as the runner's train step does it: the ids split over the
-    devices, their rows read with the layout's lookup (``runner.core.embeddings.lookup_counted``: routed to
-    their owners on the row layout), the update record built per device (``make_update``)."""
-    import jax
-    import jax.numpy as jnp
-
-    import optimizers
-    from runner.core.embeddings import lookup_counted
-
-    def step(table, state, ids):
-        emb = lookup_counted(ctx, table, ids[:, None])[0][:, 0]  # ids [B, n]: one id an example
-        grads = 0.5 * ctx.narrow(emb) + 0.01  # per-token gradients of a quadratic loss
-        c = ctx.fresh()
-        keep, table, state = opt.gradient_update_start(c, optimizers.make_update(c, ids, grads), table, state,
-                                                       jnp.zeros(()))
-        norm, _, _ = opt.gradient_update_done(c, keep[0])
-        return table, state, norm
-
-    return jax.jit(step, donate_argnums=(0, 1), compiler_options=optimizers.compiler_options([dtype], devices))
 
 
 def child(cfg: dict) -> dict:
@@ -75,12 +53,8 @@ def child(cfg: dict) -> dict:
                             is_leaf=lambda x: isinstance(x, type(ctx.table_spec())))
     fused = optimizers.supports_async_emb(opt)
     table_abs = jax.ShapeDtypeStruct((V, D), jnp.dtype(cfg["dtype"]), sharding=shard(ctx.table_spec()))
-    if mesh is None:
-        step = update_step(opt, ctx, fused, cfg["dtype"], devices)
-        ids_abs = jax.ShapeDtypeStruct((B,), jnp.int32)
-    else:  # as the train step runs it: the batch split over the devices, its rows looked up through the layout
-        step = sharded_step(opt, ctx, cfg["dtype"], devices)
-        ids_abs = jax.ShapeDtypeStruct((B,), jnp.int32, sharding=shard(jax.sharding.PartitionSpec("table")))
+    step = update_step(opt, ctx, fused, cfg["dtype"], devices)  # on a mesh: the train step's split and lookup
+    ids_abs = jax.ShapeDtypeStruct((B,), jnp.int32, sharding=shard(jax.sharding.PartitionSpec("table")))
     step = step.lower(table_abs, state_shape, ids_abs).compile()
     # the step's own working set: XLA's temporaries, per device (each of the process's devices runs the program)
     temp_bytes = int(step.memory_analysis().temp_size_in_bytes) * devices
@@ -88,8 +62,7 @@ def child(cfg: dict) -> dict:
     spec, key = TableSpec("t", V, D, 1, V, dtype=cfg["dtype"]), jax.random.key(0)
     fill = table_initializer(spec, shard(ctx.table_spec())).lower(key).compile()
     rng = np.random.default_rng(0)
-    ids = [jax.device_put(common.zipf_ids(rng, V, B), ids_abs.sharding) if mesh else
-           jnp.asarray(common.zipf_ids(rng, V, B)) for _ in range(cfg["steps"])]
+    ids = [jax.device_put(common.zipf_ids(rng, V, B), ids_abs.sharding) for _ in range(cfg["steps"])]
     jax.block_until_ready(ids)
 
     base = common.rss_bytes()
@@ -151,7 +124,11 @@ def report(out: Path, data: dict) -> None:
             f"working set (looked-up rows, per-token gradients, segment sums, updated rows) is a fixed few tens "
             f"of MB whatever the vocabulary, so it shows as a percentage only on small tables: the last column is "
             f"the compiled step's temporaries (XLA's `memory_analysis`), a floor no allocator goes below; the C "
-            f"allocator keeps the blocks it frees, so the peak after steps can reach 2-3 times that. "
+            f"allocator keeps the blocks it frees, so the peak after steps can reach 2-3 times that. On 8 devices "
+            f"the ids are split over the devices and routed to their rows' owners as in the train step, with "
+            f"`route_capacity` 2 x the even share of a device's tokens (512 slots a destination) and raw, unpermuted "
+            f"ids; the runner's defaults (1.2 x the sampled peak of permuted ids: 228 slots in "
+            f"`benchmarks/results/sharded.md`) give it smaller buffers. "
             f"{common.machine_line()}.\n\n" + common.md_table(head, rows)
             + "\n\n## Targets\n\n" + "\n".join(f"- {t['target']}: {t['measured']:.1f} (wanted <= "
                                                    f"{t['threshold']:.0f}): {'met' if t['met'] else 'NOT met'}"
