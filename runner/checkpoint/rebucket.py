@@ -25,14 +25,14 @@ import math
 from typing import Any, Mapping, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..core import hash_rows, hash_tables as ht
 
 log = logging.getLogger("runner")
 
-# The policy's functions compiled once per table spec: run op by op they would compile each operation on its own
+# The policy's functions compiled once per table spec (run op by op, each operation would be a program of its
+# own); they take the host's numpy arrays as they are
 _window_slots = jax.jit(ht.window_slots, static_argnums=0)
 _slot_rows = jax.jit(hash_rows.slot_rows, static_argnums=0)
 
@@ -73,8 +73,7 @@ def placement(new: ht.HashSpec, keys: np.ndarray, last: np.ndarray, count: np.nd
     if m == 0:
         return slot_of
     order = np.lexsort((keys[:, 1], keys[:, 0], -count.astype(np.int64), -last.astype(np.int64)))
-    hi, lo = jnp.asarray(keys[order, 0]), jnp.asarray(keys[order, 1])
-    windows = np.asarray(_window_slots(new, hi, lo))  # [M, window], in priority order
+    windows = np.asarray(_window_slots(new, keys[order, 0], keys[order, 1]))  # [M, window], in priority order
     taken = np.zeros(new.capacity, bool)
     waiting = np.arange(m)  # ascending: the highest priority first
     while waiting.size:
@@ -119,8 +118,8 @@ def rebucket(old: ht.HashSpec, new: ht.HashSpec, hashed: ht.HashState, table: An
     new_keys[dst], new_last[dst], new_count[dst] = keys[src], last[src], count[src]
     per_part = np.bincount(dst // new.part_capacity, minlength=new.partitions).astype(np.int32)
     filled = np.int32(per_part.sum()) if new.partitions == 1 else per_part
-    old_rows = np.asarray(_slot_rows(old, jnp.asarray(src, jnp.int32)))
-    new_rows = np.asarray(_slot_rows(new, jnp.asarray(dst, jnp.int32)))
+    old_rows = np.asarray(_slot_rows(old, src.astype(np.int32)))
+    new_rows = np.asarray(_slot_rows(new, dst.astype(np.int32)))
     row_map = np.full(old.rows, -1, np.int32)
     row_map[old_rows] = new_rows
     row_map[0] = 0

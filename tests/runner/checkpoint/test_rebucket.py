@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from runner.checkpoint.rebucket import rebucket, remap_tokens
 from runner.core import hash_rows as hr, hash_tables as ht
-from tests.runner.core.test_hash_tables import DictTable, drifting_stream, run_jax
+from tests.runner.core.test_hash_tables import DictTable, drifting_stream, jit_find, run_jax
 
 
 def _ints(keys: np.ndarray) -> list[int]:
@@ -84,8 +83,7 @@ def test_rebucket_matches_the_reference_and_keeps_every_placed_id_whole(parts):
     np.testing.assert_array_equal(r.row_map[old_rows], new_rows)
     for k, s in want.items():  # the step's own lookup finds each id at its new slot, with its metadata
         assert (int(r.hashed.last[s]), int(r.hashed.count[s])) == held[k]
-    find = jax.jit(ht.find, static_argnums=0)
-    found = np.asarray(find(new, ht.HashState(*map(jnp.asarray, r.hashed)), jnp.asarray(r.hashed.keys[got_slots])))
+    found = np.asarray(jit_find(new, ht.HashState(*map(jnp.asarray, r.hashed)), jnp.asarray(r.hashed.keys[got_slots])))
     np.testing.assert_array_equal(found, got_slots)
     filled = np.bincount(got_slots // new.part_capacity, minlength=new.partitions)
     np.testing.assert_array_equal(np.atleast_1d(r.hashed.filled), filled if new.partitions > 1 else [filled.sum()])

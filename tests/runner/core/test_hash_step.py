@@ -11,7 +11,7 @@ import pytest
 
 from runner.build import build
 from runner.core import hash_step, hash_rows as hr, hash_tables as ht
-from tests.runner.core.test_hash_tables import DictTable
+from tests.runner.core.test_hash_tables import DictTable, jit_find
 from tests.runner.support import numpy_tree, run_steps
 
 LR = 0.3
@@ -154,7 +154,7 @@ def test_evaluation_reads_without_changing_the_table(cfg_of):
     raw = program.model.table_ids({k: jnp.asarray(v) for k, v in data.batch(50, 32).items()})
     rows = np.asarray(jax.jit(lambda st, r: hash_step.read_rows(program, st, r))(state, raw)["users"])
     spec = program.tables["users"]
-    slots = np.asarray(jax.jit(ht.find, static_argnums=0)(spec.hash, state.hashed["users"], raw["users"]))
+    slots = np.asarray(jit_find(spec.hash, state.hashed["users"], raw["users"]))
     assert (slots >= 0).any() and (slots < 0).any()
     np.testing.assert_array_equal(rows, np.where(slots >= 0, slots + 1, spec.hash.shared_row))
     zeros = dataclasses.replace(spec.hash, default="zeros")

@@ -119,6 +119,9 @@ def drifting_stream(steps: int, batch: int, population: int, active: int, drift:
     return ids
 
 
+jit_find = jax.jit(ht.find, static_argnums=0)  # one program, not an operation at a time
+
+
 def run_jax(spec: ht.HashSpec, ids: np.ndarray):
     keys = jnp.asarray(ht.fingerprint(ids.view(np.int64)))
 
@@ -274,7 +277,6 @@ def test_no_collisions_while_there_is_room():
     ids = np.arange(1, 401, dtype=np.int64).reshape(4, 100) * 7919
     state = ht.init_state(spec)
     first = None
-    find = jax.jit(ht.find, static_argnums=0)  # one program, not an operation at a time
     assign = jax.jit(lambda st, k, s: ht.assign(spec, st, k, s))
     for s, row in enumerate(np.concatenate([ids, ids])):  # 100 new ids a step, then the same again
         state, a = assign(state, jnp.asarray(ht.fingerprint(row)), s)
@@ -283,8 +285,8 @@ def test_no_collisions_while_there_is_room():
         assert len(set(sl.tolist())) == 100
         if s == 0:
             first = sl
-    assert np.array_equal(sl, np.asarray(find(spec, state, jnp.asarray(ht.fingerprint(ids[3])))))
-    assert np.array_equal(first, np.asarray(find(spec, state, jnp.asarray(ht.fingerprint(ids[0])))))
+    assert np.array_equal(sl, np.asarray(jit_find(spec, state, jnp.asarray(ht.fingerprint(ids[3])))))
+    assert np.array_equal(first, np.asarray(jit_find(spec, state, jnp.asarray(ht.fingerprint(ids[0])))))
     assert float(ht.occupancy(state)) == pytest.approx(400 / 1024)
 
 
