@@ -56,6 +56,7 @@ def test_a_padded_run_trains_as_the_narrow_one(extra):
         np.testing.assert_allclose(np.asarray(padded.table_of(s1, n)), np.asarray(program.table_of(s0, n)), **close)
 
 
+@pytest.mark.slow
 def test_the_sequential_model_scores_a_padded_catalogue_as_the_narrow_one():
     """Its evaluation scores every item against the whole table: the padding columns must not reach it."""
     runs = {}
@@ -91,6 +92,7 @@ def test_a_stored_width_equal_to_the_width_is_no_padding():
     assert program.tables["users"].columns == 8 and not program.contexts["users"].padded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first, then", [(16, None), (None, 16)], ids=["padded-then-not", "not-then-padded"])
 def test_a_checkpoint_resumes_at_another_stored_width(tmp_path, first, then):
     """The padding is the layout, not the model: a checkpoint saved with one stored width resumes at another (the
@@ -136,6 +138,7 @@ def test_a_slot_given_to_a_new_id_gets_a_fresh_row_and_zero_padding():
     assert (np.delete(np.asarray(t), rows, axis=0) == 9.0).all()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_the_setting_resumes(tmp_path):
     """A checkpoint whose record has no stored_width (written before the setting) holds unpadded tables: a config
     without padding resumes it, and so does one with padding."""
