@@ -13,6 +13,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import P, jax, jnp
+from .indexing import take_rows
 from .protocol import AsyncEmbGradientUpdate
 from .scopes import in_phase
 
@@ -188,7 +189,7 @@ def segment_rows(rows: jax.Array, segment_ids: jax.Array, num_unique: int) -> ja
     n = segment_ids.shape[0]
     seg = jnp.where(segment_ids < 0, num_unique, segment_ids)
     first = jax.ops.segment_min(jnp.arange(n, dtype=jnp.int32), seg, num_segments=num_unique)  # empty: int max
-    return rows.astype(jnp.float32).at[jnp.minimum(first, n)].get(mode="fill", fill_value=0)
+    return take_rows(rows.astype(jnp.float32), jnp.minimum(first, n))
 
 
 def without_rows(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, drop: jax.Array) -> AsyncEmbGradientUpdate:

@@ -17,6 +17,7 @@ import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 from ._lazy import jax, jnp, lax
+from .indexing import take_rows
 from .scopes import in_phase
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def bucket(ctx: AsyncEmbContext, unique: jax.Array, slots: int | None = None, of
     j = jnp.arange(slots, dtype=jnp.int32) + offset  # positions in each shard's run this round sends
     index = starts[:-1, None] + j[None, :]
     filled = j[None, :] < counts[:, None]
-    send = jnp.where(filled, unique.at[index].get(mode="fill", fill_value=ctx.stored_rows) - bounds[:-1, None], rows)
+    send = jnp.where(filled, take_rows(unique, index, ctx.stored_rows) - bounds[:-1, None], rows)
     owner = jnp.minimum(unique // rows, shards)
     pos = jnp.arange(unique.shape[0], dtype=jnp.int32) - starts[jnp.minimum(owner, shards - 1)] - offset
     slot = jnp.where((owner < shards) & (pos >= 0) & (pos < slots), owner * slots + pos, shards * slots)
@@ -90,7 +91,7 @@ def gather_over_data(ctx: AsyncEmbContext, x: jax.Array) -> jax.Array:
 
 def to_tokens(urows: jax.Array, seg: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """A device's unique rows ``[U, width]`` expanded to its tokens ``[*shape, width]`` (segment id -1: zeros)."""
-    out = jnp.where((seg >= 0)[:, None], urows.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=0), 0)
+    out = jnp.where((seg >= 0)[:, None], take_rows(urows, jnp.maximum(seg, 0)), 0)
     return out.reshape(*shape, urows.shape[1])
 
 

@@ -13,6 +13,7 @@ import enum
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ._lazy import jax, jnp, lax
+from .indexing import take_rows
 from .rounding import rounding_bits, stochastic_round_bf16
 from .scopes import phase
 
@@ -146,9 +147,9 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
         """New rows (float32, or rounded to the table's bfloat16) and state for these rows, and how many of
         the owned ones hold a non-finite value (as stored)."""
         with phase("gather"):  # stored rows (ctx.stored_width) narrowed to the width the rule sees
-            rows = narrow(table.at[local].get(mode="fill", fill_value=0, unique_indices=True)).astype(jnp.float32)
+            rows = narrow(take_rows(table, local)).astype(jnp.float32)
             row_state = jax.tree.map(
-                lambda a: narrow(a.at[local].get(mode="fill", fill_value=0, unique_indices=True)), state.rows)
+                lambda a: narrow(take_rows(a, local)), state.rows)
         with phase("rule"):
             if then is not None:  # the gradient, late by the updates applied since, corrected (DC-ASGD)
                 g = g + jnp.float32(ctx.dc_lambda) * g * g * (rows - then)
@@ -157,7 +158,7 @@ def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Arra
                 g = g + opt.weight_decay * rows
                 row_sq = _row_sums(g * g)
             elif mode is WeightDecayMode.decoupled_global:  # the decay the row missed since its last touch
-                touch = state.decay.touch.at[local].get(mode="fill", fill_value=0, unique_indices=True)
+                touch = take_rows(state.decay.touch, local)
                 rows = rows * jnp.exp(state.decay.total - touch)[:, None]
             rc = RowContext(step, ctx.emb_width, width_sum, lambda: across_width(row_sq), lr)
             new_rows, new_row_state = rule_opt.update_rows(rows, row_state, g, rc)

@@ -15,6 +15,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from .._lazy import P, jax, jnp, lax
+from ..indexing import take_rows
 from ..protocol import AsyncEmbGradientUpdate
 from ..record import dedupe, device_record, num_unique_for, segment_rows, segment_sum, without_padding_id
 from ..routing import exchange, gather_over_data, gather_over_table, route_peak, to_tokens
@@ -128,7 +129,7 @@ def column_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
 
     def fetch(c: int) -> jax.Array:  # [U, width]: the first c unique ids' rows; the rest zeros
         wanted = gather_over_table(ctx, unique[:c])  # [shards, c]: every table-group device's ids
-        part = table_shard.at[wanted].get(mode="fill", fill_value=0).astype(jnp.float32)  # [shards, c, width / shards]
+        part = take_rows(table_shard, wanted).astype(jnp.float32)  # [shards, c, width / shards]
         got = exchange(ctx, part)  # [shards, c, width / shards]: block k is shard k's slice of my rows
         urows = jnp.moveaxis(got, 0, 1).reshape(c, -1)  # [c, width]: slices in column order
         return jnp.pad(urows, ((0, size - c), (0, 0)))

@@ -5,6 +5,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from .._lazy import P, jax, jnp, lax
+from ..indexing import take_rows
 from ..protocol import AsyncEmbGradientUpdate
 from ..record import segment_rows, segment_sum
 from ..row_update import Touched, write_rows
@@ -33,7 +34,7 @@ class RowGather(RowLayout):
             group_ids = lax.all_gather(ids_local, axis, axis=0, tiled=True)  # this data group's ids
             local_ids = group_ids - lax.axis_index(axis) * ctx.shard_rows
             owned = (local_ids >= 0) & (local_ids < ctx.shard_rows)
-            rows = ctx.narrow(table_shard.at[jnp.where(owned, local_ids, ctx.shard_rows)].get(mode="fill", fill_value=0))
+            rows = ctx.narrow(take_rows(table_shard, jnp.where(owned, local_ids, ctx.shard_rows)))
             return lax.psum_scatter(rows.astype(jnp.float32), axis, scatter_dimension=0, tiled=True)
 
         none = jnp.zeros((), jnp.int32)
@@ -53,7 +54,7 @@ def _kernel(opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
     offset = lax.axis_index(ctx.table_axis) * ctx.shard_rows
     rows = ids - offset
     owned = (rows >= 0) & (rows < ctx.shard_rows)
-    seg = jnp.where(owned.at[seg].get(mode="fill", fill_value=False), seg, -1)  # sum only the rows we own
+    seg = jnp.where(take_rows(owned, seg, False), seg, -1)  # sum only the rows we own
     g = segment_sum(update.grads, seg, ctx.num_unique)  # [U, width]
     then = segment_rows(update.rows, seg, ctx.num_unique) if ctx.compensates else None
     return write_rows(opt, ctx, Touched(ids, rows, owned, g, then), table, state, gate, update.pending)

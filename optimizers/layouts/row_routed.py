@@ -14,6 +14,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from .._lazy import jax, jnp, lax
+from ..indexing import take_rows
 from ..protocol import AsyncEmbGradientUpdate
 from ..record import dedupe, device_record, num_unique_for, segment_rows, segment_sum, without_padding_id
 from ..routing import Buckets, bucket, exchange, gather_over_data, route_peak, rounds_needed, to_tokens
@@ -87,9 +88,9 @@ def routed_lookup_local(ctx: AsyncEmbContext, table_shard: jax.Array, ids: jax.A
 
     def fetch(b: Buckets) -> jax.Array:  # [U, width]: the rows of the unique ids in b's slots; others zeros
         wanted = exchange(ctx, b.send)  # [shards, C]: rows other devices want from me
-        rows = ctx.narrow(table_shard.at[wanted].get(mode="fill", fill_value=0)).astype(jnp.float32)
+        rows = ctx.narrow(take_rows(table_shard, wanted)).astype(jnp.float32)
         got = exchange(ctx, rows).reshape(-1, width)  # [shards * C, width]: my ids' rows
-        return got.at[b.slot].get(mode="fill", fill_value=0)
+        return take_rows(got, b.slot)
 
     if exact:
         urows = fetch(b)
@@ -126,7 +127,7 @@ def _kernel(opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
         # Each token's gradient summed (fp32) straight into its unique id's send slot: one pass, no [U, width]
         # buffer to gather from. Padding tokens and ids without a slot this round land past the end: dropped.
         shards = b.send.shape[0]
-        tok_slot = jnp.where(seg >= 0, b.slot.at[jnp.maximum(seg, 0)].get(mode="fill", fill_value=shards * slots),
+        tok_slot = jnp.where(seg >= 0, take_rows(b.slot, jnp.maximum(seg, 0), shards * slots),
                              -1)
         send_g = segment_sum(update.grads, tok_slot, shards * slots).reshape(shards, slots, -1)
         width = send_g.shape[-1]

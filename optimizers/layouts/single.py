@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._lazy import jax, jnp
+from ..indexing import take_rows
 from ..protocol import AsyncEmbGradientUpdate
 from ..record import segment_rows, segment_sum
 from ..row_update import Touched, write_rows
@@ -23,7 +24,7 @@ class Single(Layout):
                with_dedupe: bool = False) -> tuple:
         """One gather; ids outside the table read zeros. Nothing is routed: ``(overflow, peak)`` are 0."""
         none = jnp.zeros((), jnp.int32)
-        return ctx.narrow(table.at[ids].get(mode="fill", fill_value=0)).astype(jnp.float32), (none, none)
+        return ctx.narrow(take_rows(table, ids)).astype(jnp.float32), (none, none)
 
     def update(self, opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table: jax.Array,
                state: Any, gate: jax.Array) -> tuple:

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from optimizers.indexing import take_rows
+
 
 def windows(win: jax.Array, used: jax.Array, *arrays: jax.Array) -> tuple[jax.Array, ...]:
     """Each array's values at the window slots ``win`` [N, window] (indices into the arrays; out of range:
@@ -29,7 +31,7 @@ def windows(win: jax.Array, used: jax.Array, *arrays: jax.Array) -> tuple[jax.Ar
                      for a in arrays)
 
     def by_slot(arrays):
-        return tuple(a.at[win].get(mode="fill", fill_value=0) for a in arrays)
+        return tuple(take_rows(a, win) for a in arrays)
 
     def on_cpu(*arrays):
         wraps = jnp.any(used & (win[:, -1] - win[:, 0] != w - 1))

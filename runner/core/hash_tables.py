@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from optimizers.indexing import take_rows
 from optimizers.rounding import mix32
 
 from .hash_ops import either, first_min, windows
@@ -325,14 +326,14 @@ def assign(spec: HashSpec, state: HashState, keys: jax.Array, step: jax.Array,
         # the id's first position: step + the smallest of its positions, a value that also marks the slot taken
         # (neither empty nor evictable) in the next rounds; every taken slot's last step is the step after them
         last_ = last_.at[at].set(step + n, mode="drop").at[at].min(step + pos, mode="drop")
-        first_ = won & (last_.at[at].get(mode="fill", fill_value=-1) == step + pos)
+        first_ = won & (take_rows(last_, at, -1) == step + pos)
         return keys_, last_, chosen, won, first_, first_ & evicting, can & ~won
 
     def some(ops, wants_, k):
         """``claim`` for the positions that want a slot: packed into ``k`` when at most ``k`` do, else all."""
         def packed(ops):
             pos = jnp.full((k,), n, jnp.int32).at[jnp.where(wants_, jnp.cumsum(wants_) - 1, k)].set(idx, mode="drop")
-            g = lambda a, fill: a.at[pos].get(mode="fill", fill_value=fill)  # noqa: E731
+            g = lambda a, fill: take_rows(a, pos, fill)  # noqa: E731
             out = claim(*ops, g(kh, 0), g(kl, 0), window_at(g(win[:, 0], 0)), g(wants_, False), pos)
             return out[:2] + tuple(jnp.zeros((n,), x.dtype).at[pos].set(x, mode="drop") for x in out[2:])
 
