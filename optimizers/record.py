@@ -217,8 +217,8 @@ def without_rows(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, drop: jax
 
 def token_ids(ctx: AsyncEmbContext, unique: jax.Array, segment_ids: jax.Array) -> jax.Array:
     """Per-token ids from an update record's (unique ids, segment ids); padding tokens get ``ctx.stored_rows``."""
-    return jnp.where(segment_ids < 0, ctx.stored_rows, unique.at[jnp.maximum(segment_ids, 0)].get(
-        mode="fill", fill_value=ctx.stored_rows))
+    return jnp.where(segment_ids < 0, ctx.stored_rows, take_rows(unique, jnp.maximum(segment_ids, 0),
+                                                                      ctx.stored_rows))
 
 
 def without_padding_id(unique: jax.Array, seg: jax.Array, rows: int, pad_id: int = 0):
