@@ -22,6 +22,7 @@ import numpy as np
 
 import optimizers
 from optimizers import compiler_options
+from optimizers.indexing import take_rows
 
 from . import common
 
@@ -36,7 +37,8 @@ def update_body(opt, ctx: optimizers.AsyncEmbContext, fused: bool):
     """``(table, state, ids) -> (table, state, norm)``, unjitted: the lookup, per-token gradients of a quadratic
     loss and the update. On a mesh (``ctx.mesh``) as the train step runs it: the ids split over the devices and
     their rows read through the layout's lookup (``runner.core.embeddings.lookup_counted``: routed to their
-    owners on the row layout); on one device a plain gather."""
+    owners on the row layout); on one device the one gather the runner's one-device layout does
+    (``optimizers.indexing.take_rows``: ids outside the table read zeros)."""
     sharded = ctx.mesh is not None and ctx.mesh.size > 1
     if sharded:
         from runner.core.embeddings import lookup_counted  # noqa: PLC0415
@@ -45,7 +47,7 @@ def update_body(opt, ctx: optimizers.AsyncEmbContext, fused: bool):
         if sharded:
             emb = lookup_counted(ctx, table, ids[:, None])[0][:, 0]  # ids [B, n]: one id an example
         else:
-            emb = table.at[ids].get(mode="fill", fill_value=0)
+            emb = take_rows(table, ids)
         grads = 0.5 * ctx.narrow(emb).astype(jnp.float32) + 0.01  # per-token gradients of a quadratic loss
         c = ctx.fresh()
         update = optimizers.make_update(c, ids, grads)
