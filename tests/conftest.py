@@ -11,8 +11,8 @@ the time (the 2x4 row-sharded async train step, measured with a load of ~4 on 2 
 the optimisation off alone, 11.3 s with the emitters off alone, 3.8-5.4 s with both; its flush 3.6-4.9 s and
 1.3-1.6 s). They also skip XLA's HLO verifier, which checks XLA's own passes' output after each of them
 (``--xla_disable_hlo_passes=hlo-verifier``): the 2x4 hash-table train step compiles in 3.45-3.61 s against
-3.71-3.95 s with it, six alternating pairs on an idle machine. ``RUNNER_TEST_XLA_OPT=1`` keeps XLA's defaults, as the runner and the
-benchmarks use. Runs compared with each other in a test are compiled alike.
+3.71-3.95 s with it, six alternating pairs on an idle machine. ``RUNNER_TEST_XLA_OPT=1`` keeps XLA's
+defaults, as the runner and the benchmarks use. Runs compared with each other in a test are compiled alike.
 
 Two settings for the test processes alone: numpy's OpenBLAS uses one thread (its idle threads spin after
 each matrix product, on the cores the other xdist worker compiles on), and Python's full garbage
