@@ -31,6 +31,7 @@ def fused_cost(cfg: dict) -> list[dict]:
     import numpy as np
 
     import optimizers
+    from optimizers.indexing import take_rows
 
     V, D, B = cfg["vocab"], cfg["width"], cfg["batch"]
     rng = np.random.default_rng(0)
@@ -43,7 +44,7 @@ def fused_cost(cfg: dict) -> list[dict]:
             ctx = optimizers.AsyncEmbContext(V, D, B, dc_lambda=1.0 if dc else None)
 
             def step(table, state, i, opt=opt, ctx=ctx, dc=dc):
-                emb = table.at[i].get(mode="fill", fill_value=0).astype(jnp.float32)  # the lookup
+                emb = take_rows(table, i).astype(jnp.float32)  # the lookup: the runner's one-device gather
                 grads = 0.5 * emb + 0.01
                 c = ctx.fresh()
                 update = optimizers.make_update(c, i, grads, rows=emb if dc else None)

@@ -127,8 +127,7 @@ def _kernel(opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, tabl
         # Each token's gradient summed (fp32) straight into its unique id's send slot: one pass, no [U, width]
         # buffer to gather from. Padding tokens and ids without a slot this round land past the end: dropped.
         shards = b.send.shape[0]
-        tok_slot = jnp.where(seg >= 0, take_rows(b.slot, jnp.maximum(seg, 0), shards * slots),
-                             -1)
+        tok_slot = jnp.where(seg >= 0, take_rows(b.slot, jnp.maximum(seg, 0), shards * slots), -1)
         send_g = segment_sum(update.grads, tok_slot, shards * slots).reshape(shards, slots, -1)
         width = send_g.shape[-1]
         parts = [send_g]
