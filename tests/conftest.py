@@ -11,7 +11,10 @@ the time (the 2x4 row-sharded async train step, measured with a load of ~4 on 2 
 the optimisation off alone, 11.3 s with the emitters off alone, 3.8-5.4 s with both; its flush 3.6-4.9 s and
 1.3-1.6 s). They also skip XLA's HLO verifier, which checks XLA's own passes' output after each of them
 (``--xla_disable_hlo_passes=hlo-verifier``): the 2x4 hash-table train step compiles in 3.45-3.61 s against
-3.71-3.95 s with it, six alternating pairs on an idle machine. ``RUNNER_TEST_XLA_OPT=1`` keeps XLA's
+3.71-3.95 s with it, six alternating pairs on an idle machine. And they generate each program's code as one
+LLVM module (``--xla_cpu_parallel_codegen_split_count=1``) rather than split for a thread pool, which both
+cores are already busy with the two xdist workers: 7-15% less CPU a compile (the 2x4 hash-table step 3.4-3.7 s
+against 3.6-4.0 s, the one-device step 0.44-0.47 s against 0.53-0.55 s, three rounds). ``RUNNER_TEST_XLA_OPT=1`` keeps XLA's
 defaults, as the runner and the benchmarks use. Runs compared with each other in a test are compiled alike.
 
 Two settings for the test processes alone: numpy's OpenBLAS uses one thread (its idle threads spin after
@@ -37,7 +40,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 if os.environ.get("RUNNER_TEST_XLA_OPT", "0") != "1" and "xla_backend_optimization_level" not in os.environ.get(
         "XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-                               " --xla_cpu_use_fusion_emitters=false --xla_disable_hlo_passes=hlo-verifier").strip()
+                               " --xla_cpu_use_fusion_emitters=false --xla_disable_hlo_passes=hlo-verifier"
+                               " --xla_cpu_parallel_codegen_split_count=1").strip()
 
 import jax  # noqa: E402
 
