@@ -18,7 +18,6 @@ table's memory, what a row-major layout of it costs anyway) removes the copies.
 """
 from __future__ import annotations
 
-import gc
 import re
 from pathlib import Path
 
@@ -109,9 +108,9 @@ def run(quick: bool, out: Path) -> dict:
                       f"relayouts {res['relayouts']}  temp {res['temp_bytes'] / 2**20:,.0f} MiB", flush=True)
                 if t is not smallest:
                     del t, runs
-                    gc.collect()
+                    common.release(quick)
             del smallest
-            gc.collect()
+            common.release(quick)
     data["scan"] = scan(cfg)
     report(out, data, sizes)
     return data

@@ -12,7 +12,6 @@ Two measurements, in this one process, each as ratios taken round by round (``co
 """
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 from . import common
@@ -25,7 +24,7 @@ QUICK = dict(vocab=10_000, width=16, batch=256, rounds=3, warmup=1, opts=("async
                                           "trainer.batch_size=32"], step_rounds=2, steps=2)
 
 
-def fused_cost(cfg: dict) -> list[dict]:
+def fused_cost(cfg: dict, quick: bool) -> list[dict]:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -68,7 +67,7 @@ def fused_cost(cfg: dict) -> list[dict]:
               f"x {r['x_plain']['median']:.2f}", flush=True)
         out.append(r)
         del runs
-        gc.collect()
+        common.release(quick)
     return out
 
 
@@ -100,7 +99,7 @@ def step_cost(cfg: dict) -> list[dict]:
 
 def run(quick: bool, out: Path) -> dict:
     cfg = QUICK if quick else FULL
-    fused = fused_cost(cfg)
+    fused = fused_cost(cfg, quick)
     steps = step_cost(cfg)
     worst = max(r["x_plain"]["median"] for r in fused)
     data = {"config": cfg, "fused": fused, "steps": steps,

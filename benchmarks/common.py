@@ -7,6 +7,7 @@ median over rounds of (a's time / b's time) in the same round, with its min and 
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -27,6 +28,15 @@ HUGE_PAGES_ENV = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 
 # ----- timing ---------------------------------------------------------------------------------------
+def release(quick: bool) -> None:
+    """Free the tables a benchmark has finished with before it builds the next: a full collection, since a
+    jitted step can hold its table in a reference cycle (full sizes: hundreds of MB to GB each). Quick mode's
+    tables are a few KB, so it skips the collection, which costs about 0.6 s in a process with a large heap
+    (a test process that has compiled many programs) and frees nothing worth having."""
+    if not quick:
+        gc.collect()
+
+
 def interleaved(variants: Mapping[str, Callable[[int], Any]], rounds: int, warmup: int = 2) -> dict[str, list[float]]:
     """Seconds per call of each variant, ``rounds`` samples each, the variants taking turns every round.
 

@@ -13,7 +13,6 @@ so "x floor" and "x smallest V" are ratios taken round by round.
 """
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import jax
@@ -128,9 +127,9 @@ def run(quick: bool, out: Path) -> dict:
             print(f"V={V:>10,} {name:<22} {dtype:<8} {common.spread(res['step'])} ms  "
                   f"x floor {res['x_floor']['median']:.2f}", flush=True)
             del t, runs
-            gc.collect()
+            common.release(quick)
         del np_table, floor
-        gc.collect()
+        common.release(quick)
         for name in cfg["dense"]:
             res = {"vocab": V, "optimizer": f"optax.{name}", "dtype": "float32", "kind": "dense",
                    "unique_rows": unique_rows}
@@ -146,7 +145,7 @@ def run(quick: bool, out: Path) -> dict:
             data["results"].append(res)
             said = common.spread(res["step"]) + " ms" if res["step"] else res["error"]
             print(f"V={V:>10,} optax.{name:<16} dense    {said}", flush=True)
-            gc.collect()
+            common.release(quick)
 
     data["targets"] = targets(data["results"], sizes)
     report(out, data, sizes)
