@@ -14,8 +14,9 @@ the optimisation off alone, 11.3 s with the emitters off alone, 3.8-5.4 s with b
 3.71-3.95 s with it, six alternating pairs on an idle machine. And they generate each program's code as one
 LLVM module (``--xla_cpu_parallel_codegen_split_count=1``) rather than split for a thread pool, which both
 cores are already busy with the two xdist workers: 7-15% less CPU a compile (the 2x4 hash-table step 3.4-3.7 s
-against 3.6-4.0 s, the one-device step 0.44-0.47 s against 0.53-0.55 s, three rounds). ``RUNNER_TEST_XLA_OPT=1`` keeps XLA's
-defaults, as the runner and the benchmarks use. Runs compared with each other in a test are compiled alike.
+against 3.6-4.0 s, the one-device step 0.44-0.47 s against 0.53-0.55 s, three rounds).
+``RUNNER_TEST_XLA_OPT=1`` keeps XLA's defaults, as the runner and the benchmarks use. Runs compared with each
+other in a test are compiled alike.
 
 Two settings for the test processes alone: numpy's OpenBLAS uses one thread (its idle threads spin after
 each matrix product, on the cores the other xdist worker compiles on), and Python's full garbage
