@@ -2,8 +2,7 @@
 
 Every YAML under ``conf/`` extends one of these (its defaults list names the ``*_schema`` node), so a wrong
 type or an unknown key fails when Hydra composes the config. The embedding-optimizer schemas are derived
-from the optimizer dataclasses themselves, so a hyperparameter is declared once, in ``optimizers/``.
-"""
+from the optimizer dataclasses themselves, so a hyperparameter is declared once, in ``optimizers/``."""
 from __future__ import annotations
 
 import dataclasses
@@ -375,9 +374,10 @@ def optimizer_schema(cls: type) -> type:
 
 @functools.cache
 def register() -> None:
-    """Schemas live in ``schema/<group>``, out of the option lists; each option YAML extends one with
-    ``- /schema/<group>@_here_: <name>`` in its defaults. Once per process (the store is process-wide, and
-    storing the 80-odd schemas again costs about a third of a compose)."""
+    """Schemas live in ``schema/<group>``, out of the option lists (an option extends one: ``- /schema/<group>@_here_:
+    <name>``). Once per process: the store is process-wide, and storing its 80-odd schemas costs a third of a compose."""
+    from .config_store import share_config_store  # noqa: PLC0415 (a Hydra fix, with the store it fixes)
+    share_config_store()
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for name, cls in optimizers.REGISTRY.items():

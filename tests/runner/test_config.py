@@ -138,3 +138,28 @@ def test_the_tests_compose_is_hydras(overrides):
 def test_the_tests_compose_raises_hydras_error_for_a_bad_value():
     with pytest.raises(ConfigCompositionException, match="Error merging override trainer.steps=many"):
         compose_config(["trainer.steps=many"])
+
+
+def test_composes_share_the_config_store_and_each_gets_its_own_nodes():
+    """Hydra copies its repository for every compose and every group ``--help`` lists; the ConfigStore in it is
+    shared (runner.config.share_config_store), and each compose still gets nodes of its own: a composed
+    config or a loaded schema changed in place leaves the next compose as it was."""
+    import copy
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from runner.config import register
+
+    register()
+    store = ConfigStore.instance()
+    assert copy.deepcopy(store) is store
+    store.load("schema/optimizer/async_sgd.yaml").node.learning_rate = 123.0  # a loaded node is a copy
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="runner"):
+        first = compose("config", overrides=["optimizer=async_sgd"])
+        learning_rate = first.optimizer.learning_rate
+        assert learning_rate != 123.0
+        first.optimizer.learning_rate = 7.0
+        again = compose("config", overrides=["optimizer=async_sgd"])
+    assert again.optimizer.learning_rate == learning_rate
+    assert OmegaConf.to_yaml(again) == OmegaConf.to_yaml(hydra_compose(("optimizer=async_sgd",)))
