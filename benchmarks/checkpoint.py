@@ -8,7 +8,9 @@ In one fresh process (8 virtual CPU devices, the run itself on one): build the r
     (until the rename commits it); one warm-up save first, then ``rounds`` timed ones;
   - restore: a fresh ``open_checkpoints(resume=auto)`` on the same layout (read + digest check), and one onto
     a 2x4 mesh with the table row-sharded (read straight into the shards);
-  - the reference: ``np.save`` of every array of the state (host copy included), then ``np.load``.
+  - the reference: ``np.save`` of every array of the state (host copy included), then ``np.load``;
+  - on the 2x4 mesh (the reshard phase's state): saves with the runner's type handlers (one replica of each
+    shard written) against Orbax's default replica-parallel ones, taking turns, each with its peak RSS.
 Sizes are the step directory on disk against the state's bytes; peak RSS is the process's, against them.
 """
 from __future__ import annotations
@@ -67,7 +69,10 @@ def child(cfg: dict) -> dict:
         jax.block_until_ready(restored)
         seconds = time.perf_counter() - t
         assert start == cfg["last"] and restored.tables["items"].shape[0] == program.tables["items"].rows
-        return {"seconds": seconds, "base_rss": base, "peak_rss": common.peak_rss_bytes()}
+        r = {"seconds": seconds, "base_rss": base, "peak_rss": common.peak_rss_bytes()}
+        if phase == "reshard":  # the state now on the 2x4 mesh, its tables replicated over the data axis
+            r["mesh_saves"] = _mesh_saves(restored, work / "mesh", cfg["rounds"])
+        return r
 
     conf, program, task, plan = _program(cfg, work, ["mesh=single"])
     t = time.perf_counter()
@@ -115,6 +120,36 @@ def child(cfg: dict) -> dict:
             "np_save_s": t_npsave, "np_load_s": t_npload, "base_rss": base, "peak_rss": peak}
 
 
+def _mesh_saves(state, work: Path, rounds: int) -> dict:
+    """Saves of the 2x4 mesh's state (synchronous Orbax PyTree saves, the runner's format) with the runner's
+    type handlers (``runner.checkpoint.handlers.type_handlers``: one replica of each shard written, in one
+    process) against Orbax's default ones (replica-parallel: each replica cuts and writes its slice on the
+    device), taking turns; the first round of each is a warm-up. Per save: seconds and the peak RSS above the
+    RSS before it (a fresh peak window per save)."""
+    import orbax.checkpoint as ocp
+
+    from runner.checkpoint.handlers import type_handlers
+
+    variants = {"runner": type_handlers(), "orbax_default": None}
+    out = {name: {"seconds": [], "peak_above": []} for name in variants}
+    for i in range(rounds + 1):
+        for name, registry in variants.items():
+            handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=False,
+                                                  **({} if registry is None else {"type_handler_registry": registry}))
+            path = work / f"{name}-{i}"
+            windowed = common.reset_peak_rss()  # then the RSS: the window's peak is never below it
+            before = common.rss_bytes()
+            t = time.perf_counter()
+            ocp.Checkpointer(handler).save(path, args=ocp.args.PyTreeSave(state))
+            seconds = time.perf_counter() - t
+            peak = common.window_peak_rss_bytes() if windowed else None
+            shutil.rmtree(path, ignore_errors=True)
+            if i:
+                out[name]["seconds"].append(seconds)
+                out[name]["peak_above"].append(None if peak is None else peak - before)
+    return out
+
+
 def run(quick: bool, out: Path) -> dict:
     cfg = QUICK if quick else FULL
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
@@ -131,6 +166,23 @@ def run(quick: bool, out: Path) -> dict:
     data = {"config": cfg, "result": r, "machine": common.machine_line()}
     report(out, data)
     return data
+
+
+def _mesh_rows(saves: dict | None, nbytes: int, gb: float) -> list[list[str]]:
+    """The 2x4 mesh's saves, the runner's type handlers against Orbax's default (``_mesh_saves``)."""
+    if not saves:
+        return []
+    import statistics
+
+    rows, own = [], statistics.median(saves["runner"]["seconds"])
+    for name, label in (("runner", "save on the 2x4 mesh, one replica of each shard (the runner's)"),
+                        ("orbax_default", "save on the 2x4 mesh, replica-parallel (Orbax's default)")):
+        s = saves[name]
+        secs = statistics.median(s["seconds"])
+        peaks = [p for p in s["peak_above"] if p is not None]
+        rows.append([label, f"{secs:.2f} ({min(s['seconds']):.2f}-{max(s['seconds']):.2f})", f"{gb / secs:.2f}",
+                     f"{secs / own:.2f}x the runner's", f"{max(peaks) / nbytes:.2f}" if peaks else "n/a"])
+    return rows
 
 
 def report(out: Path, data: dict) -> None:
@@ -151,6 +203,7 @@ def report(out: Path, data: dict) -> None:
          f"{rs['seconds'] / sv['np_load_s']:.2f}x np.load", extra(rs)],
         ["restore onto a 2x4 mesh, row-sharded", f"{rh['seconds']:.2f}", f"{gb / rh['seconds']:.2f}",
          f"{rh['seconds'] / sv['np_load_s']:.2f}x np.load", extra(rh)],
+        *_mesh_rows(rh.get("mesh_saves"), nbytes, gb),
         ["digest pass over the state (in save and restore)", f"{sv['digest_s']:.2f}", f"{gb / sv['digest_s']:.2f}",
          f"{sv['digest_s'] / total:.2f}x save", ""],
         ["reference: np.save of the same arrays", f"{sv['np_save_s']:.2f}", f"{gb / sv['np_save_s']:.2f}", "1", ""],
@@ -161,7 +214,10 @@ def report(out: Path, data: dict) -> None:
         f"Table {c['vocab']:,} x {c['width']} float32 with row-wise Adagrad state (accumulator + last step per "
         f"row), plus the two small tables, dense params, optax state and the deferred update: "
         f"{nbytes / 2**30:.2f} GiB in all. Saves: median of {c['rounds']} after a warm-up; restores: one each, "
-        f"in a fresh process. {data['machine']}.\n\n"
+        f"in a fresh process. The saves on the 2x4 mesh: the state restored there (tables row-sharded over 4 "
+        f"devices, each shard replicated over the data axis of 2), saved synchronously with the runner's type "
+        f"handlers and with Orbax's default ones in turns, median (min-max) of {c['rounds']} after a warm-up "
+        f"each; their peak is the RSS during the save above the RSS before it. {data['machine']}.\n\n"
         + common.md_table(["operation", "seconds", "GB/s", "ratio", "peak RSS above baseline / state"], rows)
         + f"\n\nOn disk: {sv['disk_bytes'] / 2**30:.2f} GiB per checkpoint, {sv['disk_bytes'] / nbytes:.2f}x the "
         f"state's bytes (uncompressed; `checkpoint.compress=true` adds zstd). Initialising the table took "

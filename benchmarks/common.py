@@ -86,6 +86,22 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def reset_peak_rss() -> bool:
+    """Start a new peak-RSS window (Linux: ``/proc/self/clear_refs``); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def window_peak_rss_bytes() -> int:
+    """The peak RSS since ``reset_peak_rss`` (``VmHWM``; since the start where it was never reset)."""
+    with open("/proc/self/status") as f:
+        return int(f.read().split("VmHWM:")[1].split()[0]) * 1024
+
+
 def tree_bytes(tree: Any) -> int:
     import jax
 

@@ -41,6 +41,7 @@ from . import lock as lock_lib
 from . import meta as meta_lib
 from . import rebucket as rebucket_lib
 from . import target as target_lib
+from .handlers import type_handlers
 from ..core import mesh as mesh_lib
 from ..errors import CheckpointError, PreflightError
 
@@ -362,9 +363,10 @@ def _manager(directory: Path, *, keep: int, async_save: bool, compress: bool = F
         todelete_subdir=trash.TRASH)  # retired steps leave the directory in one rename (trash.py)
     if drills.kills_before_commit() and not read_only:
         opts["temporary_path_class"] = drills.KillBeforeCommit
-    handlers = {"state": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=compress),
-                "best": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=compress),
-                "meta": ocp.JsonCheckpointHandler()}
+    registry = type_handlers()
+    handlers = {name: ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=compress,
+                                                  type_handler_registry=registry) for name in ("state", "best")}
+    handlers["meta"] = ocp.JsonCheckpointHandler()
     return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(**opts), item_handlers=handlers)
 
 
