@@ -121,17 +121,18 @@ def child(cfg: dict) -> dict:
 
 
 def _mesh_saves(state, work: Path, rounds: int) -> dict:
-    """Saves of the 2x4 mesh's state (synchronous Orbax PyTree saves, the runner's format) with the runner's
+    """Saves of the 2x4 mesh's state (asynchronous Orbax PyTree saves as the runner's default, its format) with the runner's
     type handlers (``runner.checkpoint.handlers.type_handlers``: one replica of each shard written, in one
     process) against Orbax's default ones (replica-parallel: each replica cuts and writes its slice on the
-    device), taking turns; the first round of each is a warm-up. Per save: seconds and the peak RSS above the
-    RSS before it (a fresh peak window per save)."""
+    device), taking turns; the first round of each is a warm-up. Per save: the seconds until ``save`` returns
+    (training waits that long) and until the write is done, and the peak RSS above the RSS before it (a fresh
+    peak window per save)."""
     import orbax.checkpoint as ocp
 
     from runner.checkpoint.handlers import type_handlers
 
     variants = {"runner": type_handlers(), "orbax_default": None}
-    out = {name: {"seconds": [], "peak_above": []} for name in variants}
+    out = {name: {"seconds": [], "blocking": [], "peak_above": []} for name in variants}
     for i in range(rounds + 1):
         for name, registry in variants.items():
             handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=False,
@@ -139,13 +140,18 @@ def _mesh_saves(state, work: Path, rounds: int) -> dict:
             path = work / f"{name}-{i}"
             windowed = common.reset_peak_rss()  # then the RSS: the window's peak is never below it
             before = common.rss_bytes()
+            saver = ocp.AsyncCheckpointer(handler)
             t = time.perf_counter()
-            ocp.Checkpointer(handler).save(path, args=ocp.args.PyTreeSave(state))
+            saver.save(path, args=ocp.args.PyTreeSave(state))
+            blocking = time.perf_counter() - t
+            saver.wait_until_finished()
             seconds = time.perf_counter() - t
+            saver.close()
             peak = common.window_peak_rss_bytes() if windowed else None
             shutil.rmtree(path, ignore_errors=True)
             if i:
                 out[name]["seconds"].append(seconds)
+                out[name]["blocking"].append(blocking)
                 out[name]["peak_above"].append(None if peak is None else peak - before)
     return out
 
@@ -180,7 +186,8 @@ def _mesh_rows(saves: dict | None, nbytes: int, gb: float) -> list[list[str]]:
         s = saves[name]
         secs = statistics.median(s["seconds"])
         peaks = [p for p in s["peak_above"] if p is not None]
-        rows.append([label, f"{secs:.2f} ({min(s['seconds']):.2f}-{max(s['seconds']):.2f})", f"{gb / secs:.2f}",
+        rows.append([label, f"{secs:.2f} ({min(s['seconds']):.2f}-{max(s['seconds']):.2f}); blocking "
+                            f"{statistics.median(s['blocking']):.2f}", f"{gb / secs:.2f}",
                      f"{secs / own:.2f}x the runner's", f"{max(peaks) / nbytes:.2f}" if peaks else "n/a"])
     return rows
 
@@ -215,9 +222,10 @@ def report(out: Path, data: dict) -> None:
         f"row), plus the two small tables, dense params, optax state and the deferred update: "
         f"{nbytes / 2**30:.2f} GiB in all. Saves: median of {c['rounds']} after a warm-up; restores: one each, "
         f"in a fresh process. The saves on the 2x4 mesh: the state restored there (tables row-sharded over 4 "
-        f"devices, each shard replicated over the data axis of 2), saved synchronously with the runner's type "
-        f"handlers and with Orbax's default ones in turns, median (min-max) of {c['rounds']} after a warm-up "
-        f"each; their peak is the RSS during the save above the RSS before it. {data['machine']}.\n\n"
+        f"devices, each shard replicated over the data axis of 2), saved in the background as the runner does "
+        f"by default, with its type handlers and with Orbax's default ones in turns: until written, median "
+        f"(min-max) of {c['rounds']} after a warm-up each, and the median time training waits (blocking); their "
+        f"peak is the RSS during the save above the RSS before it. {data['machine']}.\n\n"
         + common.md_table(["operation", "seconds", "GB/s", "ratio", "peak RSS above baseline / state"], rows)
         + f"\n\nOn disk: {sv['disk_bytes'] / 2**30:.2f} GiB per checkpoint, {sv['disk_bytes'] / nbytes:.2f}x the "
         f"state's bytes (uncompressed; `checkpoint.compress=true` adds zstd). Initialising the table took "

@@ -11,7 +11,8 @@ def test_mesh_saves_take_turns_and_report_a_row_each(tmp_path):
     saves = checkpoint._mesh_saves(state, tmp_path / "mesh", rounds=2)
     assert set(saves) == {"runner", "orbax_default"}
     for v in saves.values():  # the warm-up round is left out
-        assert len(v["seconds"]) == len(v["peak_above"]) == 2 and min(v["seconds"]) > 0
+        assert len(v["seconds"]) == len(v["blocking"]) == len(v["peak_above"]) == 2
+        assert all(0 < b <= t for b, t in zip(v["blocking"], v["seconds"]))
         assert all(p is None or p >= 0 for p in v["peak_above"])
     assert not any((tmp_path / "mesh").iterdir())  # each save removed after it was timed
     nbytes = common.tree_bytes(state)
