@@ -66,7 +66,7 @@ def test_a_save_on_the_mesh_cuts_no_slices_on_the_device(tmp_path):
 
 def test_checkpoints_written_either_way_read_back_the_same_arrays(tmp_path):
     state = _state(48, 5)
-    assert _save(_orbax_default_manager(tmp_path / "old"), state) >= 0
+    _save(_orbax_default_manager(tmp_path / "old"), state)  # as the runner wrote before
     assert _save(_manager(tmp_path / "new", keep=2, async_save=False), state) == 0
     readers = {"runner reads Orbax's": _manager(tmp_path / "old", keep=1, async_save=False, read_only=True),
                "Orbax reads the runner's": _orbax_default_manager(tmp_path / "new", read_only=True)}
