@@ -138,7 +138,7 @@ def _mesh_saves(state, work: Path, rounds: int) -> dict:
             handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, use_compression=False,
                                                   **({} if registry is None else {"type_handler_registry": registry}))
             path = work / f"{name}-{i}"
-            windowed = common.reset_peak_rss()  # then the RSS: the window's peak is never below it
+            windowed = common.reset_peak_rss()
             before = common.rss_bytes()
             saver = ocp.AsyncCheckpointer(handler)
             t = time.perf_counter()
@@ -147,7 +147,9 @@ def _mesh_saves(state, work: Path, rounds: int) -> dict:
             saver.wait_until_finished()
             seconds = time.perf_counter() - t
             saver.close()
-            peak = common.window_peak_rss_bytes() if windowed else None
+            # the kernel's high-water mark can trail an RSS read in the window (memory given back by madvise
+            # does not update it), so the window's peak is at least that RSS
+            peak = max(common.window_peak_rss_bytes(), before) if windowed else None
             shutil.rmtree(path, ignore_errors=True)
             if i:
                 out[name]["seconds"].append(seconds)
