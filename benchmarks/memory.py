@@ -4,23 +4,30 @@ of the table + state themselves. Each configuration runs in a fresh process, so 
 In the child: compile the update step, the table's fill (``runner.core.embeddings.table_initializer``, what
 ``init_table`` runs, as the trainer does) and the optimizer state's init (``opt.init`` under jit, as
 ``TrainProgram.init_state`` does) from abstract shapes, note the RSS (the process baseline: Python, JAX,
-compiled code), initialise table and state, note the peak, run donated update steps, note the peak again. "Overhead" is (peak - baseline) / (table + state bytes) - 1.
-The compiled step's temporaries (``memory_analysis``) are recorded beside it: the part of the overhead that is the
-step's own working set. On several devices the step is the train step's (``fused_update.update_body``): the batch
-split over the devices, its rows read through the layout's lookup.
+compiled code), initialise table and state, note the peak, run donated update steps (40: enough for the C
+allocator's copies of the step's temporaries to reach what they stay at), note the peak again. "Overhead" is
+(peak - baseline) / (table + state bytes) - 1. The compiled step's temporaries (``memory_analysis``) are recorded
+beside it: the part of the overhead that is the step's own working set. Steps are dispatched as JAX and the runner
+dispatch them (asynchronously); one row runs the one-device step inline instead
+(``jax_cpu_enable_async_dispatch=False``), which keeps one copy of the temporaries. On several devices the step is
+the train step's (``fused_update.update_body``): the batch split over the devices, its rows read through the
+layout's lookup, routed with the runner's mesh defaults.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from . import common
 
-FULL = dict(width=64, batch=16_384, steps=5, configs=[
+FULL = dict(width=64, batch=16_384, steps=40, configs=[
     *[dict(vocab=10_000_000, opt=o, dtype="float32") for o in ("async_rowwise_adagrad", "async_adam", "async_adagrad")],
     dict(vocab=10_000_000, opt="async_rowwise_adagrad", dtype="bfloat16"),
     dict(vocab=10_000_000, opt="async_adam", dtype="bfloat16"),
     dict(vocab=10_000_000, opt="async_rowwise_adagrad", dtype="float32", devices=8, layout="row"),
     dict(vocab=1_000_000, opt="async_rowwise_adagrad", dtype="float32"),
+    # not the runner's default: the one-device step run inline (jax_cpu_enable_async_dispatch=False)
+    dict(vocab=1_000_000, opt="async_rowwise_adagrad", dtype="float32", dispatch="inline"),
     dict(vocab=1_000_000, opt="adam", dtype="float32"),
 ])
 QUICK = dict(width=16, batch=256, steps=2, configs=[dict(vocab=20_000, opt="async_rowwise_adagrad", dtype="bfloat16")])
@@ -32,21 +39,34 @@ def child(cfg: dict) -> dict:
     if devices > 1:
         common.set_cpu_devices(devices)
     import jax
+
+    if cfg.get("dispatch") == "inline":  # read when the CPU backend starts, so before anything runs
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
 
     import optimizers
+    from runner.config import MeshConfig
     from runner.core.embeddings import TableSpec, table_initializer
 
     from .fused_update import update_step
+    from .sharded import SAMPLED
 
     V, D, B = cfg["vocab"], cfg["width"], cfg["batch"]
     opt = optimizers.create(cfg["opt"])
     mesh = Mesh(np.array(jax.devices()), ("table",)) if devices > 1 else None
-    # Slots: 2x the even share of a device's tokens, as these results were measured with.
-    ctx = optimizers.AsyncEmbContext(V, D, B, mesh=mesh, table_axis="table" if mesh else None,
-                                     table_layout=cfg.get("layout", "row"), route_capacity=2.0)
+    rng = np.random.default_rng(0)
+    host = [common.zipf_ids(rng, V, B) for _ in range(cfg["steps"])]
+    ctx = optimizers.AsyncEmbContext(V, D, B)
+    if mesh is not None:  # the runner's mesh settings (MeshConfig): ids permuted, slots route_capacity x the
+        # most distinct ids one device sent one shard in the first batches (runner.build.route_peaks' way)
+        m = MeshConfig()
+        ctx = optimizers.AsyncEmbContext(V, D, B, mesh=mesh, table_axis="table", table_layout=cfg.get("layout", "row"),
+                                         route_capacity=m.route_capacity)
+        permute = jax.jit(lambda x: optimizers.permute_ids(x, V))
+        host = [np.asarray(permute(x)) for x in host]
+        ctx = dataclasses.replace(ctx, route_peak=max(ctx.layout.sample_peak(ctx, x) for x in host[:SAMPLED]))
     shard = (lambda spec: NamedSharding(mesh, spec)) if mesh else (lambda spec: None)
     state_shape = jax.eval_shape(lambda: opt.init(V, D))
     state_sh = jax.tree.map(shard, ctx.state_specs(state_shape),
@@ -61,8 +81,7 @@ def child(cfg: dict) -> dict:
     init_state = jax.jit(lambda: opt.init(V, D), out_shardings=state_sh).lower().compile()
     spec, key = TableSpec("t", V, D, 1, V, dtype=cfg["dtype"]), jax.random.key(0)
     fill = table_initializer(spec, shard(ctx.table_spec())).lower(key).compile()
-    rng = np.random.default_rng(0)
-    ids = [jax.device_put(common.zipf_ids(rng, V, B), ids_abs.sharding) for _ in range(cfg["steps"])]
+    ids = [jax.device_put(x, ids_abs.sharding) for x in host]
     jax.block_until_ready(ids)
 
     base = common.rss_bytes()
@@ -74,7 +93,8 @@ def child(cfg: dict) -> dict:
         table, state, norm = step(table, state, ids[i])
         jax.block_until_ready(norm)
     peak = common.peak_rss_bytes()
-    return {**cfg, "table_bytes": common.tree_bytes(table), "state_bytes": common.tree_bytes(state),
+    routed = {"slots": ctx.route_slots, "route_capacity": ctx.route_capacity, "sampled": SAMPLED} if mesh else {}
+    return {**cfg, **routed, "table_bytes": common.tree_bytes(table), "state_bytes": common.tree_bytes(state),
             "base": base, "peak_init": peak_init, "peak": peak, "temp_bytes": temp_bytes}
 
 
@@ -93,7 +113,7 @@ def run(quick: bool, out: Path) -> dict:
               f"overhead {100 * r['overhead']:+.1f}%", flush=True)
     # The target, per vocabulary: peak RSS at most 5% above the table + its optimizer state, for the worst fused
     # configuration at that V (on a small table the batch's fixed working set, tens of MB at B=16,384, shows).
-    fused = [r for r in results if r["opt"].startswith("async_")]
+    fused = [r for r in results if r["opt"].startswith("async_") and r.get("dispatch") != "inline"]
     targets = []
     for V in sorted({r["vocab"] for r in fused}):
         worst = max((r for r in fused if r["vocab"] == V), key=lambda r: r["overhead"])
@@ -111,24 +131,31 @@ def report(out: Path, data: dict) -> None:
     def devices(r):
         return f"{r.get('devices', 1)}" + (f" ({r['layout']})" if r.get("devices", 1) > 1 else "")
 
-    rows = [[f"{r['vocab']:,}", r["opt"], r["dtype"], devices(r),
+    def dispatch(r):  # JAX's default (the runner's), or the one-device step run inline
+        return r.get("dispatch", "asynchronous")
+
+    rows = [[f"{r['vocab']:,}", r["opt"], r["dtype"], devices(r), dispatch(r),
              mb(r["table_bytes"]), mb(r["state_bytes"]), mb(r["base"]), mb(r["peak_init"] - r["base"]),
              mb(r["peak"] - r["base"]), f"{100 * r['overhead_init']:+.1f}%", f"{100 * r['overhead']:+.1f}%",
              f"{r['temp_bytes'] / 2**20:,.1f} ({100 * r['temp_share']:.1f}%)"]
             for r in data["results"]]
-    head = ["V", "optimizer", "table dtype", "devices", "table MB", "state MB", "process baseline MB",
+    head = ["V", "optimizer", "table dtype", "devices", "JAX dispatch", "table MB", "state MB", "process baseline MB",
             "peak after init - baseline MB", "peak after steps - baseline MB", "init overhead", "overhead",
             "step temporaries MB, all devices (of table + state)"]
+    mesh = next((r for r in data["results"] if r.get("slots")), {"slots": "-", "route_capacity": "-", "sampled": "-"})
     body = (f"B = {data['config']['batch']:,} lookups per step, D = {data['config']['width']}, "
             f"{data['config']['steps']} donated update steps; each row is its own fresh process. The batch's own "
             f"working set (looked-up rows, per-token gradients, segment sums, updated rows) is a fixed few tens "
             f"of MB whatever the vocabulary, so it shows as a percentage only on small tables: the last column is "
-            f"the compiled step's temporaries (XLA's `memory_analysis`), a floor no allocator goes below; the C "
-            f"allocator keeps the blocks it frees, so the peak after steps can reach 2-3 times that. On 8 devices "
-            f"the ids are split over the devices and routed to their rows' owners as in the train step, with "
-            f"`route_capacity` 2 x the even share of a device's tokens (512 slots a destination) and raw, unpermuted "
-            f"ids; the runner's defaults (1.2 x the sampled peak of permuted ids: 228 slots in "
-            f"`benchmarks/results/sharded.md`) give it smaller buffers. "
+            f"the compiled step's temporaries (XLA's `memory_analysis`), a floor no allocator goes below. Steps are "
+            f"dispatched asynchronously, as JAX and the runner dispatch them: a thread of XLA's pool runs each, "
+            f"and glibc's malloc keeps a freed block of temporaries in that thread's own arena, so the process ends "
+            f"up with a copy for each pool thread that has run a step. The row marked inline runs the one-device "
+            f"step in the calling thread (`jax_cpu_enable_async_dispatch=False`), which reuses one block. On 8 devices "
+            f"the ids are split over the devices and routed to their rows' owners as in the train step, with the "
+            f"runner's mesh defaults: ids permuted, and {mesh['slots']} slots a destination (`route_capacity` "
+            f"{mesh['route_capacity']} x the most distinct ids one device sent one shard in the first {mesh['sampled']} "
+            f"batches). "
             f"{common.machine_line()}.\n\n" + common.md_table(head, rows)
             + "\n\n## Targets\n\n" + "\n".join(f"- {t['target']}: {t['measured']:.1f} (wanted <= "
                                                    f"{t['threshold']:.0f}): {'met' if t['met'] else 'NOT met'}"
