@@ -4,8 +4,9 @@ of the table + state themselves. Each configuration runs in a fresh process, so 
 In the child: compile the update step, the table's fill (``runner.core.embeddings.table_initializer``, what
 ``init_table`` runs, as the trainer does) and the optimizer state's init (``opt.init`` under jit, as
 ``TrainProgram.init_state`` does) from abstract shapes, note the RSS (the process baseline: Python, JAX,
-compiled code), initialise table and state, note the peak, run donated update steps (40: enough for the C
-allocator's copies of the step's temporaries to reach what they stay at), note the peak again. "Overhead" is
+compiled code), initialise table and state, note the peak, run donated update steps (40: the C allocator's copies
+of the step's temporaries add up over the first tens of steps; the peak is also noted after steps 1, 5 and 20),
+note the peak again. "Overhead" is
 (peak - baseline) / (table + state bytes) - 1. The compiled step's temporaries (``memory_analysis``) are recorded
 beside it: the part of the overhead that is the step's own working set. Steps are dispatched as JAX and the runner
 dispatch them (asynchronously); one row runs the one-device step inline instead

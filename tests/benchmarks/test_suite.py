@@ -53,6 +53,8 @@ def test_quick_suite_writes_tables_charts_and_targets(quick_results):
     for r in mem:  # a bf16 table: 2 bytes a value; row-wise Adagrad state: an f32 and an int32 per row
         assert r["table_bytes"] == r["vocab"] * r["width"] * 2 and r["state_bytes"] == r["vocab"] * 8 + 4
         assert r["peak"] >= r["peak_init"] >= r["base"] > 0 and r["temp_bytes"] > 0
+        # the peak is also noted after the early steps the run reaches (quick: 2 steps, so after the first)
+        assert list(r["peak_early"]) == ["1"] and r["peak_init"] <= r["peak_early"]["1"] <= r["peak"]
     bags = json.loads((out / "bags.json").read_text())
     for r in bags["results"]:  # a bag of L holds 1..L ids, padded: B x L ids reach the update, fewer are real
         assert r["ids"] == bags["config"]["bags"] * r["bag"] and r["unique_rows"] <= r["real_ids"] <= r["ids"]
