@@ -49,20 +49,20 @@ def child(cfg: dict) -> dict:
     from jax.sharding import Mesh, NamedSharding
 
     import optimizers
-    from runner.config import MeshConfig
+    from runner.config import ROUTE_SAMPLE_BATCHES as SAMPLED, MeshConfig
     from runner.core.embeddings import TableSpec, table_initializer
 
     from .fused_update import update_step
-    from .sharded import SAMPLED
 
     V, D, B = cfg["vocab"], cfg["width"], cfg["batch"]
     opt = optimizers.create(cfg["opt"])
     mesh = Mesh(np.array(jax.devices()), ("table",)) if devices > 1 else None
     rng = np.random.default_rng(0)
     host = [common.zipf_ids(rng, V, B) for _ in range(cfg["steps"])]
-    ctx = optimizers.AsyncEmbContext(V, D, B)
-    if mesh is not None:  # the runner's mesh settings (MeshConfig): ids permuted, slots route_capacity x the
-        # most distinct ids one device sent one shard in the first batches (runner.build.route_peaks' way)
+    if mesh is None:
+        ctx = optimizers.AsyncEmbContext(V, D, B)
+    else:  # the runner's mesh settings (MeshConfig): ids permuted, slots route_capacity x the most distinct ids
+        # one device sent one shard in the first batches (runner.build.route_peaks' way)
         m = MeshConfig()
         ctx = optimizers.AsyncEmbContext(V, D, B, mesh=mesh, table_axis="table", table_layout=cfg.get("layout", "row"),
                                          route_capacity=m.route_capacity)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from runner.config import ROUTE_SAMPLE_BATCHES
+
 from . import common
 
 FULL = dict(vocab=1_000_000, width=64, batch=16_384, rounds=20, warmup=2,
@@ -38,7 +40,7 @@ VARIANTS = {
     "row-a2a-perm-even2": ("row", "alltoall", 2.0, True, False),
     "column": ("column", None, 1.2, False, True),
 }
-SAMPLED = 8  # batches whose ids size the slots, as runner.build.route_peaks does (the first ones)
+SAMPLED = ROUTE_SAMPLE_BATCHES  # batches whose ids size the slots, as runner.build.route_peaks does (the first ones)
 
 
 def runner_default(layout: str | None, routing: str | None, capacity: float | None, permuted: bool,
