@@ -1,6 +1,6 @@
 """A table stored wider than its rows (``AsyncEmbContext.stored_width``: lane padding) trains as the narrow table.
 
-Every fused optimizer (each configured case on one device, the first of each on the row layouts) gives the
+Every fused optimizer (each configured case on one device; Adam and row-wise Adagrad on the row layouts) gives the
 table's first ``emb_width`` columns and its state (whose padding columns it never reads) the values of the
 unpadded run, to float32 rounding (XLA vectorizes the two widths differently); the table's padding columns stay
 zero and its lookups return the unpadded rows. A width it cannot hold is refused by its message.
@@ -65,11 +65,15 @@ def steps():
     return out + [(ids, grads, True), (*batch(rng), False), (*batch(rng), True)]
 
 
-# Every case on one device; on the row layouts (whose lookups cut the padding at the owner) each optimizer's first
-# configured case, the very first in make test-fast.
+# Every case on one device: each rule meets its own padding there. The row layouts add what does not depend on the
+# rule (the lookups cut the padding at the owner, the owner's rows and state are sliced by their leaves' shapes), so
+# they run one optimizer of per-element state (Adam, the very first case, in make test-fast) on both, and one of
+# per-row state (row-wise Adagrad) on the routed layout, the default.
+ROW_CASES = {"row_routed": (CASES[0], next(c for c in FIRST_OF_EACH if c[0] == "async_rowwise_adagrad")),
+             "row_gather": (CASES[0],)}
 PARAMS = [pytest.param(c, layout, id=f"{layout}-{case_id(c)}",
                        marks=() if layout == "single" or c is CASES[0] else pytest.mark.slow)
-          for c in CASES for layout in LAYOUTS if layout == "single" or c in FIRST_OF_EACH or c is CASES[0]]
+          for c in CASES for layout in LAYOUTS if layout == "single" or any(c is r for r in ROW_CASES[layout])]
 
 
 @pytest.mark.parametrize("case, layout", PARAMS)

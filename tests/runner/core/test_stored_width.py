@@ -32,9 +32,10 @@ def scores(program, state, task):
 @pytest.mark.parametrize("extra", [
     pytest.param(["async_emb=on"], id="async"),
     pytest.param(["async_emb=off", "model.stack_tables=true"], id="sync-stacked"),
-    # hash tables (one partition a row shard) beside a dense one, row-sharded on the 2x4 mesh
-    pytest.param(["async_emb=on", "mesh=data_table", *HASHED, "model.tables.items.capacity=152"],
-                 id="async-hash-row-sharded-2x4", marks=pytest.mark.slow),
+    # hash tables beside a dense one, in 4 partitions each (as on a mesh of 4 row shards, whose program trains as
+    # this one-device program does: test_hash_step.py)
+    pytest.param(["async_emb=on", *HASHED, "model.tables.items.capacity=152", "model.tables.items.partitions=4",
+                  "model.tables.users.partitions=4"], id="async-hash-4-partitions", marks=pytest.mark.slow),
 ])
 def test_a_padded_run_trains_as_the_narrow_one(extra):
     program, s00, s0, l0, task = train(extra)
