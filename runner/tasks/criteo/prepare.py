@@ -22,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from .ids import save_vocabulary, uniform
-from .tsv import BLOCK_BYTES, NUM_CAT, NUM_DENSE, ONE_HOT, FormatError, Reader, check_bags, offsets
+from .tsv import BLOCK_BYTES, MAX_SEED, NUM_CAT, NUM_DENSE, ONE_HOT, FormatError, Reader, check_bags, offsets
 
 FORMAT = 2
 
@@ -170,6 +171,8 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
                          ("shard_lines", shard_lines, 1), ("block_bytes", block_bytes, 1 << 10)):
         if int(v) != v or v < low:
             raise PrepareError(f"{name}={v}: must be an integer >= {low}")
+    if int(seed) != seed or not 0 <= seed <= MAX_SEED:
+        raise PrepareError(f"--seed {seed}: must be an integer in 0..{MAX_SEED}")
     try:
         bags = check_bags(bags)
     except ValueError as e:
@@ -177,8 +180,24 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
     if (out / "manifest.json").exists():
         raise PrepareError(f"{out} already holds converted shards (manifest.json); give another output folder, "
                            f"or remove {out} to convert again")
+    if out.exists() and not out.is_dir():
+        raise PrepareError(f"--out {out} is a file; give a new or empty output folder")
     if out.exists() and any(out.iterdir()):
         raise PrepareError(f"{out} is not empty; give a new or empty output folder")
+    made = not out.exists()
+    try:
+        return _convert(inputs, out, seed, min_count, max_bad_lines, shard_lines, block_bytes, bags)
+    except BaseException:  # a refused line, a full disk, Ctrl-C: leave the folder as it was (new or empty)
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        elif out.is_dir():
+            for p in out.iterdir():
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        raise
+
+
+def _convert(inputs: list[Path], out: Path, seed: int, min_count: int, max_bad_lines: int, shard_lines: int,
+             block_bytes: int, bags: tuple[int, ...]) -> dict:
     rule = split_rule(inputs)
     if rule == "day":
         inputs = sorted(inputs, key=lambda p: int(DAY.match(p.name).group(1)))
@@ -214,6 +233,12 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
         files.append({"file": str(path), "bytes": path.stat().st_size, "examples": reader.examples,
                       "truth": truth is not None,
                       "bad_lines": reader.bad_lines, "first_bad": reader.first_bad})
+    if not any(f["examples"] for f in files):
+        first = next(f["first_bad"] for f in files if f["first_bad"])  # no example and no empty file: all were bad
+        raise PrepareError(f"{', '.join(map(str, inputs))}: no example: every line was bad and skipped under "
+                           f"--max-bad-lines {max_bad_lines} (the first: {first}); these are not Criteo-format logs, or "
+                           f"they are damaged")
+    out.mkdir(parents=True, exist_ok=True)
     for w in writers.values():
         w.flush()
     values = counts.result()

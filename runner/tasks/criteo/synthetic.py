@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from .tsv import CAT, COLUMNS, DENSE, NUM_CAT, NUM_DENSE, ONE_HOT, check_bags, offsets
+from .tsv import CAT, COLUMNS, DENSE, MAX_SEED, NUM_CAT, NUM_DENSE, ONE_HOT, check_bags, offsets
 
 # Criteo Terabyte's distinct values per feature, C1 ... C26 (= cat_01 ... cat_26), over its 24 days, uncapped: the
 # "Full Size" row of pytorch/torchrec examples/dlrm/README.MD (--num_embeddings_per_feature). Its "MLPerf" row, MLPerf
@@ -88,6 +88,8 @@ class CriteoSpec:
         out = []
         if self.lines < 1:
             out.append(f"lines={self.lines}: must be >= 1")
+        if not 0 <= self.seed <= MAX_SEED:
+            out.append(f"seed={self.seed}: must be in 0..{MAX_SEED}")
         if not 1 <= self.days <= self.lines:
             out.append(f"days={self.days}: must be 1..lines ({self.lines})")
         if len(self.cardinalities) != NUM_CAT or min(self.cardinalities) < 1:

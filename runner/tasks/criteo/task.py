@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import math
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -158,6 +159,24 @@ class CriteoTask:
                                tuple(int(b) for b in d.bags) if d.get("bags") is not None else None)
         else:
             folder = Path(d.path) if d.path else generated(cfg)
+        try:
+            return cls._open(cfg, folder, d.path if files is not None else None)
+        except PreflightError:
+            raise
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # json's errors are ValueErrors
+            if files is not None:  # this run's conversion of data.path, under data.cache
+                fix = f"remove {folder} and the run converts {d.path} again"
+            elif not d.path:
+                fix = f"remove {folder} and the run generates the logs again"
+            else:
+                fix = ("convert the logs again into a new folder (python -m runner.prepare criteo <files> --out "
+                       "<folder>), or set data.path to the raw logs")
+            raise PreflightError(f"{folder}: the converted logs cannot be read ({type(e).__name__}: {e}); the folder "
+                                 f"is damaged or incomplete: {fix}") from None
+
+    @classmethod
+    def _open(cls, cfg: DictConfig, folder: Path, logs: str | None) -> "CriteoTask":
+        """The task over the converted ``folder`` (``logs``: the raw logs it was converted from by this run)."""
         fixed = {n: int(t.vocab) for n, t in (cfg.model.get("tables") or {}).items() if t.get("vocab")}
         with open(folder / "manifest.json") as f:
             manifest = json.load(f)
@@ -182,7 +201,7 @@ class CriteoTask:
                                      f"0 and 1 pad bags and hold the missing value); raise them or unset them")
             ids = HashIds([fixed.get(n, min(distinct[j] + FIRST, int(cfg.data.hash_rows)))
                            for j, n in enumerate(TABLES)], bags)
-        task = cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples, d.path if files is not None else None)
+        task = cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples, logs)
         small = {s: len(d) for s, d in task.splits.items() if len(d) < MIN_EXAMPLES}
         if small:
             raise PreflightError(f"{folder}: too few examples to train and evaluate on ({small}; each split needs "

@@ -27,6 +27,7 @@ the line and the field, unless ``max_bad_lines`` allows that many: those lines a
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -52,6 +53,8 @@ for _i, _c in enumerate(b"0123456789abcdef"):
 for _i, _c in enumerate(b"ABCDEF"):
     _NIBBLE[_c] = 10 + _i
 _INT = r"^-?[0-9]+$"
+GZIP_MAGIC = b"\x1f\x8b"
+MAX_SEED = 2**32 - 1  # a split's or a generated log's seed: 0..MAX_SEED, as a run's seeds (runner.config)
 
 
 class FormatError(ValueError):
@@ -130,11 +133,20 @@ class Reader:
                               self.path, line, why, self.bad_lines)
 
     def __iter__(self) -> Iterator[Block]:
+        if self.path.is_dir():
+            raise FormatError(f"{self.path}: a folder; give the Criteo-format files in it (train.txt, or day_0 ... "
+                              f"day_23, .gz too)")
         if not self.path.is_file():
             raise FormatError(f"{self.path}: no such file; give the path of a Criteo-format TSV (or .gz) file")
         if self.path.stat().st_size == 0:
             raise FormatError(f"{self.path}: the file is empty; a Criteo-format file has one example per line: "
                               f"{_EMPTY}")
+        gz = self.path.suffix == ".gz"
+        if not gz:
+            with open(self.path, "rb") as f:
+                if f.read(2) == GZIP_MAGIC:
+                    raise FormatError(f"{self.path}: the file is gzip-compressed, and only a name ending in .gz is "
+                                      f"read as gzip; rename it to {self.path.name}.gz (or gunzip it)")
         skipped: list[tuple[int, str]] = []
 
         def on_invalid(row) -> str:
@@ -143,7 +155,6 @@ class Reader:
                                         f"categorical features)"))
             return "skip"
 
-        gz = self.path.suffix == ".gz"
         source = pa.input_stream(str(self.path), compression="gzip" if gz else None)
         try:
             reader = pacsv.open_csv(
@@ -179,6 +190,8 @@ class Reader:
                 if len(block):
                     self.examples += len(block)
                     yield block
+        for line, why in skipped:  # rows refused after the last batch (every row, when no line has 40 fields)
+            self._bad(line, why)
         if self.examples == 0 and self.bad_lines == 0:
             raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per line: "
                               f"{_EMPTY}")
@@ -187,10 +200,23 @@ class Reader:
         if "Empty CSV file" in str(e):
             raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per "
                               f"line: {_EMPTY}") from None
+        if gz and not isinstance(e, pa.ArrowInvalid):
+            raise FormatError(f"{self.path}: the gzip stream ends or breaks near line {line} ({e}); the file is "
+                              f"truncated or damaged: download or copy it again (gzip -t {self.path} checks it)") from None
+        row = re.search(r"Row #(\d+)", str(e))  # pyarrow numbers rows from the file's first
+        at = f"line {row.group(1)}" if row else f"near line {line}"
+        if "straddle" in str(e):
+            raise FormatError(f"{self.path}: {at}: a line longer than the reader's block of {self.block_bytes // 1024:,} "
+                              f"KiB (a Criteo line is a few hundred bytes); the file is not a Criteo log or the line "
+                              f"is damaged: fix or remove it") from None
+        if "UTF8" in str(e) or "UTF-8" in str(e):
+            raise FormatError(f"{self.path}: {at}: not UTF-8 text ({e}); a Criteo log is plain text: fix or remove "
+                              f"the line") from None
         if gz:
             raise FormatError(f"{self.path}: the gzip stream ends or breaks near line {line} ({e}); the file is "
                               f"truncated or damaged: download or copy it again (gzip -t {self.path} checks it)") from None
-        raise FormatError(f"{self.path}: cannot be read as tab-separated text near line {line} ({e})") from None
+        raise FormatError(f"{self.path}: cannot be read as tab-separated text, {at} ({e}); fix or remove the "
+                          f"line") from None
 
     def _parse(self, batch: pa.RecordBatch, lines: np.ndarray) -> Block:
         n = batch.num_rows
@@ -214,8 +240,9 @@ class Reader:
             col = cols[c]
             good = pc.match_substring_regex(col, _INT).to_numpy(zero_copy_only=False) | (lengths[c] == 0)
             flag(~good, lambda i, c=c, col=col: f"integer feature {c} is {col[i].as_py()!r}, not an integer")
-            vals = pc.cast(pc.if_else(pa.array(good & (lengths[c] > 0)), col, "0"), pa.int64()).to_numpy()
-            dense[:, j] = np.log1p(np.maximum(vals, 0).astype(np.float64)).astype(np.float32)
+            # parsed as float64: an integer of any size (past int64 too) is exact enough for log(1 + x)
+            vals = pc.cast(pc.if_else(pa.array(good & (lengths[c] > 0)), col, "0"), pa.float64()).to_numpy()
+            dense[:, j] = np.log1p(np.maximum(vals, 0)).astype(np.float32)
         start = offsets(self.bags)
         cat = np.zeros((n, int(start[-1])), np.uint32)
         count = np.zeros((n, NUM_CAT), np.uint8)

@@ -188,3 +188,34 @@ def test_a_bad_line_on_the_command_line_exits_with_one_message(lines, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
     assert proc.stderr.strip().splitlines() == [f"error: {message} (a run reports those it skipped as data/bad_lines)"]
+
+
+def test_a_damaged_converted_folder_is_one_message_with_the_fix(lines, tmp_path):
+    """A converted folder given as data.path, or this run's own conversion under data.cache, that was damaged
+    after the conversion (a broken manifest, a shard removed or truncated, the counts and vocabulary removed) is refused by one
+    message naming the folder, what failed and how to get a good one."""
+    log = tmp_path / "train.txt"
+    log.write_text("".join(lines))
+    damage = {
+        "manifest": lambda f: (f / "manifest.json").write_text('{"format": 2,'),
+        "shard removed": lambda f: (f / "valid" / "shard-00000.npy").unlink(),
+        "shard truncated": lambda f: os.truncate(f / "train" / "shard-00000.npy", 5000),
+        "counts removed": lambda f: [(f / n).unlink() for n in ("counts.npz", "vocab_min1.npz")],
+    }
+    for what, hurt in damage.items():
+        folder = tmp_path / what.replace(" ", "_")
+        convert([log], folder)
+        hurt(folder)
+        with pytest.raises(PreflightError) as e:
+            task_of(tmp_path / "cache", folder)
+        assert str(e.value).startswith(f"{folder}: the converted logs cannot be read ("), what
+        assert str(e.value).endswith("the folder is damaged or incomplete: convert the logs again into a new folder "
+                                     "(python -m runner.prepare criteo <files> --out <folder>), or set data.path to "
+                                     "the raw logs"), what
+    cache = tmp_path / "cache"
+    task_of(cache, log)  # converted into the cache; then its shard is cut short
+    (conversion,) = [cache / n for n in folders(cache)]
+    os.truncate(conversion / "train" / "shard-00000.npy", 5000)
+    with pytest.raises(PreflightError, match=rf"the folder is damaged or incomplete: remove {conversion} and the run "
+                                             rf"converts {log} again$"):
+        task_of(cache, log)

@@ -163,22 +163,49 @@ def test_bad_values_and_used_folders_are_refused(logs, tmp_path):
                     ({"shard_lines": 0}, "shard_lines=0: must be an integer >= 1")]:
         with pytest.raises(PrepareError, match=msg):
             convert(logs["one"], tmp_path / "new", **kw)
+    for seed in (-1, 2**32):
+        with pytest.raises(PrepareError, match=rf"--seed {seed}: must be an integer in 0..4294967295"):
+            convert(logs["one"], tmp_path / "new", seed=seed)
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(PrepareError, match="--out .*file is a file; give a new or empty output folder"):
+        convert(logs["one"], tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "mine" and not (tmp_path / "new").exists()
     with pytest.raises(PrepareError, match="no input files"):
         convert([], tmp_path / "new")
     with pytest.raises(PrepareError, match=r"--bag-sizes: bag sizes \[0, 1, .*26 integers in 1..255"):
         convert(logs["one"], tmp_path / "new", bags=(0,) + (1,) * 25)
     with pytest.raises(ValueError, match="days=0: must be 1..lines"):
         write_logs(CriteoSpec(days=0), tmp_path / "gen")
+    with pytest.raises(ValueError, match="seed=-1: must be in 0..4294967295"):
+        write_logs(CriteoSpec(seed=-1), tmp_path / "gen")
 
 
-def test_a_failed_conversion_leaves_no_manifest(logs, tmp_path):
+def test_a_failed_conversion_leaves_the_output_folder_as_it_was(logs, tmp_path):
+    """A new folder is removed again, an empty one emptied again (no shard, no manifest), so the same command
+    runs again there once the input is fixed."""
+    good = Path(logs["one"][0]).read_text()
+    cut = good.index("\n", len(good) - 200_000) + 1  # a bad line after blocks and shards of good ones
     bad = tmp_path / "train.txt"
-    bad.write_text(Path(logs["one"][0]).read_text().replace("\n", "\nx\n", 1))
-    with pytest.raises(FormatError, match="line 2: 1 tab-separated fields, a Criteo line has 40"):
-        convert([bad], tmp_path / "s")
-    assert not (tmp_path / "s" / "manifest.json").exists()
-    with pytest.raises(FileNotFoundError, match="no manifest.json"):
-        Shards(tmp_path / "s", "train")
+    bad.write_text(good[:cut] + "x\n" + good[cut:])
+    (tmp_path / "empty").mkdir()
+    for out in (tmp_path / "new", tmp_path / "empty"):
+        with pytest.raises(FormatError, match=r"line \d+: 1 tab-separated fields, a Criteo line has 40"):
+            convert([bad], out, block_bytes=1 << 16, shard_lines=100)
+        assert not out.exists() if out.name == "new" else list(out.iterdir()) == []
+        with pytest.raises(FileNotFoundError, match="no manifest.json"):
+            Shards(out, "train")
+        bad.write_text(good)
+        assert convert([bad], out)["splits"]["train"]["examples"] > 0
+        bad.write_text(good[:cut] + "x\n" + good[cut:])
+
+
+def test_logs_whose_every_line_was_skipped_are_refused(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("a\tb\n" * 20)
+    with pytest.raises(PrepareError, match=r"train.txt: no example: every line was bad and skipped under --max-bad-lines "
+                                           r"100 \(the first: .*train.txt:1: 2 tab-separated fields"):
+        convert([path], tmp_path / "s", max_bad_lines=100)
+    assert not (tmp_path / "s").exists()
 
 
 def test_shards_read_any_order_and_map_ids(logs, tmp_path):

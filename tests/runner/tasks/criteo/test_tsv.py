@@ -59,6 +59,15 @@ def test_values_match_a_plain_python_reading(tmp_path):
     assert cat[6, 10] == 0xDEADBEEF and missing[6, :10].all()
 
 
+def test_integers_past_64_bits_read_as_log1p_of_their_value(tmp_path):
+    """An integer feature is a count of any size: one past int64's range reads as log(1 + x) of its value, a
+    negative one of any size as 0."""
+    big, neg = "9" * 20, "-" + "9" * 20
+    text = line("1", dense=[big, neg, "9223372036854775807"] + ["1"] * 10) + "\n"
+    dense = next(iter(read_blocks(write(tmp_path, text)))).dense[0]
+    np.testing.assert_allclose(dense[:3], [math.log1p(int(big)), 0.0, math.log1p(2**63 - 1)], rtol=1e-7)
+
+
 def test_gzip_reads_like_plain(tmp_path):
     text = "\n".join(line(str(i % 2)) for i in range(50))  # no newline at the end
     a = np.concatenate([b.cat for b in read_blocks(write(tmp_path, text))])
@@ -109,6 +118,36 @@ def test_empty_and_missing_files_are_refused(tmp_path):
         list(read_blocks(tmp_path / "nope.txt"))
     with pytest.raises(FormatError, match=r"day_0.gz: the file has no lines"):
         list(read_blocks(write(tmp_path, "", "day_0.gz")))
+
+
+def test_a_file_of_wrong_lines_only_is_refused_by_its_first_line(tmp_path):
+    """Every line with 41 fields (a tab at each end of line): pyarrow rejects every row, and the first is named."""
+    path = write(tmp_path, "".join(line() + "\t\n" for _ in range(50)))
+    with pytest.raises(FormatError) as e:
+        list(read_blocks(path))
+    assert str(e.value).startswith(f"{path}, line 1: 41 tab-separated fields, a Criteo line has 40")
+    reader = Reader(path, max_bad_lines=1000)
+    assert list(reader) == [] and reader.bad_lines == 50
+    with pytest.raises(FormatError, match=r"line 50: 41 tab-separated fields"):  # the last line too
+        list(read_blocks(write(tmp_path, "".join(line() + "\n" for _ in range(49)) + line() + "\t\n", "b.txt")))
+
+
+def test_a_folder_a_gzip_without_gz_a_long_line_and_non_utf8_are_refused_by_what_they_are(tmp_path):
+    with pytest.raises(FormatError, match=r"in: a folder; give the Criteo-format files in it"):
+        list(read_blocks((tmp_path / "in").mkdir() or tmp_path / "in"))
+    zipped = tmp_path / "day_0"
+    zipped.write_bytes(gzip.compress(("\n".join(line() for _ in range(5)) + "\n").encode()))
+    with pytest.raises(FormatError, match=r"day_0: the file is gzip-compressed, .*rename it to day_0.gz"):
+        list(read_blocks(zipped))
+    long = write(tmp_path, "\n".join([line(), line(), line(cat=["0" * 9000] + ["00000000"] * 25)]) + "\n", "l.txt")
+    with pytest.raises(FormatError, match=r"l.txt: near line 3: a line longer than the reader.s block of 4 KiB"):
+        list(read_blocks(long, block_bytes=4096))
+    rows = [line().encode() for _ in range(200)]
+    rows[1] = rows[1].replace(b"\t", b"\t\xff", 1)  # line 2's first integer starts with a byte UTF-8 has not
+    path = tmp_path / "u.txt"
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    with pytest.raises(FormatError, match=r"u.txt: line 2: not UTF-8 text .*fix or remove the line"):
+        list(read_blocks(path))
 
 
 def test_a_truncated_gz_is_refused(tmp_path):
