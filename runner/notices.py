@@ -49,3 +49,14 @@ def layout_warnings(tables: Mapping[str, Any], backend: str) -> list[str]:
                 f"set model.tables.{name}.stored_width={wider} (padding: the model still sees {spec.width} columns), or "
                 f"the width itself (model.emb_width={wider}, or model.tables.{name}.width)")
     return out
+
+
+def staleness_warnings(staleness: int, steps: int, source: str = "trainer.steps") -> list[str]:
+    """A line (starting with ``warning:``) when an async run's staleness k is at least its steps: step t applies
+    step t-k's embedding update, so none is applied while it trains and the final flush applies them all."""
+    if staleness < 2 or staleness < steps:
+        return []
+    return [f"warning: async_emb.staleness={staleness} and the run has {steps:,} steps ({source}): step t applies "
+            f"the embedding update of step t-{staleness}, so no update reaches the tables while the run trains (the "
+            f"final flush applies them all, after the last step); lower async_emb.staleness (1, the default, "
+            f"defers each by one step) or train for more than {staleness} steps"]

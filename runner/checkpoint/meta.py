@@ -303,7 +303,7 @@ def check_settings(cfg: DictConfig) -> None:
     stop = t.get("stop_after")
     if stop is not None and not 0 < stop <= t.steps:
         errors.append(f"trainer.stop_after={stop} must be between 1 and trainer.steps={t.steps}")
-    if stop is not None and c.interval == 0:
+    elif stop is not None and c.interval == 0:  # the example interval is only offered for a stop_after that works
         errors.append(f"trainer.stop_after={stop} stops the run to be resumed later, which needs checkpoints: "
                       f"set checkpoint.interval (e.g. {stop})")
     if errors:

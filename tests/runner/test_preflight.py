@@ -1,3 +1,4 @@
+import json
 import logging
 import os
 import subprocess
@@ -79,6 +80,24 @@ def test_the_run_logs_the_bfloat16_rounding_warning_once(cfg_of, tmp_path, caplo
     run(cfg, tmp_path)
     lines = [r.getMessage() for r in caplog.records if r.name == "runner"]
     assert [ln for ln in lines if ln.startswith("warning:")] == [BF16_WARNING], lines
+
+
+@pytest.mark.slow
+def test_a_staleness_past_the_last_step_is_warned_and_the_flush_applies_every_update(cfg_of, tmp_path, caplog):
+    """staleness 8 in a 3-step run: no update is applied while it trains, which the run says once; the flush
+    then applies the 3 queued (the summary's table moved)."""
+    from runner.notices import staleness_warnings
+
+    assert staleness_warnings(1, 1) == staleness_warnings(2, 3) == [] and len(staleness_warnings(3, 3)) == 1
+    caplog.set_level(logging.INFO, logger="runner")
+    run(cfg_of(["async_emb=on", "async_emb.staleness=8", "trainer.steps=3"]), tmp_path)
+    warned = [r.getMessage() for r in caplog.records if r.name == "runner" and r.getMessage().startswith("warning:")]
+    assert warned == ["warning: async_emb.staleness=8 and the run has 3 steps (trainer.steps): step t applies the "
+                      "embedding update of step t-8, so no update reaches the tables while the run trains (the final "
+                      "flush applies them all, after the last step); lower async_emb.staleness (1, the default, "
+                      "defers each by one step) or train for more than 8 steps"], warned
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["emb/flush_grad_norm"] > 0 and summary["emb/flush_valid"] is True
 
 
 @pytest.mark.parametrize("name", FUSED)

@@ -185,6 +185,16 @@ def test_bad_settings_are_refused(tmp_path, overrides, message):
         open_with(tmp_path / "ck", overrides)
 
 
+def test_a_stop_after_out_of_range_is_not_offered_as_the_checkpoint_interval(tmp_path):
+    """checkpoint.interval=0 with trainer.stop_after=0 (or past the steps): the one fix is stop_after's range; the
+    checkpoint hint would suggest an interval as bad as the value it echoes."""
+    for stop in (0, -1, 100):
+        with pytest.raises(PreflightError) as e:
+            open_with(tmp_path / "ck", ["checkpoint.interval=0", f"trainer.stop_after={stop}"])
+        assert str(e.value) == (f"invalid config:\n  - trainer.stop_after={stop} must be between 1 and "
+                                f"trainer.steps=4")
+
+
 @pytest.mark.slow
 def test_resume_never_refuses_to_mix_with_existing_checkpoints(saved):
     with pytest.raises(PreflightError, match=rf"checkpoint.resume=never but checkpoint.dir={saved} already holds "

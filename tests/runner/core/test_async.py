@@ -106,6 +106,22 @@ def test_bounded_staleness_and_delay_compensation_match_the_oracle(cfg_of, stale
     assert gap(other) > 20 * max(gap(tables), 1e-7)
 
 
+def test_the_flush_of_a_long_queue_is_one_update_a_table_in_a_loop(cfg_of):
+    """The flush applies a queue of k records in a loop (``lax.scan``), not unrolled: its program holds as many
+    scatters for k = 16 as for k = 2 (unrolled, a queue of 64 took minutes to compile)."""
+    def flush_ops(k):
+        program, data, _ = build(cfg_of(["async_emb=on", f"async_emb.staleness={k}"]))
+        state = program.init_state(0)
+        batch = to_device(program, data.batch(0, program.contexts["items"].tokens_per_batch
+                                              // program.tables["items"].tokens_per_example))
+        _, flush, _ = program.compile(state, batch)
+        text = flush.lower(state).as_text()
+        return text.count("stablehlo.scatter"), text.count("stablehlo.while")
+
+    (short, loops), (long, loops_long) = flush_ops(2), flush_ops(16)
+    assert short == long > 0 and loops == loops_long >= 1
+
+
 @pytest.mark.slow
 def test_async_differs_from_sync_and_is_one_step_stale(cfg_of):
     """Same data, same kernels: the two modes must really differ (the oracle test above could not pass
