@@ -54,8 +54,18 @@ class _DropSaveFailureEchoes(logging.Filter):
         return not (record.levelno >= logging.ERROR and any(e in record.getMessage() for e in self.ECHOES))
 
 
+class _DropReadOnlyNote(logging.Filter):
+    """Orbax warns "Given directory is read only=<dir>" whenever a manager is opened read-only, which the runner
+    does on purpose to read a checkpoint named by ``checkpoint.resume`` (the directory itself may well be
+    writable): the line would only mislead, above the run's own message when it then refuses the checkpoint."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Given directory is read only")
+
+
 _QUIET = _DropAbandonedReads()
 _QUIET_SAVES = _DropSaveFailureEchoes()
+_QUIET_READ_ONLY = _DropReadOnlyNote()
 
 
 def _quiet_hook(previous: Any) -> Any:
@@ -76,8 +86,9 @@ def install_quiet_hooks() -> None:
         sys.unraisablehook = _quiet_hook(sys.unraisablehook)
     if _QUIET not in logging.getLogger("asyncio").filters:
         logging.getLogger("asyncio").addFilter(_QUIET)
-    if _QUIET_SAVES not in logging.getLogger("absl").filters:
-        logging.getLogger("absl").addFilter(_QUIET_SAVES)
+    for quiet in (_QUIET_SAVES, _QUIET_READ_ONLY):
+        if quiet not in logging.getLogger("absl").filters:
+            logging.getLogger("absl").addFilter(quiet)
 
 
 @contextlib.contextmanager
