@@ -73,10 +73,12 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
             jax.process_count(), jax.local_device_count(), cfg.async_emb.enabled, {n: type(o).__name__ for n, o in program.emb_optimizers.items()})
         say(f"budget: {run_budget.describe()}, evaluation every {cfg.trainer.eval_interval:,} steps")
         # e.g. far more epochs than the data can use; a bfloat16 table under a plain optax optimizer; a table
-        # whose width makes a TPU copy it every step; a staleness that defers every update past the last step
+        # whose width makes a TPU copy it every step; a staleness that defers every update past the last step;
+        # mesh settings this mesh does not use
         for warning in (run_budget.warnings() + notices.rounding_warnings(program.emb_optimizers, program.tables)
                         + notices.layout_warnings(program.tables, jax.default_backend())
-                        + notices.staleness_warnings(program.staleness, run_budget.steps, run_budget.source)):
+                        + notices.staleness_warnings(program.staleness, run_budget.steps, run_budget.source)
+                        + notices.mesh_warnings(cfg.mesh, plan, jax.device_count())):
             say(warning)
         for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
             say(note)

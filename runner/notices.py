@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from optimizers import OptaxEmbOptimizer
+from optimizers import OptaxEmbOptimizer, TableLayout
 
 from .core.embeddings import LANES as TPU_LANES
 
@@ -60,3 +60,30 @@ def staleness_warnings(staleness: int, steps: int, source: str = "trainer.steps"
             f"the embedding update of step t-{staleness}, so no update reaches the tables while the run trains (the "
             f"final flush applies them all, after the last step); lower async_emb.staleness (1, the default, "
             f"defers each by one step) or train for more than {staleness} steps"]
+
+
+def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
+    """Lines (each starting with ``warning:``) for mesh settings the run was given and does not use: the routing
+    settings when no table is split (one table shard), ``mesh.routing`` on the column layout (which exchanges ids
+    its own way), and virtual CPU devices (``mesh.cpu_devices``) past the mesh's. ``mesh``: the ``mesh`` config;
+    ``plan``: its resolved ``MeshPlan``; ``devices``: the devices of the run (every process's)."""
+    from .config import MeshConfig  # noqa: PLC0415 (runner.config imports the optimizers, and JAX with them)
+
+    default, out = MeshConfig(), []
+    given = {k: mesh.get(k) for k in ("routing", "route_capacity", "route_overflow", "table_layout")
+             if mesh.get(k) is not None and str(mesh.get(k)) != str(getattr(default, k))}
+    if plan.table_shards == 1 and given:
+        settings = ", ".join(f"mesh.{k}={getattr(v, 'value', v)}" for k, v in given.items())
+        out.append(f"warning: {settings}: no table is split on this mesh ({plan.describe()}, one table shard), so "
+                   f"{'it has' if len(given) == 1 else 'they have'} no effect; shard the tables over a table axis "
+                   f"(mesh=data_table) or leave {'it' if len(given) == 1 else 'them'} out")
+    elif str(plan.table_layout) == str(TableLayout.column) and "routing" in given:
+        out.append(f"warning: mesh.routing={given['routing'].value} applies to the row layout, and the tables use the "
+                   f"column layout (mesh.table_layout=column), which exchanges each device's distinct ids its own way: "
+                   f"it has no effect; use mesh.table_layout=row or leave mesh.routing out")
+    n = mesh.get("cpu_devices")
+    if n is not None and plan.num_devices < devices:
+        out.append(f"warning: mesh.cpu_devices={n} gives {devices} devices and the mesh ({plan.describe()}) uses "
+                   f"{plan.num_devices}: the others stay idle; use mesh=data_table (its axes fill the devices) or set "
+                   f"mesh.axes to use them")
+    return out

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 from optimizers import FUSED
@@ -98,6 +99,28 @@ def test_a_staleness_past_the_last_step_is_warned_and_the_flush_applies_every_up
                       "defers each by one step) or train for more than 8 steps"], warned
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["emb/flush_grad_norm"] > 0 and summary["emb/flush_valid"] is True
+
+
+def test_mesh_settings_the_mesh_does_not_use_are_warned_once_by_name(cfg_of):
+    from runner.build import build_run
+    from runner.notices import mesh_warnings
+
+    def warned(*overrides):
+        cfg = cfg_of(list(overrides))
+        plan = build_run(cfg)[2]
+        return mesh_warnings(cfg.mesh, plan, jax.device_count())
+
+    assert warned() == warned("mesh=data_table", "mesh.routing=gather") == warned("mesh=data") == []
+    assert warned("mesh.routing=gather", "mesh.route_capacity=5") == [
+        "warning: mesh.routing=gather, mesh.route_capacity=5.0: no table is split on this mesh (data=1, one table "
+        "shard), so they have no effect; shard the tables over a table axis (mesh=data_table) or leave them out"]
+    assert warned("mesh=data_table", "mesh.table_layout=column", "mesh.routing=gather") == [
+        "warning: mesh.routing=gather applies to the row layout, and the tables use the column layout "
+        "(mesh.table_layout=column), which exchanges each device's distinct ids its own way: it has no effect; use "
+        "mesh.table_layout=row or leave mesh.routing out"]
+    assert warned("mesh.cpu_devices=8") == [
+        "warning: mesh.cpu_devices=8 gives 8 devices and the mesh (data=1) uses 1: the others stay idle; use "
+        "mesh=data_table (its axes fill the devices) or set mesh.axes to use them"]
 
 
 @pytest.mark.parametrize("name", FUSED)
