@@ -21,6 +21,11 @@ class TrainingError(RunnerError):
     the likely causes."""
 
 
+class MemoryBudgetError(RunnerError):
+    """The compiled train step needs more memory than the devices have left (``runner.core.memory_budget``);
+    refused before the first step, naming ``trainer.batch_size`` and a batch that fits."""
+
+
 class DistributedError(RunnerError):
     """The processes could not form a run (bad settings, unreachable coordinator, started too late)."""
 

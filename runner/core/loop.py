@@ -15,7 +15,7 @@ import numpy as np
 from .. import progress as progress_lib
 from ..budget import train_examples
 from ..errors import TrainingError
-from . import placement
+from . import memory_budget, placement
 from .selection import Selection, selection_metric
 from .diagnostics import is_log_step
 from .feed import Feed
@@ -67,7 +67,8 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     feed = Feed(task, start, stop, B, rows, workers=int(getattr(trainer, "data_workers", 0) or 0))
     try:
         host = next(feed) if stop > start else task.batch(start, B, **rows)
-        step_fn, flush_fn, predict = program.compile(state, put_rows(host))
+        batch = put_rows(host)
+        step_fn, flush_fn, predict = program.compile(state, batch)
         # What the run shows as it goes (trainer.progress): a bar on a terminal, plain lines otherwise; process 0
         # only.
         progress = progress_lib.make(getattr(trainer, "progress", "auto"), log=log,
@@ -75,8 +76,15 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
         progress.start(trainer.steps, start, batch_size=B, objective=task.objective,
                        steps_per_epoch=train_examples(task) / B if train_examples(task) else None)
         log = progress.write  # a log line that does not break the bar
-        step_fn = progress.first_call(step_fn, f"the train step (async_emb={'on' if program.async_emb else 'off'}"
-                                               f", {_devices(program.mesh.devices.size)})")
+        if stop > start:  # compiled ahead of its first call (which then reuses it), to check its memory first
+            what = f"the train step (async_emb={'on' if program.async_emb else 'off'}, " \
+                   f"{_devices(program.mesh.devices.size)})"
+            progress.compiling(what)
+            t0 = time.perf_counter()
+            compiled = step_fn.lower(state, batch).compile()
+            progress.compiled(what, time.perf_counter() - t0)
+            local = [d for d in program.mesh.devices.flat if d.process_index == jax.process_index()]
+            memory_budget.check(compiled, local, B, program.mesh.devices.size)
         evaluate = progress.evaluation(task.evaluate, getattr(task, "num_eval_batches", lambda _: None)(B))
         # Selection scores what it keeps: in async mode a mid-run evaluation scores the state with its deferred
         # update applied (a flushed copy; the live state is not touched), as the final evaluation does.
@@ -85,7 +93,6 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
         tracker.define_summary("train/loss", "minimize")
 
         t_window, n_window = time.perf_counter(), 0
-        batch = put_rows(host)
         # XLA:CPU runs a multi-device step's collectives on a shared thread pool; two steps in flight at once
         # can starve each other's rendezvous on few cores (seen as a 40 s collective timeout). On a CPU mesh,
         # finish each step (after the next batch is ready) before dispatching the next computation.

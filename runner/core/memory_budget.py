@@ -1,0 +1,87 @@
+"""Before the first step: the compiled train step's memory, by XLA's own accounting, against what the devices
+have left, so a batch that cannot fit stops with one message naming ``trainer.batch_size`` instead of the
+operating system killing the process (exit code 137, no word) or the accelerator failing mid-step.
+
+What a step adds to what is already allocated (the state and the batch, its arguments) is its temporaries and
+its outputs that do not reuse a donated argument: ``temp + output - alias`` bytes a device, from
+``Compiled.memory_analysis()``. A CPU's devices share the host's memory, so there it counts once per local
+device, against the memory Linux can still give (``MemAvailable`` plus free swap: a run that would only swap is
+slow, not refused). An accelerator's devices each have their own, ``bytes_limit - bytes_in_use``
+(``Device.memory_stats()``). Where either is unknown (another OS, a backend without the statistics) nothing is
+checked.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import MemoryBudgetError
+
+MEMINFO = Path("/proc/meminfo")
+
+
+def step_bytes(compiled: Any) -> int | None:
+    """Bytes a device the compiled step allocates beyond its arguments (None when XLA does not say)."""
+    ma = compiled.memory_analysis()
+    if ma is None:
+        return None
+    return int(ma.temp_size_in_bytes) + max(int(ma.output_size_in_bytes) - int(ma.alias_size_in_bytes), 0)
+
+
+def host_available(meminfo: Path = MEMINFO) -> int | None:
+    """Bytes Linux can still give this process (``MemAvailable`` + ``SwapFree``), None when unknown."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemAvailable", "SwapFree"))
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def device_available(device: Any) -> int | None:
+    """Bytes an accelerator can still allocate, None when its backend keeps no statistics."""
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 (a backend without the call)
+        return None
+    if "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def suggested_batch(most: int, data_parallel: int) -> int:
+    """A batch of at most ``most`` examples to suggest: a power of two where that splits over the
+    ``data_parallel`` devices, else the most that does (0: none does)."""
+    if most < data_parallel:
+        return 0
+    power = 1 << (most.bit_length() - 1)
+    return power if power % data_parallel == 0 else most // data_parallel * data_parallel
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def check(compiled: Any, devices: list, batch_size: int, data_parallel: int = 1,
+          available: int | None = None) -> None:
+    """Raise :class:`MemoryBudgetError` when the step ``compiled`` for ``devices`` (this process's devices of the
+    mesh) cannot fit in what they have left. ``data_parallel``: the devices the batch is split over (a smaller
+    batch suggested is a multiple of them). ``available``: the bytes left, instead of asking the system (tests)."""
+    per_device = step_bytes(compiled)
+    if per_device is None or not devices:
+        return
+    on_cpu = devices[0].platform == "cpu"
+    need = per_device * len(devices) if on_cpu else per_device
+    if available is None:
+        available = host_available() if on_cpu else device_available(devices[0])
+    if available is None or need <= available:
+        return
+    fit = suggested_batch(int(batch_size * available / need * 0.8), data_parallel)  # a fifth kept spare
+    where = (f"this machine's memory has {_gb(available)} left (available and free swap)" if on_cpu else
+             f"a {devices[0].platform.upper()} device has {_gb(available)} left")
+    count = f" x {len(devices)} devices (a CPU's share the host's memory)" if on_cpu and len(devices) > 1 else ""
+    fix = f"lower trainer.batch_size (e.g. {fit:,})" if fit else "lower trainer.batch_size"
+    raise MemoryBudgetError(
+        f"trainer.batch_size={batch_size:,}: the compiled train step needs {_gb(per_device)} a device beyond the "
+        f"state and the batch (XLA's temporaries and new outputs){count}, and {where}; the run would be killed "
+        f"mid-step. {fix[0].upper()}{fix[1:]}, or the model's widths, or shard the tables over more devices "
+        f"(mesh=data_table)")

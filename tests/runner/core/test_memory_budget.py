@@ -1,0 +1,82 @@
+"""The memory check before the first step (``runner.core.memory_budget``): a batch whose compiled step needs more
+than the devices have left stops with one message naming trainer.batch_size and a batch that fits; a CPU's
+devices share the host's memory, an accelerator's each have their own; where the memory left is unknown nothing
+is refused."""
+from types import SimpleNamespace
+
+import pytest
+
+from runner.app import run
+from runner.core import memory_budget
+from runner.core.memory_budget import MemoryBudgetError, check, host_available, step_bytes, suggested_batch
+
+MIB = 2**20
+
+
+def compiled(temp, out, alias):
+    ma = SimpleNamespace(temp_size_in_bytes=temp, output_size_in_bytes=out, alias_size_in_bytes=alias)
+    return SimpleNamespace(memory_analysis=lambda: ma)
+
+
+def devices(n, platform="cpu", limit=None, in_use=0):
+    stats = {"bytes_limit": limit, "bytes_in_use": in_use} if limit is not None else {}
+    return [SimpleNamespace(platform=platform, memory_stats=lambda: stats) for _ in range(n)]
+
+
+def test_what_a_step_adds_is_its_temporaries_and_the_outputs_no_argument_is_donated_to():
+    assert step_bytes(compiled(100 * MIB, 30 * MIB, 20 * MIB)) == 110 * MIB
+    assert step_bytes(compiled(100 * MIB, 30 * MIB, 40 * MIB)) == 100 * MIB  # never less than the temporaries
+    assert step_bytes(SimpleNamespace(memory_analysis=lambda: None)) is None
+
+
+def test_a_cpu_step_counts_once_per_device_against_the_hosts_memory():
+    step = compiled(100 * MIB, 0, 0)
+    check(step, devices(8), 4096, 8, available=800 * MIB)  # 8 x 100 MiB: fits exactly
+    with pytest.raises(MemoryBudgetError) as e:
+        check(step, devices(8), 4096, 8, available=400 * MIB)
+    fit = 1024  # 4,096 x 400 / 800 x 0.8 = 1,638: the power of two below it
+    assert str(e.value) == (
+        "trainer.batch_size=4,096: the compiled train step needs 0.1 GB a device beyond the state and the batch "
+        "(XLA's temporaries and new outputs) x 8 devices (a CPU's share the host's memory), and this machine's "
+        f"memory has 0.4 GB left (available and free swap); the run would be killed mid-step. Lower "
+        f"trainer.batch_size (e.g. {fit:,}), or the model's widths, or shard the tables over more devices "
+        f"(mesh=data_table)")
+
+
+def test_an_accelerator_counts_each_device_against_its_own_memory():
+    step = compiled(3 * 10**9, 10**9, 0)
+    check(step, devices(8, "tpu", limit=16 * 10**9, in_use=10 * 10**9), 8192, 8)  # 4 GB of 6 left, on each
+    with pytest.raises(MemoryBudgetError, match=r"needs 4.0 GB a device .*and a TPU device has 3.0 GB left; the "
+                                                r"run would be killed mid-step. Lower trainer.batch_size \(e.g. 4,096\)"):
+        check(step, devices(8, "tpu", limit=16 * 10**9, in_use=13 * 10**9), 8192, 8)
+    check(step, devices(8, "gpu"), 8192, 8)  # no statistics: nothing to compare with
+    with pytest.raises(MemoryBudgetError, match=r"Lower trainer.batch_size, or the model's widths"):  # no batch fits
+        check(step, devices(1, "tpu", limit=10**8), 4, 4)
+
+
+def test_the_batch_suggested_is_a_power_of_two_that_splits_over_the_devices_or_the_most_that_does():
+    assert suggested_batch(1638, 8) == 1024 and suggested_batch(4912, 8) == 4096 and suggested_batch(8, 8) == 8
+    assert suggested_batch(1638, 6) == 1638 and suggested_batch(100, 12) == 96 and suggested_batch(5, 8) == 0
+
+
+def test_the_hosts_memory_left_is_available_plus_free_swap(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       23000000 kB\nMemFree:  100 kB\nMemAvailable:   2000000 kB\n"
+                       "SwapTotal: 10 kB\nSwapFree:        500 kB\n")
+    assert host_available(meminfo) == (2000000 + 500) * 1024
+    meminfo.write_text("MemTotal: 1 kB\n")
+    assert host_available(meminfo) is None and host_available(tmp_path / "none") is None
+
+
+@pytest.mark.slow
+def test_a_run_whose_step_cannot_fit_stops_before_its_first_step(cfg_of, tmp_path, monkeypatch):
+    """The check runs on the real compiled step of a run, before the first step: with 1 KiB left the tiny
+    ranking model's step does not fit, and nothing is trained."""
+    monkeypatch.setattr(memory_budget, "host_available", lambda: 1024)
+    with pytest.raises(MemoryBudgetError, match=r"^trainer.batch_size=32: the compiled train step needs .* and this "
+                                                r"machine's memory has 0.0 GB left"):
+        run(cfg_of(["trainer.steps=3"]), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists() or "train/loss" not in (tmp_path / "metrics.jsonl").read_text()
+    monkeypatch.setattr(memory_budget, "host_available", lambda: 2**40)
+    run(cfg_of(["trainer.steps=3"]), tmp_path / "fits")
+    assert "train/loss" in (tmp_path / "fits" / "metrics.jsonl").read_text()
