@@ -172,6 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.overrides and "--" not in raw:
         parser.error(f"runner overrides go after --, e.g. python -m runner.launch -n {args.num_processes} -- "
                      f"{' '.join(args.overrides)}")
+    sweep = [o for o in args.overrides if o in ("-m", "--multirun") or o.startswith("hydra.mode=")]
+    if sweep:
+        parser.error(f"{sweep[0]}: runner.launch runs one training over {args.num_processes} processes, not a sweep; "
+                     f"launch each trial on its own (python -m runner.launch -n {args.num_processes} -- <that "
+                     f"trial's overrides>), or sweep one process at a time (python -m runner -m ...)")
     cmds = child_commands(args.num_processes, args.overrides, args.port or free_port())
     signal.signal(signal.SIGTERM, _terminated)  # a scheduler stopping the launcher stops the children too
     return supervise(cmds, grace=args.grace)

@@ -18,7 +18,9 @@ What a trial gets (``runner.__main__`` calls these; ``python -m runner -m a=1,2`
 :class:`SweepSummary` (a Hydra callback, ``conf/hydra/callbacks/sweep_summary.yaml``) prints, when the sweep
 ends, ``sweep: N trials, M ok, K failed`` and one line per failed trial. The process
 exits non-zero only when every trial failed (for Optuna, Hydra itself then stops with "No trials are
-completed yet").
+completed yet") or none ran (an empty range); before an Optuna search it refuses settings that cannot work
+(``n_trials`` or ``n_jobs`` below 1, a direction other than minimize or maximize, several directions for the
+one objective a run returns), exit code 2.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ from .outputs import FAILED_MARKER, OVERRIDES_FILE, RUN_INFO_FILE, SUMMARY_FILE,
 log = logging.getLogger("runner.sweeps")
 
 MAX_TAG = 64  # W&B rejects longer tags
+MAX_NAME = 128  # the longest logger.group / logger.name the preflight takes (runner.preflight)
+DIRECTIONS = ("minimize", "maximize")
 
 
 class TrialFailed(RuntimeError):
@@ -57,19 +61,32 @@ def trial_tags(hc: Any) -> list[str]:
     return list(dict.fromkeys(t[:MAX_TAG] for t in tags))
 
 
+def fit_name(text: str) -> str:
+    """``text`` within ``MAX_NAME`` characters: a long one keeps its start and its end (the sweep dir's stamp, the
+    trial's last overrides), joined by ``...``."""
+    if len(text) <= MAX_NAME:
+        return text
+    head = (MAX_NAME - 3) // 2
+    return text[:head] + "..." + text[len(text) - (MAX_NAME - 3 - head):]
+
+
 def sweep_group(hc: Any) -> str:
     choices = hc.runtime.choices
     named = choices.get("experiment") or choices.get("hparams_search")
     stamp = "_".join(Path(str(hc.sweep.dir)).parts[-2:])
-    return "-".join(str(p) for p in (hc.job.name, named, stamp) if p)
+    return fit_name("-".join(str(p) for p in (hc.job.name, named, stamp) if p))
 
 
 def name_trial(cfg: DictConfig, hc: Any) -> None:
-    """In a multirun, fill in ``logger.group`` (the sweep) and ``logger.name`` (the trial) unless set."""
+    """In a multirun, fill in ``logger.group`` (the sweep) and ``logger.name`` (the trial) unless set; and drop a
+    ``FAILED`` record an earlier sweep into the same directory left in this trial's (it would mark this trial
+    failed in the summary and the report)."""
     if cfg.logger.group is None:
         cfg.logger.group = sweep_group(hc)
     if cfg.logger.name is None:
-        cfg.logger.name = " ".join([f"#{hc.job.num}", *map(str, hc.overrides.task)])[:128]
+        cfg.logger.name = fit_name(" ".join([f"#{hc.job.num}", *map(str, hc.overrides.task)]))
+    if _lead_process(cfg):
+        (Path(hc.runtime.output_dir) / FAILED_MARKER).unlink(missing_ok=True)
 
 
 def write_run_info(tracker: Any, output_dir: str | os.PathLike) -> Path | None:
@@ -145,8 +162,14 @@ def checked_objective(cfg: DictConfig, hc: Any, objective: float, make_tracker: 
 
 
 def _first_line(path: Path) -> str:
-    text = path.read_text(encoding="utf-8", errors="replace").strip()
-    return text.splitlines()[0] if text else "(no message)"
+    """The error's first line; a first line that only announces a list (``invalid config:``) with the list's
+    first item, so the line names the bad value."""
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").strip().splitlines()]
+    if not lines or not lines[0]:
+        return "(no message)"
+    if lines[0].endswith(":") and len(lines) > 1 and lines[1]:
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str, str]]]:
@@ -169,13 +192,44 @@ def summary_lines(sweep_dir: str | os.PathLike) -> tuple[list[str], bool]:
     return lines, bool(trials) and len(failed) == len(trials)
 
 
+def optuna_problems(sweeper: Any) -> list[str]:
+    """The Optuna sweeper's settings that cannot work, each named with its valid values (a run's objective is
+    one number, so one direction)."""
+    out = []
+    for key in ("n_trials", "n_jobs"):
+        v = sweeper.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            out.append(f"hydra.sweeper.{key}={v} must be an integer >= 1")
+    direction = sweeper.get("direction")
+    if direction is not None and str(direction).lower() not in DIRECTIONS:
+        multi = OmegaConf.is_list(direction) or isinstance(direction, (list, tuple))
+        out.append(f"hydra.sweeper.direction={direction} must be minimize or maximize" +
+                   (": a run's objective (trainer.objective) is one number, so a search has one direction"
+                    if multi else ""))
+    rate = sweeper.get("max_failure_rate")
+    if rate is not None and not (isinstance(rate, (int, float)) and 0 <= rate <= 1):
+        out.append(f"hydra.sweeper.max_failure_rate={rate} must be in [0, 1]")
+    return out
+
+
 class SweepSummary(Callback):
-    """At the end of a sweep, prints how many trials failed and why; exits 1 if every trial failed."""
+    """Before a sweep, refuses Optuna settings that cannot work (exit 2); at its end, prints how many trials
+    failed and why, and exits 1 if every trial failed or the sweep had none."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweeper = config.hydra.get("sweeper") or {}
+        if "optuna" in str(sweeper.get("_target_", "")).lower():
+            problems = optuna_problems(sweeper)
+            if problems:
+                print("error: invalid sweep:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
+                raise SystemExit(2)  # not an Exception: Hydra's callback runner would only warn about one
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        if not sweep_dir.is_dir():
-            return
+        if not sweep_dir.is_dir() or not sweep_failures(sweep_dir)[0]:
+            print(f"sweep: no trial ran ({sweep_dir}): the sweep's overrides gave none (e.g. an empty range or "
+                  f"choice); give each swept key at least one value", file=sys.stderr, flush=True)
+            raise SystemExit(1)
         lines, all_failed = summary_lines(sweep_dir)
         print("\n".join(lines), file=sys.stderr if all_failed else sys.stdout, flush=True)
         if all_failed:

@@ -125,6 +125,18 @@ def test_supervise_reports_a_killed_child_as_128_plus_signal():
     assert code == 128 + 9
 
 
+@pytest.mark.parametrize("flag", ["-m", "--multirun", "hydra.mode=MULTIRUN"])
+def test_launch_refuses_a_sweep_naming_the_flag_and_the_ways_out(flag, capsys):
+    from runner.launch import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["-n", "2", "--", flag, "trainer.seed=0,1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag}: runner.launch runs one training over 2 processes, not a sweep; launch each trial on " \
+           f"its own (python -m runner.launch -n 2 -- <that trial's overrides>)" in err
+
+
 def test_launch_cli_rejects_zero_processes():
     proc = subprocess.run([sys.executable, "-m", "runner.launch", "-n", "0"], capture_output=True, text=True,
                           timeout=60)

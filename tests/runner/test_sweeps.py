@@ -104,6 +104,42 @@ def test_group_and_name_come_from_the_sweep_unless_set():
     assert (cfg.logger.group, cfg.logger.name) == ("mine", "trial")
 
 
+def test_long_derived_names_keep_their_ends_within_128_and_a_stale_failed_record_is_dropped(tmp_path):
+    """A sweep dir or overrides long enough to pass the 128 characters a group or name may have: the derived ones
+    are cut in the middle (a set one is the user's, checked by the preflight). A ``FAILED`` record an earlier
+    sweep into the same directory left is removed when the trial starts."""
+    hc = fake_hydra(out=tmp_path)
+    hc.sweep.dir = "multirun/" + "x" * 140 + "/12-00-00"
+    (tmp_path / "FAILED").write_text("PreflightError: an earlier sweep's trial\n")
+    cfg = compose_config()
+    sweeps.name_trial(cfg, hc)
+    assert len(cfg.logger.name) <= 128
+    assert cfg.logger.group.startswith("runner-xxx") and cfg.logger.group.endswith("x_12-00-00")
+    assert "..." in cfg.logger.group and len(cfg.logger.group) == 128
+    assert not (tmp_path / "FAILED").exists()
+    assert sweeps.fit_name("a" * 128) == "a" * 128 and sweeps.fit_name("ab" * 100) == "ab" * 31 + "...b" + "ab" * 31
+
+
+def test_optuna_settings_that_cannot_work_are_named(capsys):
+    problems = sweeps.optuna_problems(OmegaConf.create({"n_trials": 0, "n_jobs": -1, "direction": "maximise",
+                                                        "max_failure_rate": 2.0}))
+    assert problems == ["hydra.sweeper.n_trials=0 must be an integer >= 1", "hydra.sweeper.n_jobs=-1 must be an integer >= 1",
+                        "hydra.sweeper.direction=maximise must be minimize or maximize",
+                        "hydra.sweeper.max_failure_rate=2.0 must be in [0, 1]"]
+    assert sweeps.optuna_problems(OmegaConf.create({"direction": ["maximize", "minimize"]})) == [
+        "hydra.sweeper.direction=['maximize', 'minimize'] must be minimize or maximize: a run's objective "
+        "(trainer.objective) is one number, so a search has one direction"]
+    assert sweeps.optuna_problems(OmegaConf.create({"n_trials": 20, "n_jobs": 1, "direction": "maximize",
+                                                    "max_failure_rate": 1.0})) == []
+    cfg = OmegaConf.create({"hydra": {"sweeper": {"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper."
+                                                              "OptunaSweeper", "n_trials": 0}}})
+    with pytest.raises(SystemExit) as e:
+        sweeps.SweepSummary().on_multirun_start(cfg)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "error: invalid sweep:\n  - hydra.sweeper.n_trials=0 must be an integer >= 1\n"
+    sweeps.SweepSummary().on_multirun_start(OmegaConf.create({"hydra": {"sweeper": {"_target_": "basic", "n_jobs": 0}}}))
+
+
 # --------------------------------------------------------------------------- failed trials
 
 
@@ -179,6 +215,10 @@ def test_sweep_summary_names_failed_trials_and_exits_only_if_all_failed(tmp_path
     assert out == [f"sweep: 3 trials, 2 ok, 1 failed ({tmp_path})",
                    "  FAILED #1 [optimizer=adam async_emb=on]: PreflightError: no fused update"]
 
+    (tmp_path / "1" / "FAILED").write_text("PreflightError: invalid config:\n  - model.emb_width=0 is outside\n")
+    sweeps.SweepSummary().on_multirun_end(cfg)  # a list's first item beside its heading: the line names the value
+    assert capsys.readouterr().out.splitlines()[1] == ("  FAILED #1 [optimizer=adam async_emb=on]: PreflightError: "
+                                                       "invalid config: - model.emb_width=0 is outside")
     for i in (0, 2):
         (tmp_path / str(i) / "FAILED").write_text("RuntimeError: diverged\n")
     with pytest.raises(SystemExit) as e:
@@ -364,6 +404,15 @@ def test_optuna_search_writes_the_best_of_its_trials(tmp_path):
     assert set(result["best_params"]) == {"optimizer", "optimizer.learning_rate", "dense_optimizer.learning_rate"}
     for key, value in result["best_params"].items():
         assert str(value) == best_overrides[key] or float(value) == pytest.approx(float(best_overrides[key]))
+
+
+def test_a_sweep_with_no_trial_exits_1_saying_so(tmp_path, capsys):
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "never_made")}}})
+    with pytest.raises(SystemExit) as e:
+        sweeps.SweepSummary().on_multirun_end(cfg)
+    assert e.value.code == 1
+    assert capsys.readouterr().err.startswith(f"sweep: no trial ran ({tmp_path / 'never_made'}): the sweep's "
+                                              f"overrides gave none (e.g. an empty range or choice)")
 
 
 @pytest.mark.slow
