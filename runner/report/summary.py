@@ -97,10 +97,17 @@ def build_report(
                           f"folder")
     trials = [load_trial(d, label=(d.relative_to(root).as_posix() if d != root else root.name)) for d in dirs]
     shown = shown_metrics(trials)
+    if metric is not None and not any(metric in t.keys() or t.summary.get(metric) is not None for t in trials):
+        known = sorted({k for t in trials for k in t.keys()})
+        raise ReportError(f"--metric {metric}: no trial logged it; the trials logged {', '.join(known) or 'nothing'}. "
+                          f"Nothing was written")
     metric = shown.objective if metric is None else metric
     common = label_trials(trials)
     rows = [_row(t, metric, goal) for t in trials]
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"--out {out} cannot be made ({e.strerror or e}); give a folder that can be written") from None
 
     _write_csv(out / "report.csv", rows)
     _plot_loss(trials, out)
@@ -128,6 +135,7 @@ def _header(root: Path, trials: Sequence[Trial], rows: Sequence[dict[str, Any]],
             goal: str, panels: AucPanels) -> list[str]:
     """The report's title and summary: trials, objective, common overrides, the best trial, the references."""
     n_failed = sum(t.failed for t in trials)
+    n_unfinished = sum(t.status == "unfinished" for t in trials)
     candidates = [
         (r["best_objective"], r, t)
         for r, t in zip(rows, trials)
@@ -136,7 +144,9 @@ def _header(root: Path, trials: Sequence[Trial], rows: Sequence[dict[str, Any]],
     lines = [
         f"# Report: {root}",
         "",
-        f"- trials: {len(trials)} ({len(trials) - n_failed} ok, {n_failed} failed)",
+        f"- trials: {len(trials)} ({len(trials) - n_failed - n_unfinished} ok, {n_failed} failed"
+        + (f", {n_unfinished} unfinished: no summary.json status, still running or stopped" if n_unfinished else "")
+        + ")",
         f"- objective: `{metric}` ({goal})",
     ]
     if common:

@@ -102,8 +102,13 @@ class Trial:
     data: str | None = None  # the data source its config names (which task it ran); None: not recorded
 
     @property
+    def finished(self) -> bool:
+        """Whether the run ended: its ``summary.json`` records a status (a run still going, or killed, has none)."""
+        return "status" in self.summary
+
+    @property
     def status(self) -> str:
-        return "failed" if self.failed else "ok"
+        return "failed" if self.failed else "ok" if self.finished else "unfinished"
 
     @property
     def shown_overrides(self) -> list[str]:

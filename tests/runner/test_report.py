@@ -10,7 +10,11 @@ from runner.report import build_report, main
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _write_trial(d: Path, overrides: list[str], records: list[dict], *, tail: str = "", summary=None, failed=False):
+def _write_trial(d: Path, overrides: list[str], records: list[dict], *, tail: str = "", summary=None, failed=False,
+                 finished=True):
+    """A trial's folder; ``finished``: its summary.json records a status, as a run's does when it ends."""
+    if finished:
+        summary = {"status": "failed" if failed else "ok", **(summary or {})}
     (d / ".hydra").mkdir(parents=True)
     (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     (d / ".hydra" / "config.yaml").write_text("seed: 0\n")
@@ -115,6 +119,26 @@ def test_failed_marker_and_default_out(multirun):
     rows = _rows(md.parent)
     assert [r["trial"] for r in rows] == [f"2026-11-29/12-00-00/{i}" for i in range(3)]
     assert [r["status"] for r in rows] == ["failed", "ok", "failed"]
+
+
+def test_a_trial_without_a_status_is_unfinished_not_ok(tmp_path):
+    """A sweep still running, or a trial killed: no status in summary.json, so the report does not call it ok."""
+    _write_trial(tmp_path / "0", ["a=1"], [{"step": 1, "train/loss": 0.5, "valid/auc_mean": 0.7}])
+    _write_trial(tmp_path / "1", ["a=2"], [{"step": 1, "train/loss": 0.6}], finished=False)
+    md = build_report(tmp_path).read_text()
+    assert "- trials: 2 (1 ok, 0 failed, 1 unfinished: no summary.json status, still running or stopped)" in md
+    assert [r["status"] for r in _rows(tmp_path)] == ["ok", "unfinished"]
+
+
+def test_an_unknown_metric_and_an_out_that_cannot_be_made_are_refused_writing_nothing(multirun, tmp_path, capsys):
+    assert main([str(multirun), "--metric", "valid/nope", "--out", str(tmp_path / "r1")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --metric valid/nope: no trial logged it; the trials logged ") and "train/loss" in err
+    assert not (tmp_path / "r1").exists()
+    (tmp_path / "afile").write_text("mine")
+    assert main([str(multirun), "--out", str(tmp_path / "afile" / "sub")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {tmp_path / 'afile' / 'sub'} cannot be made (")
+    assert (tmp_path / "afile").read_text() == "mine"
 
 
 def test_other_metric_and_single_run_cli(multirun, tmp_path, capsys):

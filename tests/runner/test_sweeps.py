@@ -236,6 +236,7 @@ def test_report_of_a_sweep_with_one_ok_and_one_failed_trial(tmp_path):
     _fake_trial(tmp_path, 0, ["optimizer=adam"], "PreflightError: no fused update")
     (tmp_path / "0" / "metrics.jsonl").write_text("")
     _fake_trial(tmp_path, 1, ["optimizer=async_sgd"])
+    (tmp_path / "1" / "summary.json").write_text('{"status": "ok"}')
     (tmp_path / "1" / "metrics.jsonl").write_text(
         json.dumps({"step": 3, "train/loss": 0.7, "valid/auc_mean": 0.36}) + "\n"
         + json.dumps({"step": 6, "train/loss": 0.6, "valid/auc_mean": 0.3611}) + "\n")
