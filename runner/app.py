@@ -47,6 +47,11 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
     return tracker
 
 
+def _or_nan(value: Any) -> float:
+    """A summary number to print: nan where there is none (a loss of exactly 0.0 is a number, not missing)."""
+    return float("nan") if value is None else float(value)
+
+
 def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | None = None) -> float:
     """Train one config; returns ``cfg.trainer.objective`` (for sweeps; null: the task's validation objective):
     its value at the state selected on validation when the run selects (``trainer.select_best``; selection
@@ -108,9 +113,9 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         return float("nan")
     lines = [
         f"done: {s['steps']} steps{_epochs(run_budget, s['steps'])}, "
-        f"final train loss {s['final/train_loss'] or float('nan'):.4f}",
+        f"final train loss {_or_nan(s['final/train_loss']):.4f}",
         *task.summary_lines(s),
-        f"throughput {s['perf/examples_per_s'] or float('nan'):,.0f} examples/s",
+        f"throughput {_or_nan(s['perf/examples_per_s']):,.0f} examples/s",
         f"outputs: {out} (metrics.jsonl, summary.json" + (", wandb/)" if lg.kind == "wandb" else ")"),
     ]
     name = cfg.trainer.objective or task.objective

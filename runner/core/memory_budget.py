@@ -83,5 +83,6 @@ def check(compiled: Any, devices: list, batch_size: int, data_parallel: int = 1,
     raise MemoryBudgetError(
         f"trainer.batch_size={batch_size:,}: the compiled train step needs {_gb(per_device)} a device beyond the "
         f"state and the batch (XLA's temporaries and new outputs){count}, and {where}; the run would be killed "
-        f"mid-step. {fix[0].upper()}{fix[1:]}, or the model's widths, or shard the tables over more devices "
-        f"(mesh=data_table)")
+        f"mid-step. {fix[0].upper()}{fix[1:]}, or what sizes each example's work (the model's widths, a sequence "
+        f"length such as data.max_len, the negatives an example scores such as model.num_negatives), or shard the "
+        f"tables over more devices (mesh=data_table)")

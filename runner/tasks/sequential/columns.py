@@ -67,7 +67,10 @@ def _timestamps(col: pa.ChunkedArray) -> np.ndarray:
             r = _first_true(bad)
             raise _RowError(r, f"timestamp must be a finite int64-range number, got {float(x[r])!r}")
         return np.floor(x).astype(np.int64)
-    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+    if pa.types.is_timestamp(t):  # floored to seconds, as a float's: 0.5 s past a second is that second
+        per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[t.unit]
+        return np.floor_divide(col.cast(pa.int64()).to_numpy(), per_second)
+    if pa.types.is_date(t):
         return col.cast(pa.timestamp("s")).cast(pa.int64()).to_numpy()
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         numeric = pc.match_substring_regex(col, _NUMBER.pattern).to_numpy(zero_copy_only=False)

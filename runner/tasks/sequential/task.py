@@ -58,8 +58,11 @@ def check(cfg: DictConfig) -> None:
         errors.append(f"model.num_negatives={m.num_negatives} must be >= 1 with sampled_softmax")
     if m.num_blocks < 0 or m.ffn_mult < 1:
         errors.append(f"model.num_blocks={m.num_blocks} must be >= 0 and model.ffn_mult={m.ffn_mult} >= 1")
-    if m.num_heads < 1 or m.emb_width % m.num_heads:
-        errors.append(f"model.num_heads={m.num_heads} must divide model.emb_width={m.emb_width}")
+    width = (m.tables.get("items") or {}).get("width") or m.emb_width  # the item table's: the model's width
+    if m.num_heads < 1 or width % m.num_heads:
+        where = (f"the item table's width {width} (model.tables.items.width, which sets the model's width in place "
+                 f"of model.emb_width={m.emb_width})" if width != m.emb_width else f"model.emb_width={m.emb_width}")
+        errors.append(f"model.num_heads={m.num_heads} must divide {where}")
     if not 0.0 <= m.dropout < 1.0:
         errors.append(f"model.dropout={m.dropout} must be in [0, 1)")
     if not m.temperature > 0:
@@ -69,6 +72,14 @@ def check(cfg: DictConfig) -> None:
                       "per item (the vocab is the number of items + 1)")
     if d.name == "synthetic_sequences":
         errors += [f"data.{p}" for p in _spec(d).problems()]
+        if d.get("path"):
+            errors.append(f"data.path={d.path} names an interaction file, and data=synthetic_sequences generates "
+                          f"its sequences: use data=movielens data.path={d.path} to train on the file, or drop "
+                          f"data.path")
+    if m.loss == "sampled_softmax" and str(m.get("negatives")) == "in_batch" and cfg.trainer.batch_size < 2:
+        errors.append(f"model.negatives=in_batch takes the other sequences of a batch as negatives, and "
+                      f"trainer.batch_size={cfg.trainer.batch_size} leaves none (the loss would be 0 and nothing "
+                      f"trained): use a batch of 2 or more, or model.negatives=uniform")
     if errors:
         raise PreflightError("invalid config:\n  - " + "\n  - ".join(errors))
 

@@ -39,8 +39,9 @@ def test_a_cpu_step_counts_once_per_device_against_the_hosts_memory():
         "trainer.batch_size=4,096: the compiled train step needs 0.1 GB a device beyond the state and the batch "
         "(XLA's temporaries and new outputs) x 8 devices (a CPU's share the host's memory), and this machine's "
         f"memory has 0.4 GB left (available and free swap); the run would be killed mid-step. Lower "
-        f"trainer.batch_size (e.g. {fit:,}), or the model's widths, or shard the tables over more devices "
-        f"(mesh=data_table)")
+        f"trainer.batch_size (e.g. {fit:,}), or what sizes each example's work (the model's widths, a sequence "
+        f"length such as data.max_len, the negatives an example scores such as model.num_negatives), or shard the "
+        f"tables over more devices (mesh=data_table)")
 
 
 def test_an_accelerator_counts_each_device_against_its_own_memory():
@@ -50,7 +51,7 @@ def test_an_accelerator_counts_each_device_against_its_own_memory():
                                                 r"run would be killed mid-step. Lower trainer.batch_size \(e.g. 4,096\)"):
         check(step, devices(8, "tpu", limit=16 * 10**9, in_use=13 * 10**9), 8192, 8)
     check(step, devices(8, "gpu"), 8192, 8)  # no statistics: nothing to compare with
-    with pytest.raises(MemoryBudgetError, match=r"Lower trainer.batch_size, or the model's widths"):  # no batch fits
+    with pytest.raises(MemoryBudgetError, match=r"Lower trainer.batch_size, or what sizes each example's work"):  # no batch fits
         check(step, devices(1, "tpu", limit=10**8), 4, 4)
 
 

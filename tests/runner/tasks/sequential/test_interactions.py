@@ -122,6 +122,17 @@ def test_string_ids_get_codes_and_vocab(tmp_path):
     assert inter.timestamp.tolist() == [3, 1, 2] and inter.rating is None
 
 
+def test_date_times_with_fractions_of_a_second_are_floored_to_seconds(tmp_path):
+    """A CSV of ISO date-times with fractions (pyarrow reads them as timestamp[ns]) and a Parquet timestamp[us]
+    column: each floored to int64 seconds, as a float timestamp is, before 1970 too."""
+    csv = _write(tmp_path / "events.csv", "user,item,timestamp\n1,16,2020-01-01T00:00:00.5\n"
+                 "1,17,2020-01-01T00:00:01.999\n2,16,1969-12-31T23:59:59.5\n")
+    assert load_interactions(csv).timestamp.tolist() == [1577836800, 1577836801, -1]
+    t = pa.array([1_500_000, 2_999_999, -1], pa.timestamp("us"))
+    pq.write_table(pa.table({"user": [1, 1, 2], "item": [5, 6, 5], "timestamp": t}), tmp_path / "e.parquet")
+    assert load_interactions(tmp_path / "e.parquet").timestamp.tolist() == [1, 2, -1]
+
+
 def test_missing_path(tmp_path):
     with pytest.raises(DataError, match=r"not found: .*nope\.dat"):
         load_interactions(tmp_path / "nope.dat")

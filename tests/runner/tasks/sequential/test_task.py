@@ -74,6 +74,14 @@ def test_batches_are_deterministic_and_shard_the_global_batch():
     (["data=movielens"], ["data.path=/nonexistent/ml-1m"], "data.path='/nonexistent/ml-1m' cannot be used: "
                                                            "interaction data not found: /nonexistent/ml-1m"),
     (None, ["model.num_heads=3"], "model.num_heads=3 must divide model.emb_width=16"),
+    (None, ["model.num_heads=2", "+model.tables.items.width=3"], "model.num_heads=2 must divide the item table's "
+                                                                 "width 3 (model.tables.items.width, which sets the "
+                                                                 "model's width in place of model.emb_width=16)"),
+    (None, ["data.path=/tmp/u.data"], "data.path=/tmp/u.data names an interaction file, and "
+                                       "data=synthetic_sequences generates its sequences: use data=movielens"),
+    (None, ["model.negatives=in_batch", "trainer.batch_size=1"], "model.negatives=in_batch takes the other "
+                                                                 "sequences of a batch as negatives, and "
+                                                                 "trainer.batch_size=1 leaves none"),
     # model.loss is an Enum field: a wrong word fails at composition (tests/runner/test_config.py)
     (None, ["data.min_length=2"], "data.min_length=2 is outside [3, 65536]"),
     (None, ["data.min_length=9", "data.max_length=8"], "data.min_length=9, max_length=8: need 3 <= min_length"),
