@@ -17,6 +17,7 @@ from .core import failures
 from .core.loop import train
 from .core.preemption import Preemption
 from .errors import Preempted, PreflightError
+from .outputs import set_aside_earlier_run
 from .sweeps import write_run_info
 from .tracking import make_tracker
 from .tracking.wandb import TrackerStartError
@@ -65,6 +66,12 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     lg = cfg.logger
     # checks, then restores per checkpoint.resume (refused on another data file than it recorded); None = off
     ckpt = open_checkpoints(cfg, program, plan, out, data_file=getattr(task, "data_file", None))
+    if ckpt is None and jax.process_index() == 0:  # an earlier run's record in this directory: kept, not appended to
+        moved = set_aside_earlier_run(out)
+        if moved:
+            log.warning("%s already held an earlier run's %s: moved to %s; this run writes its own", out,
+                        " and ".join(p.name.split(".before-restart")[0] for p in moved),
+                        ", ".join(p.name for p in moved))
     try:
         tracker = run_tracker(cfg, out, tags, process_index=jax.process_index(), run_id=ckpt and ckpt.run_id)
     except BaseException:

@@ -54,3 +54,23 @@ def test_sharded_mesh_from_the_command_line(tmp_path):
     rows = [r for r in metrics(tmp_path) if "train/loss" in r]
     assert rows and "emb/shard_rows_max/items" in rows[-1]
     assert rows[-1]["emb/shard_rows_max/items"] >= rows[-1]["emb/shard_rows_mean/items"] > 0
+
+
+def test_a_second_run_in_the_same_directory_sets_the_first_ones_record_aside(cfg_of, tmp_path, caplog):
+    """Without checkpoints, a run started in a directory an earlier run wrote (hydra.run.dir given again) moves
+    that run's metrics.jsonl and summary.json aside whole, and writes its own: no mixed series, nothing lost."""
+    import json
+    import logging
+
+    from runner.app import run
+
+    run(cfg_of(["trainer.steps=2", "trainer.log_interval=1"]), tmp_path)
+    first = (tmp_path / "metrics.jsonl").read_text()
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        run(cfg_of(["trainer.steps=3", "trainer.log_interval=1", "trainer.seed=5"]), tmp_path)
+    assert (tmp_path / "metrics.jsonl.before-restart").read_text() == first
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:3] == [1, 2, 3] and set(steps) == {1, 2, 3}  # this run's rows alone (step 3: train, final)
+    assert json.loads((tmp_path / "summary.json.before-restart").read_text())["steps"] == 2
+    assert any("already held an earlier run's metrics.jsonl and summary.json: moved to "
+               "metrics.jsonl.before-restart, summary.json.before-restart" in r.getMessage() for r in caplog.records)
