@@ -208,7 +208,7 @@ class SyntheticDataConfig:
     num_authors: int = hparam(5_000, "author ids 1..num_authors", low=1, high=MAX_IDS)
     history_len: int = hparam(16, "items in a user's history", low=1, high=4096)
     actions: List[str] = field(default_factory=lambda: ["click", "like", "share"])
-    zipf_a: float = hparam(1.1, "Zipf exponent of user/item popularity", low=0.0)
+    zipf_a: float = hparam(1.1, "Zipf exponent of user/item popularity (rare ids underflow past 20)", low=0.0, high=20.0)
     latent_dim: int = hparam(8, "size of the hidden ground-truth model", low=1, high=4096)
     seed: int = hparam(0, "seed of the generated world", low=0, high=MAX_SEED)
     drift: float = hparam(0.0, "Zipf ranks of users and items slide this many per step (new ids rise, old ones "
@@ -247,7 +247,7 @@ class SyntheticSequencesDataConfig(MovieLensDataConfig):
     max_length: int = hparam(40, "longest sequence, >= min_length; training needs sequences of >= 4 items", low=4,
                              high=MAX_WIDTH)
     noise: float = hparam(0.1, "probability that the next cluster is uniform", low=0.0, high=1.0)
-    zipf_a: float = hparam(1.0, "within-cluster popularity exponent", low=0.0)
+    zipf_a: float = hparam(1.0, "within-cluster popularity exponent (rare items underflow past 20)", low=0.0, high=20.0)
     seed: int = hparam(0, "seed of the generated world", low=0, high=MAX_SEED)
 
 

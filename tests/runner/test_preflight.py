@@ -135,6 +135,8 @@ def test_every_fused_optimizer_passes(cfg_of, name):
                                         "reached after warmup)"),
     ("trainer.batch_size=0", "trainer.batch_size=0 is outside [1, 16777216] (global batch: examples per step "
                              "over every device)"),
+    ("data.zipf_a=1000", "data.zipf_a=1000.0 is outside [0, 20] (Zipf exponent of user/item popularity (rare ids "
+                         "underflow past 20))"),
     ("+optimizer@table_optimizers.items=async_adam table_optimizers.items.eps=0",
      "table_optimizers.items.eps=0.0 is outside (0, inf)"),
     ("+table_optimizers.movies={_target_:optimizers.AsyncSGD}", "unknown table(s) ['movies']"),

@@ -108,8 +108,8 @@ def _detect(path: Path) -> _TextSpec | str:
                         f"point data.path at the interaction file inside")
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
     if b"\x00" in head or _binary(text):
-        raise DataError(f"{path}: unknown interaction file format (binary content, not text); "
-                        f"supported: {SUPPORTED_FORMATS}")
+        raise DataError(f"{path}: unknown interaction file format (binary content, not UTF-8 text); if it is "
+                        f"text in another encoding (e.g. Latin-1), save it as UTF-8; supported: {SUPPORTED_FORMATS}")
     first = next((ln.rstrip("\r") for ln in text.split("\n") if ln.strip("\r")), "")
 
     fields = first.split("\t")
