@@ -11,8 +11,8 @@
   evaluation or checkpoint save that took longer than ``SLOW_S``.
 - ``off`` (and every process but process 0): nothing but lines starting with ``warning``.
 
-Every kind takes the same calls from the loop: ``start`` (the run's size), ``first_call`` (wraps the jitted
-step: its first call compiles, and says so with the time it took), ``step`` (every step), ``logged`` (a
+Every kind takes the same calls from the loop: ``start`` (the run's size), ``compile`` (compiles the step
+ahead of its first call, and says so with the time it took), ``step`` (every step), ``logged`` (a
 logged row), ``evaluation`` (wraps ``task.evaluate``), ``timed`` (anything that may take a while),
 ``write`` (a line that does not break the bar) and ``close``.
 """
@@ -97,23 +97,13 @@ class Progress:
         """Compilation of ``what`` starts (lines mode: a line now, so a long compile is not silence)."""
         self.write(f"compiling {what} ...")
 
-    def first_call(self, fn: Callable, what: str) -> Callable:
-        """``fn`` (a jitted function), whose first call compiles ``what``: that call is announced and timed;
-        the later ones go straight through. Dispatch is asynchronous, so the time is the compilation's."""
-        state = {"first": True}
-
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            if not state["first"]:
-                return fn(*args, **kwargs)
-            state["first"] = False
-            self.compiling(what)
-            t0 = self.clock()
-            out = fn(*args, **kwargs)
-            self.compiled(what, self.clock() - t0)
-            return out
-
-        return call
+    def compile(self, what: str, make: Callable[[], Any]) -> Any:
+        """``make()`` (a compilation of ``what``), announced and timed; returns what it made."""
+        self.compiling(what)
+        t0 = self.clock()
+        out = make()
+        self.compiled(what, self.clock() - t0)
+        return out
 
     @contextlib.contextmanager
     def timed(self, what: str) -> Iterator[None]:

@@ -77,14 +77,10 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
                        steps_per_epoch=train_examples(task) / B if train_examples(task) else None)
         log = progress.write  # a log line that does not break the bar
         if stop > start:  # compiled ahead of its first call (which then reuses it), to check its memory first
-            what = f"the train step (async_emb={'on' if program.async_emb else 'off'}, " \
-                   f"{_devices(program.mesh.devices.size)})"
-            progress.compiling(what)
-            t0 = time.perf_counter()
-            compiled = step_fn.lower(state, batch).compile()
-            progress.compiled(what, time.perf_counter() - t0)
-            local = [d for d in program.mesh.devices.flat if d.process_index == jax.process_index()]
-            memory_budget.check(compiled, local, B, program.mesh.devices.size)
+            compiled = progress.compile(f"the train step (async_emb={'on' if program.async_emb else 'off'}, "
+                                        f"{_devices(program.mesh.devices.size)})",
+                                        lambda: step_fn.lower(state, batch).compile())
+            memory_budget.check(compiled, list(program.mesh.local_devices), B, program.mesh.devices.size)
         evaluate = progress.evaluation(task.evaluate, getattr(task, "num_eval_batches", lambda _: None)(B))
         # Selection scores what it keeps: in async mode a mid-run evaluation scores the state with its deferred
         # update applied (a flushed copy; the live state is not touched), as the final evaluation does.
