@@ -17,7 +17,7 @@ from .core import failures
 from .core.loop import train
 from .core.preemption import Preemption
 from .errors import Preempted, PreflightError
-from .outputs import set_aside_earlier_run
+from .outputs import set_aside
 from .sweeps import write_run_info
 from .tracking import make_tracker
 from .tracking.wandb import TrackerStartError
@@ -67,11 +67,10 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     # checks, then restores per checkpoint.resume (refused on another data file than it recorded); None = off
     ckpt = open_checkpoints(cfg, program, plan, out, data_file=getattr(task, "data_file", None))
     if ckpt is None and jax.process_index() == 0:  # an earlier run's record in this directory: kept, not appended to
-        moved = set_aside_earlier_run(out)
+        moved = set_aside(out)
         if moved:
             log.warning("%s already held an earlier run's %s: moved to %s; this run writes its own", out,
-                        " and ".join(p.name.split(".before-restart")[0] for p in moved),
-                        ", ".join(p.name for p in moved))
+                        " and ".join(moved), ", ".join(p.name for p in moved.values()))
     try:
         tracker = run_tracker(cfg, out, tags, process_index=jax.process_index(), run_id=ckpt and ckpt.run_id)
     except BaseException:

@@ -26,21 +26,20 @@ FAILED_MARKER = "FAILED"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 
 
-def set_aside_earlier_run(run_dir: Path) -> list[Path]:
-    """A run without checkpoints starting in ``run_dir`` (a ``hydra.run.dir`` given again, a sweep into the same
-    ``hydra.sweep.dir``): the ``metrics.jsonl`` and ``summary.json`` an earlier run left there are moved to
-    ``<name>.before-restart`` (``.1``, ``.2``, ... when taken), so the new run's record is its own and the earlier
-    one is kept whole. Returns where they went. (A checkpointed run's history is carried or set aside by
-    ``runner.checkpoint.opening``.)"""
+def set_aside(run_dir: Path, names: tuple[str, ...] = (METRICS_FILE, SUMMARY_FILE)) -> dict[str, Path]:
+    """An earlier run's record in ``run_dir`` that a run starting there must not append to or overwrite: each of
+    ``names`` there is moved to ``<name>.before-restart`` (``.1``, ``.2``, ... when taken), kept whole. Returns
+    where each one that existed went. Used for a run without checkpoints (``runner.app``: a ``hydra.run.dir`` given
+    again, a sweep into the same ``hydra.sweep.dir``) and a checkpointed one starting from step 0
+    (``runner.checkpoint.opening``)."""
     from .checkpoint.trash import vacant  # noqa: PLC0415 (the checkpoint package is imported only when used)
 
-    moved = []
-    for name in (METRICS_FILE, SUMMARY_FILE):
+    moved = {}
+    for name in names:
         path = Path(run_dir) / name
         if path.is_file():
-            dest = vacant(path.with_name(path.name + ".before-restart"))
-            path.replace(dest)
-            moved.append(dest)
+            moved[name] = vacant(path.with_name(path.name + ".before-restart"))
+            path.replace(moved[name])
     return moved
 
 

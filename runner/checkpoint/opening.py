@@ -16,7 +16,7 @@ from . import data as data_lib
 from . import drills, quiet, trash
 from . import lock as lock_lib
 from . import meta as meta_lib
-from ..outputs import METRICS_FILE
+from ..outputs import METRICS_FILE, set_aside
 from ..errors import PreflightError
 from .manager import TMP_SUFFIX, Checkpoints, _manager
 
@@ -119,7 +119,6 @@ def _set_aside_metrics(path: Path) -> None:
     that died before its first checkpoint committed; appended to, its steps would repeat. They are moved aside."""
     if not (path.exists() and path.stat().st_size):
         return
-    dest = trash.vacant(path.with_name(path.name + ".before-restart"))
-    os.replace(path, dest)
+    dest = set_aside(path.parent, (path.name,))[path.name]
     log.warning("%s holds %d rows of an earlier launch that committed no checkpoint; moved to %s, this run starts "
                 "from step 0", path, len(dest.read_text().splitlines()), dest)
