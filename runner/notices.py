@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from optimizers import OptaxEmbOptimizer, TableLayout
 
+from .config import MeshConfig
 from .core.embeddings import LANES as TPU_LANES
 
 
@@ -67,8 +68,6 @@ def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
     settings when no table is split (one table shard), ``mesh.routing`` on the column layout (which exchanges ids
     its own way), and virtual CPU devices (``mesh.cpu_devices``) past the mesh's. ``mesh``: the ``mesh`` config;
     ``plan``: its resolved ``MeshPlan``; ``devices``: the devices of the run (every process's)."""
-    from .config import MeshConfig  # noqa: PLC0415 (runner.config imports the optimizers, and JAX with them)
-
     default, out = MeshConfig(), []
     given = {k: mesh.get(k) for k in ("routing", "route_capacity", "route_overflow", "table_layout")
              if mesh.get(k) is not None and str(mesh.get(k)) != str(getattr(default, k))}

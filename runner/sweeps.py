@@ -185,11 +185,14 @@ def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple
 
 
 def summary_lines(sweep_dir: str | os.PathLike) -> tuple[list[str], bool]:
-    """The lines to print at the end of a sweep, and whether every trial failed."""
-    trials, failed = sweep_failures(sweep_dir)
+    """The lines to print at the end of a sweep, and whether the sweep failed: every trial failed, or none ran."""
+    trials, failed = sweep_failures(sweep_dir) if Path(sweep_dir).is_dir() else ([], [])
+    if not trials:
+        return [f"sweep: no trial ran ({sweep_dir}): the sweep's overrides gave none (e.g. an empty range or "
+                f"choice); give each swept key at least one value"], True
     lines = [f"sweep: {len(trials)} trials, {len(trials) - len(failed)} ok, {len(failed)} failed ({sweep_dir})"]
     lines += [f"  FAILED #{d.name} [{overrides}]: {msg}" for d, overrides, msg in failed]
-    return lines, bool(trials) and len(failed) == len(trials)
+    return lines, len(failed) == len(trials)
 
 
 def optuna_problems(sweeper: Any) -> list[str]:
@@ -225,12 +228,7 @@ class SweepSummary(Callback):
                 raise SystemExit(2)  # not an Exception: Hydra's callback runner would only warn about one
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        if not sweep_dir.is_dir() or not sweep_failures(sweep_dir)[0]:
-            print(f"sweep: no trial ran ({sweep_dir}): the sweep's overrides gave none (e.g. an empty range or "
-                  f"choice); give each swept key at least one value", file=sys.stderr, flush=True)
-            raise SystemExit(1)
-        lines, all_failed = summary_lines(sweep_dir)
-        print("\n".join(lines), file=sys.stderr if all_failed else sys.stdout, flush=True)
-        if all_failed:
+        lines, failed = summary_lines(Path(str(config.hydra.sweep.dir)))
+        print("\n".join(lines), file=sys.stderr if failed else sys.stdout, flush=True)
+        if failed:
             raise SystemExit(1)  # not an Exception: Hydra's callback runner would only warn about one

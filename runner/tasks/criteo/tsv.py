@@ -200,18 +200,16 @@ class Reader:
         if "Empty CSV file" in str(e):
             raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per "
                               f"line: {_EMPTY}") from None
-        if gz and not isinstance(e, pa.ArrowInvalid):
-            raise FormatError(f"{self.path}: the gzip stream ends or breaks near line {line} ({e}); the file is "
-                              f"truncated or damaged: download or copy it again (gzip -t {self.path} checks it)") from None
         row = re.search(r"Row #(\d+)", str(e))  # pyarrow numbers rows from the file's first
         at = f"line {row.group(1)}" if row else f"near line {line}"
-        if "straddle" in str(e):
-            raise FormatError(f"{self.path}: {at}: a line longer than the reader's block of {self.block_bytes // 1024:,} "
-                              f"KiB (a Criteo line is a few hundred bytes); the file is not a Criteo log or the line "
-                              f"is damaged: fix or remove it") from None
-        if "UTF8" in str(e) or "UTF-8" in str(e):
-            raise FormatError(f"{self.path}: {at}: not UTF-8 text ({e}); a Criteo log is plain text: fix or remove "
-                              f"the line") from None
+        if not gz or isinstance(e, pa.ArrowInvalid):  # a parse error; a gzip stream's own errors are below
+            if "straddle" in str(e):
+                raise FormatError(f"{self.path}: {at}: a line longer than the reader's block of "
+                                  f"{self.block_bytes // 1024:,} KiB (a Criteo line is a few hundred bytes); the file "
+                                  f"is not a Criteo log or the line is damaged: fix or remove it") from None
+            if "UTF8" in str(e) or "UTF-8" in str(e):
+                raise FormatError(f"{self.path}: {at}: not UTF-8 text ({e}); a Criteo log is plain text: fix or "
+                                  f"remove the line") from None
         if gz:
             raise FormatError(f"{self.path}: the gzip stream ends or breaks near line {line} ({e}); the file is "
                               f"truncated or damaged: download or copy it again (gzip -t {self.path} checks it)") from None
