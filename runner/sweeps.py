@@ -17,10 +17,12 @@ What a trial gets (``runner.__main__`` calls these; ``python -m runner -m a=1,2`
 
 :class:`SweepSummary` (a Hydra callback, ``conf/hydra/callbacks/sweep_summary.yaml``) prints, when the sweep
 ends, ``sweep: N trials, M ok, K failed`` and one line per failed trial. The process
-exits non-zero only when every trial failed (for Optuna, Hydra itself then stops with "No trials are
-completed yet") or none ran (an empty range); before an Optuna search it refuses settings that cannot work
-(``n_trials`` or ``n_jobs`` below 1, a direction other than minimize or maximize, several directions for the
-one objective a run returns), exit code 2.
+exits non-zero only when every trial failed or none ran (an empty range). Before an Optuna search it refuses
+settings that cannot work (``n_trials`` or ``n_jobs`` below 1, a direction other than minimize or maximize,
+several directions for the one objective a run returns, a storage Optuna cannot open), exit code 2, and runs
+the search with the runner's subclass of the plugin's sweeper (``hydra_plugins/runner_optuna``), which ends a
+search that cannot go on (no trial completed; a batch failed beyond ``max_failure_rate``) with the same
+summary and one line naming the cause, exit code 1, where the plugin's own would end in a traceback.
 """
 from __future__ import annotations
 
@@ -32,10 +34,10 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .outputs import FAILED_MARKER, OVERRIDES_FILE, RUN_INFO_FILE, SUMMARY_FILE, read_overrides
 
@@ -44,6 +46,9 @@ log = logging.getLogger("runner.sweeps")
 MAX_TAG = 64  # W&B rejects longer tags
 MAX_NAME = 128  # the longest logger.group / logger.name the preflight takes (runner.preflight)
 DIRECTIONS = ("minimize", "maximize")
+PLUGIN_OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+RUNNER_OPTUNA = "hydra_plugins.runner_optuna.sweeper.RunnerOptunaSweeper"
+NO_TRIAL_COMPLETED = "No trials are completed yet"  # Optuna's error for a study with no completed trial
 
 
 class TrialFailed(RuntimeError):
@@ -215,17 +220,99 @@ def optuna_problems(sweeper: Any) -> list[str]:
     return out
 
 
+def _first(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def override_problems(overrides: list[str], config: Any, *, optuna: bool) -> list[str]:
+    """The sweep overrides that cannot make trials, each named with the reason: one Hydra cannot expand (e.g.
+    ``range(1, 2, 0)``), and for Optuna an ``interval`` over an integer key (Optuna then draws real numbers, which
+    the key refuses in every trial), with the integer form to use instead."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, out = OverridesParser.create(), []
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+            if override.is_sweep_override() and not override.is_interval_sweep():
+                list(override.sweep_string_iterator())
+        except Exception as e:  # noqa: BLE001 - Hydra's parser and sweep types raise several kinds
+            out.append(f"{text}: {_first(e)}")
+            continue
+        if not (optuna and override.is_interval_sweep()):
+            continue
+        value, key = override.value(), override.get_key_element()
+        current = OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
+        if isinstance(value.start, float) and isinstance(current, int) and not isinstance(current, bool):
+            bounds = f"{value.start:g}, {value.end:g}"
+            out.append(f"{text}: an interval of real numbers, but {key} is an integer (now {current}): use "
+                       f"{key}=int(interval({bounds})) (tag(log, int(interval({bounds}))) on a log scale)")
+    return out
+
+
+def storage_problem(storage: Any) -> str | None:
+    """Why Optuna cannot open ``hydra.sweeper.storage`` (None: it can, or the study is kept in memory).
+
+    Opening an RDB URL creates its database (``sqlite:///optuna.db``: the file), as the search itself would."""
+    if storage is None:
+        return None
+    fix = "give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a study kept in memory"
+    if not isinstance(storage, str) or not storage.strip():
+        return f"hydra.sweeper.storage={storage!r} is not a database URL: {fix}"
+    import optuna
+
+    try:
+        optuna.storages.get_storage(storage)
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy's and the database drivers' errors vary
+        return f"hydra.sweeper.storage={storage} cannot be opened ({type(e).__name__}: {_first(e)}): {fix}"
+    return None
+
+
+def refuse_bad_storage(storage: Any) -> None:
+    """Exit code 2 with one message before the first trial if the study's storage cannot be opened."""
+    problem = storage_problem(storage)
+    if problem:
+        print(f"error: invalid sweep:\n  - {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+def optuna_stopped(sweep_dir: str | os.PathLike, error: Exception, max_failure_rate: float) -> NoReturn:
+    """End an Optuna search the plugin stopped with ``error``: the summary, one line naming why it stopped and the
+    fix, exit code 1. An error that is neither Optuna's "no trial completed" nor a failed trial's is re-raised."""
+    trials, failed = sweep_failures(sweep_dir) if Path(sweep_dir).is_dir() else ([], [])
+    text = f"{type(error).__name__}: {error}"
+    if NO_TRIAL_COMPLETED in str(error) and failed:
+        why = ("sweep: no trial completed, so there is no best one (optimization_results.yaml not written): fix "
+               "what the failed trials name and run the search again")
+    elif any((d / FAILED_MARKER).read_text(encoding="utf-8", errors="replace").startswith(text) for d, _, _ in failed):
+        why = (f"sweep: stopped early: a batch of trials failed more often than hydra.sweeper.max_failure_rate="
+               f"{max_failure_rate} allows (the share of a batch that may fail); fix what they name, or set "
+               f"hydra.sweeper.max_failure_rate=1.0 to record failed trials and go on")
+    else:
+        raise error
+    lines, _ = summary_lines(sweep_dir)
+    print("\n".join([*lines, why]), file=sys.stderr, flush=True)
+    raise SystemExit(1)  # not an Exception: Hydra would print it with a traceback
+
+
 class SweepSummary(Callback):
     """Before a sweep, refuses Optuna settings that cannot work (exit 2); at its end, prints how many trials
     failed and why, and exits 1 if every trial failed or the sweep had none."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweeper = config.hydra.get("sweeper") or {}
-        if "optuna" in str(sweeper.get("_target_", "")).lower():
-            problems = optuna_problems(sweeper)
-            if problems:
-                print("error: invalid sweep:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
-                raise SystemExit(2)  # not an Exception: Hydra's callback runner would only warn about one
+        overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
+        optuna = "optuna" in str(sweeper.get("_target_", "")).lower()
+        problems = optuna_problems(sweeper) if optuna else []
+        if optuna:
+            overrides += [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+        problems += override_problems(overrides, config, optuna=optuna)
+        if problems:
+            print("error: invalid sweep:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
+            raise SystemExit(2)  # not an Exception: Hydra's callback runner would only warn about one
+        if sweeper.get("_target_") == PLUGIN_OPTUNA:  # Hydra instantiates the sweeper from this config next
+            with read_write(config.hydra.sweeper), open_dict(config.hydra.sweeper):
+                config.hydra.sweeper._target_ = RUNNER_OPTUNA
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         lines, failed = summary_lines(Path(str(config.hydra.sweep.dir)))

@@ -107,7 +107,11 @@ def test_wheel_ships_every_config_group_and_no_benchmarks(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     dist_info = {t for t in top if t.endswith(".dist-info")}
-    assert top - dist_info == {"runner", "optimizers"} and len(dist_info) == 1, top
+    assert top - dist_info == {"runner", "optimizers", "hydra_plugins"} and len(dist_info) == 1, top
+    # the runner's Optuna sweeper, in Hydra's plugin namespace: no hydra_plugins/__init__.py, which would hide the
+    # other plugins' (the Optuna and submitit ones it builds on)
+    assert sorted(n for n in names if n.startswith("hydra_plugins/")) == [
+        "hydra_plugins/runner_optuna/__init__.py", "hydra_plugins/runner_optuna/sweeper.py"]
     assert not [n for n in names if n.startswith("benchmarks/") or "/benchmarks/" in n]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     shipped = {n.removeprefix("runner/conf/") for n in names if n.startswith("runner/conf/")}
@@ -124,6 +128,10 @@ def test_installed_console_script_help_and_cfg(venv, outside):
     proc = _run([venv / "bin" / "python", "-c", "import importlib.util as u; print(u.find_spec('benchmarks'))"],
                 cwd=outside)
     assert proc.stdout.strip() == "None"  # not installed, and not found through the working directory
+    proc = _run([venv / "bin" / "python", "-c", "from hydra.core.plugins import Plugins; from hydra.plugins.sweeper "
+                 "import Sweeper; import sys; c = [c for c in Plugins.instance().discover(Sweeper) if c.__name__ == "
+                 "'RunnerOptunaSweeper']; print(sys.modules[c[0].__module__].__file__)"], cwd=outside)
+    assert Path(proc.stdout.strip()).is_relative_to(venv)  # Hydra finds the installed runner's Optuna sweeper
 
     out = _run([runner, "--help"], cwd=outside).stdout
     assert out.startswith("runner: Hydra-configured JAX training")

@@ -228,6 +228,83 @@ def test_sweep_summary_names_failed_trials_and_exits_only_if_all_failed(tmp_path
     assert f"sweep: 3 trials, 0 ok, 3 failed ({tmp_path})" in err and "FAILED #2 [optimizer=async_sgd" in err
 
 
+def test_sweep_overrides_that_cannot_make_trials_are_named_before_the_first(capsys):
+    cfg = compose_config()
+    assert isinstance(cfg.model.emb_width, int) and isinstance(cfg.optimizer.learning_rate, float)
+    texts = ["optimizer.learning_rate=range(1,2,0)", "model.emb_width=interval(8,32)",
+             "model.emb_width=tag(log,interval(8,32))", "model.emb_width=int(interval(8,32))",
+             "optimizer.learning_rate=tag(log,interval(0.001,0.1))", "optimizer=choice(async_adam,async_sgd)",
+             "logger=none"]
+    width = cfg.model.emb_width
+    fix = "use model.emb_width=int(interval(8, 32)) (tag(log, int(interval(8, 32))) on a log scale)"
+    assert sweeps.override_problems(texts, cfg, optuna=True) == [
+        "optimizer.learning_rate=range(1,2,0): range() arg 3 must not be zero",
+        f"model.emb_width=interval(8,32): an interval of real numbers, but model.emb_width is an integer (now {width}): {fix}",
+        f"model.emb_width=tag(log,interval(8,32)): an interval of real numbers, but model.emb_width is an integer (now {width}): {fix}"]
+    assert sweeps.override_problems(texts, cfg, optuna=False) == [texts[0] + ": range() arg 3 must not be zero"]
+    full = OmegaConf.create({**OmegaConf.to_container(cfg), "hydra": {  # as Hydra hands it to the callback
+        "sweeper": {"_target_": sweeps.PLUGIN_OPTUNA, "params": {"model.emb_width": "interval(8,32)"}},
+        "overrides": {"task": ["logger=none"]}}})
+    with pytest.raises(SystemExit) as e:
+        sweeps.SweepSummary().on_multirun_start(full)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[1].startswith("  - model.emb_width=interval(8,32): an interval of")
+
+
+def test_an_optuna_search_runs_with_the_runners_sweeper_and_a_storage_is_opened_first(tmp_path, capsys):
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.sweeper import Sweeper
+
+    cfg = OmegaConf.create({"hydra": {"sweeper": {"_target_": sweeps.PLUGIN_OPTUNA, "n_trials": 2}}})
+    sweeps.SweepSummary().on_multirun_start(cfg)
+    assert cfg.hydra.sweeper._target_ == sweeps.RUNNER_OPTUNA  # what Hydra instantiates next
+    assert sweeps.RUNNER_OPTUNA in {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
+
+    fix = "give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a study kept in memory"
+    assert sweeps.storage_problem(None) is None
+    url = f"sqlite:///{tmp_path}/study.db"  # a study kept in a file (SQLAlchemy 2 breaks optuna 2's; pyproject.toml)
+    assert sweeps.storage_problem(url) is None and (tmp_path / "study.db").is_file()
+    import optuna
+
+    study = optuna.create_study(storage=url, study_name="s", direction="maximize", load_if_exists=True)
+    study.tell(study.ask(), 0.75)
+    assert optuna.load_study(storage=url, study_name="s").best_value == 0.75  # what a resumed search reads
+    missing = f"sqlite:///{tmp_path}/no/such/folder/study.db"
+    assert sweeps.storage_problem(missing) == (f"hydra.sweeper.storage={missing} cannot be opened (OperationalError: "
+                                               f"(sqlite3.OperationalError) unable to open database file): {fix}")
+    assert sweeps.storage_problem("optuna.db").startswith("hydra.sweeper.storage=optuna.db cannot be opened (Argument")
+    assert sweeps.storage_problem("  ") == f"hydra.sweeper.storage='  ' is not a database URL: {fix}"
+    capsys.readouterr()  # optuna's own log lines
+    with pytest.raises(SystemExit) as e:
+        sweeps.refuse_bad_storage(missing)
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(f"error: invalid sweep:\n  - hydra.sweeper.storage={missing}")
+
+
+def test_an_optuna_search_the_plugin_stops_ends_with_the_summary_and_the_cause(tmp_path, capsys):
+    _fake_trial(tmp_path, 0, ["optimizer=adam"], "PreflightError: no fused update")
+    _fake_trial(tmp_path, 1, ["optimizer=adagrad"], "PreflightError: no fused update")
+    with pytest.raises(SystemExit) as e:
+        sweeps.optuna_stopped(tmp_path, ValueError("No trials are completed yet."), 1.0)
+    assert e.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"sweep: 2 trials, 0 ok, 2 failed ({tmp_path})",
+        "  FAILED #0 [optimizer=adam]: PreflightError: no fused update",
+        "  FAILED #1 [optimizer=adagrad]: PreflightError: no fused update",
+        "sweep: no trial completed, so there is no best one (optimization_results.yaml not written): fix what the "
+        "failed trials name and run the search again"]
+    (tmp_path / "1" / "FAILED").unlink()  # one of two failed, and the plugin re-raised its error
+    with pytest.raises(SystemExit) as e:
+        sweeps.optuna_stopped(tmp_path, PreflightError("no fused update"), 0.0)
+    assert e.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "sweep: stopped early: a batch of trials failed more often than hydra.sweeper.max_failure_rate=0.0 allows "
+        "(the share of a batch that may fail); fix what they name, or set hydra.sweeper.max_failure_rate=1.0 to "
+        "record failed trials and go on")
+    with pytest.raises(KeyError, match="not a trial's"):  # any other error keeps its traceback
+        sweeps.optuna_stopped(tmp_path, KeyError("not a trial's"), 0.0)
+    assert capsys.readouterr().err == ""
+
+
 def test_report_of_a_sweep_with_one_ok_and_one_failed_trial(tmp_path):
     """One finite objective used to give a 1e-6-wide axis with the failed trial's label far outside it, which
     matplotlib cannot rasterise ("FT_Render_Glyph ... raster overflow")."""
@@ -390,9 +467,14 @@ def test_a_bad_trial_is_recorded_and_the_next_one_still_completes(tmp_path):
 
 @pytest.mark.slow
 def test_optuna_search_writes_the_best_of_its_trials(tmp_path):
+    study = f"sqlite:///{tmp_path}/optuna.db"  # a study kept in a file, as docs/guide/sweeps.md shows
     proc = runner_cli("hparams_search=optuna_emb_lr", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={tmp_path}",
-                      "logger=none")
+                      "logger=none", f"hydra.sweeper.storage={study}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    import optuna
+
+    kept = optuna.load_study(storage=study, study_name="emb_lr")
+    assert len(kept.trials) == 2 and {t.state.name for t in kept.trials} == {"COMPLETE"}
     result = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
     trials = trial_dirs(tmp_path)
     assert len(trials) == 2
@@ -401,7 +483,7 @@ def test_optuna_search_writes_the_best_of_its_trials(tmp_path):
         overrides = dict(o.split("=", 1) for o in yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()))
         values[d.name] = (json.loads((d / "summary.json").read_text())["valid/auc_mean"], overrides)
     best_value, best_overrides = max(values.values(), key=lambda v: v[0])
-    assert result["best_value"] == pytest.approx(best_value)
+    assert result["best_value"] == pytest.approx(best_value) == kept.best_value
     assert set(result["best_params"]) == {"optimizer", "optimizer.learning_rate", "dense_optimizer.learning_rate"}
     for key, value in result["best_params"].items():
         assert str(value) == best_overrides[key] or float(value) == pytest.approx(float(best_overrides[key]))
@@ -421,7 +503,10 @@ def test_optuna_goes_on_after_failed_trials_and_fails_if_none_completed(tmp_path
     proc = runner_cli("hparams_search=optuna_emb_lr", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={tmp_path}",
                       "optimizer=choice(adam,adagrad)", "logger=none")  # dense optimizers: refused with async_emb=on
     assert proc.returncode == 1
-    assert "No trials are completed yet" in proc.stderr
+    assert "Traceback" not in proc.stderr and "No trials are completed yet" not in proc.stderr
+    assert proc.stderr.rstrip().endswith("sweep: no trial completed, so there is no best one (optimization_results"
+                                         ".yaml not written): fix what the failed trials name and run the search again")
+    assert f"sweep: 2 trials, 0 ok, 2 failed ({tmp_path})" in proc.stderr
     trials = trial_dirs(tmp_path)
     assert len(trials) == 2  # the first failure did not end the search
     for d in trials:
