@@ -50,7 +50,38 @@ class RankingTask:
         d.pop("name")
         d["actions"] = tuple(d["actions"])
         d["eval_at"] = int(cfg.trainer.get("steps") or 0) if d.get("drift") else 0  # held out: the last step's ids
-        return cls(world(SyntheticSpec(**d)), cfg.trainer.eval_batches)
+        task = cls(world(SyntheticSpec(**d)), cfg.trainer.eval_batches)
+        problem = task.undefined_auc(int(cfg.trainer.batch_size))
+        if problem:
+            raise PreflightError(problem)
+        return task
+
+    def undefined_auc(self, batch_size: int) -> str | None:
+        """Why an evaluation's AUC would be undefined (None: it is not): a held-out split whose
+        ``eval_batches x batch_size`` examples hold one label only of some action. Its AUC would be nan, and
+        ``auc_mean`` (the objective) the mean of the other actions', or nan when none is left, which
+        ``trainer.select_best`` cannot compare. The fix names the fewest batches that hold both labels."""
+        limit = max(self.eval_batches, min(1 << 12, (1 << 20) // batch_size))  # batches looked at, at most
+        positives = {split: np.zeros(len(self.actions), np.int64) for split in SPLITS}
+        first = None  # (split, actions) with one label in eval_batches batches
+        for k in range(1, limit + 1):
+            for split in SPLITS:
+                positives[split] += self.batch(k - 1, batch_size, split=split)["labels"].sum(0).astype(np.int64)
+            one = {s: [a for a, p in zip(self.actions, positives[s]) if p in (0, k * batch_size)] for s in SPLITS}
+            if k == self.eval_batches:
+                if not any(one.values()):
+                    return None
+                first = next((s, one[s]) for s in SPLITS if one[s])
+            elif k > self.eval_batches and not any(one.values()):
+                break
+        split, actions = first
+        n = self.eval_batches * batch_size
+        head = (f"trainer.eval_batches={self.eval_batches} x trainer.batch_size={batch_size}: the {split} split's "
+                f"{n:,} examples hold one label only of {', '.join(actions)}, so its AUC is undefined")
+        if any(one.values()):
+            return (f"{head}, and it still is over {limit * batch_size:,} examples: the action is too rare to "
+                    f"evaluate; leave it out of data.actions")
+        return f"{head}: raise trainer.eval_batches to {k} or more (or trainer.batch_size)"
 
     @property
     def actions(self) -> tuple[str, ...]:

@@ -41,3 +41,47 @@ def test_summary_names_the_test_split_and_its_fraction_of_the_bayes_auc():
     lines = task.summary_lines(best)
     assert lines[0].startswith("best  test  AUC 0.8100") and lines[0].endswith("step 3, selected on valid/auc_mean)")
     assert lines[1].startswith("final test  AUC 0.8100")
+
+
+def _one_label_batches(task, split: str, batches: int, batch_size: int) -> list[str]:
+    """Reference: the actions whose labels over the split's first ``batches`` batches are all 0 or all 1."""
+    labels = np.concatenate([task.data.batch(i, batch_size, split=split)["labels"] for i in range(batches)])
+    return [a for k, a in enumerate(task.actions) if labels[:, k].min() == labels[:, k].max()]
+
+
+def test_an_evaluation_too_small_for_an_auc_is_refused_naming_the_fewest_batches_that_hold_both_labels():
+    from runner.errors import PreflightError
+
+    with pytest.raises(PreflightError) as e:
+        build(compose_config(["trainer.batch_size=8", "trainer.eval_batches=1"]))
+    message = str(e.value)
+    _, task, _ = build(compose_config(["trainer.batch_size=8", "trainer.eval_batches=40"]))
+    split = next(s for s in ("valid", "test") if _one_label_batches(task, s, 1, 8))
+    fewest = next(k for k in range(1, 41) if not any(_one_label_batches(task, s, k, 8) for s in ("valid", "test")))
+    assert message == (f"trainer.eval_batches=1 x trainer.batch_size=8: the {split} split's 8 examples hold one label "
+                       f"only of {', '.join(_one_label_batches(task, split, 1, 8))}, so its AUC is undefined: raise "
+                       f"trainer.eval_batches to {fewest} or more (or trainer.batch_size)")
+    assert fewest > 1
+    _, task, _ = build(compose_config(["trainer.batch_size=8", f"trainer.eval_batches={fewest}"]))  # accepted
+    got = task.evaluate(lambda state, b: b["probs"], None, lambda b: b, 8)
+    assert all(np.isfinite(got[f"{s}/auc_{a}"]) for s in ("valid", "test") for a in task.actions)
+
+
+def test_an_action_too_rare_to_evaluate_is_named():
+    _, task, _ = build(compose_config(["trainer.eval_batches=2"]))
+    real = task.data.batch
+
+    class NoShares:  # the generator with the last action never positive
+        spec = task.data.spec
+
+        def batch(self, *args, **kwargs):
+            b = dict(real(*args, **kwargs))
+            b["labels"] = b["labels"].copy()
+            b["labels"][:, -1] = 0
+            return b
+
+    task.data = NoShares()
+    assert task.undefined_auc(512) == (
+        f"trainer.eval_batches=2 x trainer.batch_size=512: the valid split's 1,024 examples hold one label only of "
+        f"{task.actions[-1]}, so its AUC is undefined, and it still is over 1,048,576 examples: the action is too rare "
+        f"to evaluate; leave it out of data.actions")
