@@ -208,7 +208,7 @@ def _peek_flush(program: TrainProgram, state: Any):
 
 
 EXAMPLE_ID = "emb/dropped_id_example/"  # the step's first out-of-range id per table: for strict_ids' message only
-SKIP_CAUSES = ("Likely causes: a learning rate too high for this table (optimizer.learning_rate or "
+SKIP_CAUSES = ("Likely causes: {model}a learning rate too high for this table (optimizer.learning_rate or "
                "table_optimizers.{table}.learning_rate), eps=0, b1 or b2 >= 1, or a non-finite loss (see train/loss "
                "and dense/grad_norm; lower dense_optimizer.learning_rate)")
 
@@ -319,7 +319,8 @@ def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any]
                 f"skipped (trainer.max_skipped_updates={max_skips}): each had a non-finite gradient or would have "
                 f"written non-finite rows or optimizer state, so the table and its optimizer state are as they "
                 f"were before step {step - streak + 1}. Its optimizer: {opt!r}. "
-                + SKIP_CAUSES.format(table=name) + "." + saved
+                + SKIP_CAUSES.format(table=name, model="".join(
+                    f"{c}, " for c in getattr(program.model, "skip_causes", list)())) + "." + saved
                 + " trainer.max_skipped_updates=0 never stops.")
 
 

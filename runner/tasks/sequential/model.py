@@ -72,6 +72,14 @@ class SequentialModel:
     def width(self) -> int:
         return self.items.width
 
+    def skip_causes(self) -> list[str]:
+        """The model's settings that can make every embedding update non-finite, for the message that stops a run
+        on skipped updates (``runner.core.loop.check_health``)."""
+        if self.temperature < 0.01:
+            return [f"model.temperature={self.temperature:g}, which multiplies every logit and gradient by "
+                    f"{1 / self.temperature:.3g} (typical values are 0.05 to 1)"]
+        return []
+
     # ----- ids and parameters ------------------------------------------------------------------------
     def table_ids(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         inputs = batch["inputs"]

@@ -297,3 +297,22 @@ def test_strict_ids_stops_with_the_table_the_id_and_the_vocab(strict):
         train_rows = [r for r in tracker.rows if "train/loss" in r]
         assert [r["emb/dropped_ids/items"] for r in train_rows] == [3, 3, 3]  # per step, not cumulative
         assert not any(k.startswith("emb/dropped_id_example") for r in tracker.rows for k in r)
+
+
+def test_a_model_setting_that_can_make_every_update_non_finite_leads_the_likely_causes():
+    from types import SimpleNamespace
+
+    from runner.core.loop import check_health
+    from runner.tasks.sequential.model import SequentialModel
+
+    def message(temperature: float) -> str:
+        model = SequentialModel(items=None, num_items=5, max_len=3, temperature=temperature)
+        program = SimpleNamespace(tables={"items": None}, logical={"items": None}, emb_optimizers={"items": "AsyncAdam()"},
+                                  model=model)
+        with pytest.raises(TrainingError) as e:
+            check_health(program, SimpleNamespace(max_skipped_updates=10), {"emb/consecutive_skips/items": 10}, 12)
+        return str(e.value)
+
+    assert ("Likely causes: model.temperature=1e-30, which multiplies every logit and gradient by 1e+30 (typical "
+            "values are 0.05 to 1), a learning rate too high for this table") in message(1e-30)
+    assert "Likely causes: a learning rate too high for this table" in message(1.0)
