@@ -73,9 +73,10 @@ class SequenceWorld:
         rng = np.random.default_rng(np.random.SeedSequence([spec.seed, _WORLD]))
         n, c = spec.num_items, spec.num_clusters
         self.cluster = np.zeros(n + 1, np.int64)  # raw item id -> cluster (index 0: padding, unused)
-        self.cluster[1 + rng.permutation(n)] = np.arange(n) % c
+        dealt = rng.permutation(n)  # raw id dealt[j] + 1 joins cluster j % c
+        self.cluster[1 + dealt] = np.arange(n) % c
         self.succ = rng.permutation(c)
-        members = [np.flatnonzero(self.cluster[1:] == k) + 1 for k in range(c)]
+        members = [np.sort(dealt[k::c]) + 1 for k in range(c)]  # each cluster's raw ids, ascending
         self.p_within = np.zeros(n + 1)  # raw item id -> probability within its cluster
         self._members, self._cdfs = [], []
         for m in members:
@@ -88,14 +89,18 @@ class SequenceWorld:
         self._size = np.array([m.size for m in members])
         width = int(self._size.max())
         self._table = np.zeros((c, width), np.int64)  # cluster -> items by rank (padded by the last)
-        self._cdf = np.ones((c, width))
-        for k, (m, cdf) in enumerate(zip(self._members, self._cdfs)):
+        for k, m in enumerate(self._members):
             self._table[k, :m.size], self._table[k, m.size:] = m, m[-1]
-            self._cdf[k, :m.size] = cdf
 
     def _emit(self, clusters: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """An item of each cluster by within-cluster popularity (u uniform in [0, 1))."""
-        rank = (self._cdf[clusters] <= u[:, None]).sum(1)
+        """An item of each cluster by within-cluster popularity (u uniform in [0, 1)): the item at the rank where u
+        falls in the cluster's cumulative popularity, found by binary search, one cluster's draws at a time."""
+        rank = np.empty(u.shape, np.int64)
+        order = np.argsort(clusters, kind="stable")
+        starts = np.searchsorted(clusters[order], np.arange(self.spec.num_clusters + 1))
+        for k in np.flatnonzero(np.diff(starts)):
+            at = order[starts[k]:starts[k + 1]]
+            rank[at] = np.searchsorted(self._cdfs[k], u[at], side="right")  # how many cdf values are <= u
         return self._table[clusters, np.minimum(rank, self._size[clusters] - 1)]
 
     def interactions(self) -> Interactions:

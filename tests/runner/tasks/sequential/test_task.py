@@ -33,6 +33,22 @@ def test_world_transitions_follow_the_planted_pattern():
     np.testing.assert_array_equal(again.item, inter.item)
 
 
+def test_an_item_is_drawn_at_the_rank_its_uniform_falls_at_in_its_clusters_popularity():
+    world = SequenceWorld(SequenceSpec(num_items=103, num_clusters=7, zipf_a=1.2))  # clusters of 14 and 15 items
+    rng = np.random.default_rng(0)
+    clusters = rng.integers(0, 7, 5000)
+    u = np.concatenate([rng.random(4990), np.zeros(5), np.nextafter(1.0, 0.0) * np.ones(5)])
+    for k in range(7):  # reference: each cluster's members in ascending raw id are the ids dealt to it
+        assert np.array_equal(np.sort(world._members[k]), np.flatnonzero(world.cluster[1:] == k) + 1)
+    got = world._emit(clusters, u)
+    for i in range(clusters.size):  # reference: a linear scan of the cluster's cumulative popularity
+        members = world._members[clusters[i]]
+        cdf = np.cumsum(world.p_within[members])
+        rank = min(int((cdf <= u[i]).sum()), members.size - 1)
+        assert got[i] == members[rank]
+    assert (world.cluster[got] == clusters).all()
+
+
 def test_ratings_dat_round_trip_gives_the_same_sequences(tmp_path):
     world = SequenceWorld(SequenceSpec(num_users=50, num_items=40, num_clusters=4))
     inter = world.interactions()
