@@ -48,6 +48,12 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
     return tracker
 
 
+def outputs_line(out: Path, lg: Any) -> str:
+    """What the run wrote where: W&B's folder only when it wrote one (``logger.mode=disabled`` writes none)."""
+    wandb = lg.kind == "wandb" and lg.get("mode") != "disabled"
+    return f"outputs: {out} (metrics.jsonl, summary.json" + (", wandb/)" if wandb else ")")
+
+
 def _or_nan(value: Any) -> float:
     """A summary number to print: nan where there is none (a loss of exactly 0.0 is a number, not missing)."""
     return float("nan") if value is None else float(value)
@@ -122,7 +128,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         f"final train loss {_or_nan(s['final/train_loss']):.4f}",
         *task.summary_lines(s),
         f"throughput {_or_nan(s['perf/examples_per_s']):,.0f} examples/s",
-        f"outputs: {out} (metrics.jsonl, summary.json" + (", wandb/)" if lg.kind == "wandb" else ")"),
+        outputs_line(out, lg),
     ]
     name = cfg.trainer.objective or task.objective
     selected = s.get("selected_on", name)  # a validation metric: selection never goes by another

@@ -44,7 +44,21 @@ def test_default_run_writes_wandb_and_metrics(tmp_path):
     assert summary["steps"] == 60 and 0.5 < summary["bayes/test/auc_mean"] <= 1
     log = (tmp_path / "runner.log").read_text()  # hydra.job.name is `runner`
     assert "[jax." not in proc.stderr + log  # JAX's INFO lines stay out of the run's log (conf/config.yaml)
-    assert "done: 60 steps" in log and "Bayes-optimal" in log and str(tmp_path) in log
+    assert "done: 60 steps" in log and "Bayes-optimal" in log
+    assert f"outputs: {tmp_path} (metrics.jsonl, summary.json, wandb/)" in log
+
+
+def test_the_outputs_line_names_what_the_run_wrote():
+    from omegaconf import OmegaConf
+
+    from runner.app import outputs_line
+
+    def line(**lg):
+        return outputs_line(Path("out"), OmegaConf.create(lg))
+
+    assert line(kind="wandb", mode="offline") == line(kind="wandb", mode="online") == (
+        "outputs: out (metrics.jsonl, summary.json, wandb/)")
+    assert line(kind="wandb", mode="disabled") == line(kind="none") == "outputs: out (metrics.jsonl, summary.json)"
 
 
 @pytest.mark.slow
