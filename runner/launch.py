@@ -40,6 +40,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
+    """Why process 0 could not serve the coordinator on ``port`` (None: it can, as of now)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
 def child_commands(n: int, overrides: Sequence[str], port: int, run_dir: str | None = None,
                    python: str = sys.executable) -> list[list[str]]:
     """The command line of every process: the user's overrides last, so they win over ours."""
@@ -167,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"distributed=slurm or distributed=manual)")
     if args.port is not None and not 1 <= args.port <= 65535:
         parser.error(f"--port {args.port}: a TCP port must be in 1..65535 (or leave it out for a free one)")
+    taken = port_problem(args.port) if args.port is not None and 1 <= args.port <= 65535 else None
+    if taken:
+        parser.error(f"--port {args.port}: the coordinator cannot listen there ({taken}; another run may hold it); "
+                     f"pick another, or leave --port out for a free one")
     if not (math.isfinite(args.grace) and args.grace >= 0):
         parser.error(f"--grace {args.grace}: must be a finite number of seconds >= 0")
     if args.overrides and "--" not in raw:

@@ -418,6 +418,22 @@ def test_launch_bad_arguments(capsys, argv, needle):
     assert needle in err and "Traceback" not in err
 
 
+def test_launch_refuses_a_port_already_taken_before_starting_a_process(capsys):
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as e:
+            launch.main(["-n", "2", "--port", str(port), "--", "debug=tiny"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"python -m runner.launch: error: --port {port}: the coordinator cannot listen there (Address already in use; "
+        f"another run may hold it); pick another, or leave --port out for a free one")
+    assert launch.port_problem(port) is None  # free again
+
+
 # ---- the command line itself: exit 2, one message, no traceback (a few subprocess runs) ---------------------
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
