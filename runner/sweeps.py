@@ -48,6 +48,7 @@ MAX_NAME = 128  # the longest logger.group / logger.name the preflight takes (ru
 DIRECTIONS = ("minimize", "maximize")
 PLUGIN_OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 RUNNER_OPTUNA = "hydra_plugins.runner_optuna.sweeper.RunnerOptunaSweeper"
+BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"  # Hydra's default sweeper
 NO_TRIAL_COMPLETED = "No trials are completed yet"  # Optuna's error for a study with no completed trial
 
 
@@ -224,10 +225,11 @@ def _first(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def override_problems(overrides: list[str], config: Any, *, optuna: bool) -> list[str]:
+def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic: bool = False) -> list[str]:
     """The sweep overrides that cannot make trials, each named with the reason: one Hydra cannot expand (e.g.
-    ``range(1, 2, 0)``), and for Optuna an ``interval`` over an integer key (Optuna then draws real numbers, which
-    the key refuses in every trial), with the integer form to use instead."""
+    ``range(1, 2, 0)``); for Hydra's basic sweeper an ``interval`` (a search range: it lists values only); for
+    Optuna an ``interval`` over an integer key (Optuna then draws real numbers, which the key refuses in every
+    trial), with the integer form to use instead."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser, out = OverridesParser.create(), []
@@ -238,6 +240,11 @@ def override_problems(overrides: list[str], config: Any, *, optuna: bool) -> lis
                 list(override.sweep_string_iterator())
         except Exception as e:  # noqa: BLE001 - Hydra's parser and sweep types raise several kinds
             out.append(f"{text}: {_first(e)}")
+            continue
+        if basic and override.is_interval_sweep():
+            out.append(f"{text}: an interval is a range to search, and the basic sweeper (-m) runs listed values "
+                       f"only: list them (a,b,c), or use range(...) or choice(...), or search it with Optuna "
+                       f"(hydra/sweeper=optuna, as the hparams_search configs do)")
             continue
         if not (optuna and override.is_interval_sweep()):
             continue
@@ -306,7 +313,7 @@ class SweepSummary(Callback):
         problems = optuna_problems(sweeper) if optuna else []
         if optuna:
             overrides += [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-        problems += override_problems(overrides, config, optuna=optuna)
+        problems += override_problems(overrides, config, optuna=optuna, basic=sweeper.get("_target_") == BASIC)
         if problems:
             print("error: invalid sweep:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
             raise SystemExit(2)  # not an Exception: Hydra's callback runner would only warn about one

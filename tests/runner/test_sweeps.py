@@ -242,6 +242,11 @@ def test_sweep_overrides_that_cannot_make_trials_are_named_before_the_first(caps
         f"model.emb_width=interval(8,32): an interval of real numbers, but model.emb_width is an integer (now {width}): {fix}",
         f"model.emb_width=tag(log,interval(8,32)): an interval of real numbers, but model.emb_width is an integer (now {width}): {fix}"]
     assert sweeps.override_problems(texts, cfg, optuna=False) == [texts[0] + ": range() arg 3 must not be zero"]
+    basic = sweeps.override_problems(texts, cfg, optuna=False, basic=True)  # Hydra's -m lists values only
+    assert len(basic) == 5 and basic[4] == (  # range(1,2,0) and the four intervals
+        "optimizer.learning_rate=tag(log,interval(0.001,0.1)): an interval is a range to search, and the basic sweeper "
+        "(-m) runs listed values only: list them (a,b,c), or use range(...) or choice(...), or search it with Optuna "
+        "(hydra/sweeper=optuna, as the hparams_search configs do)")
     full = OmegaConf.create({**OmegaConf.to_container(cfg), "hydra": {  # as Hydra hands it to the callback
         "sweeper": {"_target_": sweeps.PLUGIN_OPTUNA, "params": {"model.emb_width": "interval(8,32)"}},
         "overrides": {"task": ["logger=none"]}}})
