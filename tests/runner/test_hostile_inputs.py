@@ -44,6 +44,9 @@ RANKING = [
     ("model.emb_width=-8", "model.emb_width=-8 is outside [1, 65536]"),
     ("model.hidden=[16,0]", "model.hidden=[16, 0] must list integers in [1, 65536], e.g. model.hidden=[128,64]"),
     ("model.tables.users.width=0", "model.tables.users.width=0 is outside [1, 65536]"),
+    ("model.tables.items.width=16", "model.tables.<name>.width={'items': 16}: model=ranking's tables all have "
+                                    "model.emb_width=8 (it adds item and author rows and multiplies the user's with "
+                                    "them); unset them, or set model.emb_width"),
     ("model.tables.items.init_scale=-1", "model.tables.items.init_scale=-1.0 is outside [0, inf)"),
     ("model.tables.users.vocab=5", "model.tables.users.vocab=5 is too small: the data's users ids go up to 300, "
                                    "so the table needs >= 301 rows"),

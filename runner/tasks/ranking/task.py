@@ -46,6 +46,12 @@ class RankingTask:
                                  f"use model=ranking, or " + ("data=criteo" if cfg.model.name in ("dlrm", "dcn") else
                                                                 "data=synthetic_sequences / data=movielens")
                                  + f" for model={cfg.model.name}")
+        widths = {n: int(t.width) for n, t in (cfg.model.get("tables") or {}).items()
+                  if t.get("width") is not None and int(t.width) != int(cfg.model.emb_width)}
+        if widths:
+            raise PreflightError(f"model.tables.<name>.width={widths}: model=ranking's tables all have "
+                                 f"model.emb_width={cfg.model.emb_width} (it adds item and author rows and multiplies "
+                                 f"the user's with them); unset them, or set model.emb_width")
         d = OmegaConf.to_container(cfg.data, resolve=True)
         d.pop("name")
         d["actions"] = tuple(d["actions"])
