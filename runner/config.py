@@ -1,8 +1,8 @@
 """Config schemas: one dataclass per config group and section, registered with Hydra's ConfigStore.
 
-Every YAML under ``conf/`` extends one of these (its defaults list names the ``*_schema`` node), so a wrong
-type or an unknown key fails when Hydra composes the config. The embedding-optimizer schemas are derived
-from the optimizer dataclasses themselves, so a hyperparameter is declared once, in ``optimizers/``."""
+Every YAML under ``conf/`` extends one of these (its defaults list names the ``*_schema`` node), so a wrong type or
+an unknown key fails when Hydra composes the config (one added with ``+key=`` fails the preflight). The embedding-
+optimizer schemas are derived from the optimizer dataclasses, so a hyperparameter is declared once, in ``optimizers/``."""
 from __future__ import annotations
 
 import dataclasses

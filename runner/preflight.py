@@ -3,6 +3,7 @@ names the value and the fix, never with a traceback from deep inside the trainer
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.metadata
 import math
 import netrc
@@ -11,7 +12,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Mapping
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from optimizers import Range, no_fused_update_message, problems, ranges, supports_async_emb
 
@@ -148,10 +149,35 @@ def _async_problems(a: Any) -> list[str]:
     return out
 
 
+KWARGS_SECTIONS = ("optimizer", "table_optimizers")  # keyword arguments of their _target_, which checks them itself
+
+
+def unknown_keys(node: Any, path: str = "") -> list[str]:
+    """Keys of ``node`` (the composed config, or a section of it) that its schema does not declare: a ``+key=value``
+    override adds one, and nothing would read it. Each named with the closest declared key. The optimizers'
+    sections are left to their classes (a user's class takes keys the built-in schema does not have)."""
+    kind = OmegaConf.get_type(node)
+    out = []
+    if dataclasses.is_dataclass(kind):
+        known = [f.name for f in dataclasses.fields(kind)]
+        for key in sorted(set(node.keys()) - set(known)):
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (or set {path}{near[0]}, the closest setting)" if near else ""
+            out.append(f"{path}{key} is not a setting of {path.rstrip('.') or 'the config'} (added with +{path}{key}="
+                       f"...), so nothing would read it: remove it{hint}; `runner --cfg job` lists the settings")
+    for key in node.keys():
+        if not path and key in KWARGS_SECTIONS:
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            out += unknown_keys(child, f"{path}{key}.")
+    return out
+
+
 def check_config(cfg: DictConfig) -> None:
     """Every numeric setting against the range declared beside its field, lists and names, all problems at
     once; runs before any data is generated or read and before any device is created."""
-    errors: list[str] = []
+    errors: list[str] = unknown_keys(cfg)
     errors += section_problems(cfg.trainer, schemas.TrainerConfig, "trainer.")
     errors += section_problems(cfg.dense_optimizer, schemas.DenseOptimizerConfig, "dense_optimizer.")
     errors += section_problems(cfg.mesh, schemas.MeshConfig, "mesh.")

@@ -421,6 +421,22 @@ def test_launch_bad_arguments(capsys, argv, needle):
     assert needle in err and "Traceback" not in err
 
 
+def test_a_key_added_with_plus_that_no_section_declares_is_refused_naming_the_closest_setting():
+    message = refused(compose_config(["+trainer.eval_intervals=5", "+model.tables.items.qux=1", "+baz=1"]))
+    assert message.splitlines()[1:] == [
+        "  - baz is not a setting of the config (added with +baz=...), so nothing would read it: remove it; `runner "
+        "--cfg job` lists the settings",
+        "  - model.tables.items.qux is not a setting of model.tables.items (added with +model.tables.items.qux=...), so "
+        "nothing would read it: remove it; `runner --cfg job` lists the settings",
+        "  - trainer.eval_intervals is not a setting of trainer (added with +trainer.eval_intervals=...), so nothing "
+        "would read it: remove it (or set trainer.eval_interval, the closest setting); `runner --cfg job` lists the "
+        "settings"]
+    # an optimizer's keys are its class's keyword arguments (a user's class takes its own): the class checks them
+    from runner.preflight import unknown_keys
+
+    assert unknown_keys(compose_config(["+optimizer.fail_at=1"])) == []
+
+
 def test_launch_refuses_a_port_already_taken_before_starting_a_process(capsys):
     import socket
 
