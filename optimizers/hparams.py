@@ -22,6 +22,16 @@ import math
 from typing import Any, NamedTuple
 
 INF = math.inf
+FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: the precision an update's arithmetic runs in
+
+
+def float32_problem(name: str, value: Any) -> str | None:
+    """``<name>=<value> ...`` when ``value`` is a number float32 cannot hold (it would be inf in the update)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and abs(value) > FLOAT32_MAX:
+        return (f"{name}={value!r} is beyond float32's largest number ({FLOAT32_MAX:.3g}), the precision the "
+                f"update runs in: it would be inf there")
+    return None
 
 
 class Range(NamedTuple):
@@ -76,6 +86,8 @@ def problems(obj: Any, prefix: str = "") -> list[str]:
         value = getattr(obj, name)
         if not rng.contains(value):
             out.append(f"{prefix}{name}={value!r} is outside {rng} ({fields[name].metadata['doc']})")
+        elif float32_problem(f"{prefix}{name}", value):
+            out.append(float32_problem(f"{prefix}{name}", value))
     for name in fields:
         value = getattr(obj, name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from optimizers import Range, no_fused_update_message, problems, ranges, supports_async_emb
+from optimizers.hparams import float32_problem
 
 from . import config as schemas
 from .core.mesh import MeshPlan
@@ -78,6 +79,8 @@ def section_problems(node: Any, schema: type, prefix: str) -> list[str]:
             continue
         if not rng.contains(value):
             out.append(f"{prefix}{name}={value!r} is outside {_range(rng)} ({fields[name].metadata['doc']})")
+        elif float32_problem(f"{prefix}{name}", value) and fields[name].type in (float, "float"):
+            out.append(float32_problem(f"{prefix}{name}", value))
     return out
 
 

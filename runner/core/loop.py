@@ -180,7 +180,9 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     check_health(program, trainer, flushed, end, checkpoints, what="the final flush")
     final = evaluate(predict_host, state, put, B)
     selection.update(end, final, state)
-    if checkpoints is not None:
+    loss = last.get("train/loss")
+    diverged = loss is not None and not np.isfinite(loss)  # the model's parameters are not numbers: not saved
+    if checkpoints is not None and not diverged:
         with progress.timed(f"checkpoint at step {end}"):
             checkpoints.save_final(state, selection, step=end)
     flushed = {k: _scalar(v) for k, v in placement.fetch(flushed).items()}
@@ -198,6 +200,8 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
         with progress.timed("waiting for the last checkpoint save"):
             checkpoints.wait()  # the last save is committed, or its failure raised, before the run ends
     progress.close()
+    if diverged:
+        raise TrainingError(diverged_message(program, loss, end, checkpoints))
     return {"summary": summary, "state": state, "best": selection.best}
 
 
@@ -211,6 +215,19 @@ EXAMPLE_ID = "emb/dropped_id_example/"  # the step's first out-of-range id per t
 SKIP_CAUSES = ("Likely causes: {model}a learning rate too high for this table (optimizer.learning_rate or "
                "table_optimizers.{table}.learning_rate), eps=0, b1 or b2 >= 1, or a non-finite loss (see train/loss "
                "and dense/grad_norm; lower dense_optimizer.learning_rate)")
+
+
+def diverged_message(program: TrainProgram, loss: float, end: int, checkpoints: Any) -> str:
+    """Why a run that reached its last step failed: its train loss is not a number (too short a run for
+    ``trainer.max_skipped_updates`` to stop it first, or the dense parameters diverged)."""
+    last = getattr(checkpoints, "last_step", None) if checkpoints is not None else None
+    saved = (f" The newest checkpoint is step {last} in {checkpoints.directory}; resume from an earlier one if it "
+             f"holds the divergence too." if last is not None and last >= 0 else "")
+    model = "".join(f"{c}, " for c in getattr(program.model, "skip_causes", list)())
+    return (f"training diverged: the last logged train loss is {loss} at the end of the run (step {end}), so the "
+            f"model's parameters are not numbers; the metrics and summary are written, and no checkpoint of this "
+            f"state was saved.{saved} Likely causes: {model}a dense learning rate too high (dense_optimizer."
+            f"learning_rate) or an embedding one (optimizer.learning_rate; see emb/skipped_updates)")
 
 
 ROUTE_KEYS = ("emb/route_overflow/", "emb/route_peak/", "emb/route_refused/")

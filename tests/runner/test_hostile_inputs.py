@@ -44,6 +44,10 @@ RANKING = [
     ("model.emb_width=-8", "model.emb_width=-8 is outside [1, 65536]"),
     ("model.hidden=[16,0]", "model.hidden=[16, 0] must list integers in [1, 65536], e.g. model.hidden=[128,64]"),
     ("model.tables.users.width=0", "model.tables.users.width=0 is outside [1, 65536]"),
+    ("optimizer.learning_rate=1e39", "optimizer.learning_rate=1e+39 is beyond float32's largest number (3.4e+38), "
+                                     "the precision the update runs in: it would be inf there"),
+    ("dense_optimizer.learning_rate=-1e39", "dense_optimizer.learning_rate=-1e+39 is outside (0, inf)"),
+    ("dense_optimizer.clip_norm=1e39", "dense_optimizer.clip_norm=1e+39 is beyond float32's largest number"),
     ("model.tables.items.width=16", "model.tables.<name>.width={'items': 16}: model=ranking's tables all have "
                                     "model.emb_width=8 (it adds item and author rows and multiplies the user's with "
                                     "them); unset them, or set model.emb_width"),

@@ -99,9 +99,28 @@ def test_without_checkpoints_the_run_stops_too(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_whose_loss_ends_not_a_number_fails_and_saves_no_checkpoint_of_that_state(tmp_path):
+    ck = tmp_path / "ck"  # 6 steps: too few for max_skipped_updates=10 to stop it first
+    cfg = compose_config(["dense_optimizer.learning_rate=1e30", "dense_optimizer.warmup_steps=0",
+                          "checkpoint.interval=3", f"checkpoint.dir={ck}"])
+    with pytest.raises(TrainingError) as e:
+        run(cfg, tmp_path / "out")
+    assert str(e.value).startswith("training diverged: the last logged train loss is nan at the end of the run "
+                                   "(step 6), so the model's parameters are not numbers; the metrics and summary are "
+                                   "written, and no checkpoint of this state was saved. The newest checkpoint is step "
+                                   f"3 in {ck}")
+    assert sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) == [3]
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
 def test_max_skipped_updates_zero_never_stops_and_the_summary_counts(tmp_path):
-    run(compose_config(DIVERGING[:2] + ["trainer.steps=14", "trainer.max_skipped_updates=0"]), tmp_path)
+    # every step runs; the run still fails at its end, since its loss is not a number (a diverged model)
+    with pytest.raises(TrainingError, match=r"^training diverged: the last logged train loss is nan at the end of "
+                                            r"the run \(step 14\)"):
+        run(compose_config(DIVERGING[:2] + ["trainer.steps=14", "trainer.max_skipped_updates=0"]), tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 14
     rows = jsonl(tmp_path)
     final = rows[-1]
     assert final["step"] == 14 and "valid/auc_mean" in final
