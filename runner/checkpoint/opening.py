@@ -47,6 +47,9 @@ def open_with_orbax(cfg: DictConfig, program, plan, output_dir: str | os.PathLik
         if c.interval > 0:
             if jax.process_index() == 0:
                 trash.empty(directory, report=True)
+            stranger = trash.foreign_steps_problem(directory)
+            if stranger:  # nothing of it is read, moved or removed
+                raise PreflightError(stranger)
             partial = sorted(p.name for p in directory.iterdir() if TMP_SUFFIX in p.name)
             if partial:
                 log.warning("%s holds interrupted saves %s (never committed): ignored and removed", directory,

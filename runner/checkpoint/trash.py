@@ -20,9 +20,38 @@ TRASH = "_deleting"
 COMMITTED = ("_CHECKPOINT_METADATA", "meta", "state")  # in every step directory Orbax has committed
 
 
+STEP_ENTRIES = (*COMMITTED, "best", "commit_success.txt")  # all a step directory holds (best: trainer.select_best)
+
+
 def half_deleted(step_dir: Path) -> list[str]:
     """The entries a committed step has and this one lacks (empty for a whole step)."""
     return [name for name in COMMITTED if not (step_dir / name).exists()]
+
+
+def foreign(step_dir: Path) -> list[str]:
+    """What a numbered folder holds that no checkpoint step does (a user's own folder named like a step)."""
+    try:
+        return sorted(p.name for p in step_dir.iterdir() if p.name not in STEP_ENTRIES)
+    except OSError:
+        return []
+
+
+def foreign_steps_problem(directory: Path) -> str | None:
+    """Why ``directory`` cannot be a checkpoint.dir as it is: a numbered folder in it that is not a step (Orbax
+    takes every numbered folder for one, and would remove it as an old step past checkpoint.keep, or as a
+    half-deleted one). None: there is none."""
+    try:
+        numbered = sorted((p for p in directory.iterdir() if p.name.isdigit() and p.is_dir()), key=lambda p: int(p.name))
+    except OSError:
+        return None
+    for folder in numbered:
+        others = foreign(folder)
+        if others:
+            shown = ", ".join(others[:3]) + (" ..." if len(others) > 3 else "")
+            return (f"checkpoint.dir={directory} holds a folder {folder.name} that is not a checkpoint (it holds "
+                    f"{shown}): every numbered folder there is taken for a checkpoint step, and old steps are "
+                    f"removed. Move it out of checkpoint.dir, or give checkpoint.dir a folder of its own")
+    return None
 
 
 def empty(directory: Path, *, report: bool = False) -> list[str]:

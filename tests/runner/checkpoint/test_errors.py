@@ -127,6 +127,20 @@ def test_no_readable_checkpoint_is_an_error(tmp_path, saved):
         open_with(ck)
 
 
+@pytest.mark.parametrize("name", ["1", "9"])  # below the newest step (Orbax would remove it as old), above it
+def test_a_users_numbered_folder_in_the_checkpoint_dir_is_refused_and_kept(tmp_path, saved, name):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    (ck / name).mkdir()
+    (ck / name / "notes.txt").write_text("a user's own file")
+    with pytest.raises(PreflightError) as e:
+        open_with(ck, ["checkpoint.keep=1"])
+    assert str(e.value) == (f"checkpoint.dir={ck} holds a folder {name} that is not a checkpoint (it holds notes.txt): "
+                            f"every numbered folder there is taken for a checkpoint step, and old steps are removed. "
+                            f"Move it out of checkpoint.dir, or give checkpoint.dir a folder of its own")
+    assert (ck / name / "notes.txt").read_text() == "a user's own file" and steps_in(ck) == sorted([2, 4, int(name)])
+
+
 def test_unwritable_checkpoint_dir_is_refused_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the checkpoint directory should go")

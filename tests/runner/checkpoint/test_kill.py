@@ -127,7 +127,7 @@ def test_a_step_half_deleted_in_place_is_skipped_and_reported(tmp_path, caplog):
     for f in (tmp_path / "ck" / "2" / "state").rglob("*"):  # step 2: damaged, not half-deleted
         if f.is_file() and f.stat().st_size > 64:
             f.write_bytes(b"\0" * f.stat().st_size)
-    (tmp_path / "ck" / "3" / "state").rename(tmp_path / "ck" / "3" / "gone")  # step 3: half-deleted
+    shutil.rmtree(tmp_path / "ck" / "3" / "state")  # step 3: half-deleted
 
     with caplog.at_level("WARNING", logger="runner"), pytest.raises(PreflightError) as e:
         open_checkpoints(cfg, program, plan, tmp_path / "run")

@@ -292,7 +292,7 @@ def test_checkpoint_records_its_config_versions_and_format(runs):
                                        "kind": "dense"}
 
 
-HASH = ["data.raw_ids=true", "data.drift=20", "model.tables.items.kind=hash", "model.tables.items.capacity=60",
+HASH = ["data.raw_ids=true", "data.drift=20", "trainer.eval_batches=2", "model.tables.items.kind=hash", "model.tables.items.capacity=60",
         "model.tables.items.probes=4", "model.tables.users.kind=hash", "model.tables.users.capacity=52",
         "model.tables.users.admit_after=2", "model.tables.users.evict=lfu"]  # capacities: 4 partitions on 2x4
 
