@@ -57,7 +57,7 @@ def measure(program: Any, task: Any, batch: int) -> tuple[dict[str, Any], Any]:
     from .hlo import collectives_by_op, step_collective_bytes
 
     t0 = time.perf_counter()
-    shapes = jax.eval_shape(lambda: program.init_state(0))
+    shapes = program.state_shapes(0)
     state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
                          program.state_shardings(shapes))
     host = task.batch(0, batch)

@@ -174,7 +174,7 @@ class Checkpoints:
             return self._restore_newest(manager, steps, own)
 
     def _restore_newest(self, manager: Any, steps: list[int], own: bool) -> Restored | None:
-        abstract = jax.eval_shape(lambda: self.program.init_state(int(self.cfg.trainer.seed)))
+        abstract = self.program.state_shapes(int(self.cfg.trainer.seed))
         shardings = self.program.state_shardings(abstract)
         bad = []
         for step in sorted(steps, reverse=True):

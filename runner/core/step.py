@@ -121,6 +121,12 @@ class TrainProgram:
             hashed={n: mesh_lib.named(self.mesh, hash_step.state_specs(self, n, h)) for n, h in state.hashed.items()},
         )
 
+    def state_shapes(self, seed: int) -> TrainState:
+        """The initial state's shapes and dtypes, nothing allocated or compiled (``init_state``'s jitted program
+        cannot be traced inside another transformation: its compiler options belong to a top-level jit)."""
+        key, rng = jax.random.key(seed), jax.random.key_data(jax.random.key(seed + 1))
+        return jax.eval_shape(self._init, key, rng)
+
     def init_state(self, seed: int) -> TrainState:
         """The initial state, built by one jitted program straight into its shardings (each table shard
         filled in place on its device; see ``init_table``)."""

@@ -36,7 +36,8 @@ MESHES = {
 
 # async modes by name: one step stale, or a queue of two deferred updates with delay compensation
 MODES = {"on": ["async_emb=on"], "off": ["async_emb=off"],
-         "k2dc": ["async_emb=on", "async_emb.staleness=2", "async_emb.compensation=dc"]}
+         "k2dc": ["async_emb=on", "async_emb.staleness=2", "async_emb.compensation=dc"],
+         "bf16": ["async_emb=on", "model.tables.items.dtype=bfloat16"]}  # its init's compiler options: top-level only
 
 
 def launch(tmp: Path, name: str, overrides=()) -> float:
@@ -108,7 +109,8 @@ def copy_of(run_dir: Path, tmp: Path) -> Path:
 # updates and their rows in the checkpoint) covers what staleness 1 saves; the resharded resume runs staleness 1
 # there. Sync mode (no deferred update in the checkpoint) runs on one device.
 @pytest.mark.parametrize("mesh, mode", [pytest.param("2x4-row", "k2dc", marks=pytest.mark.slow), ("single", "on"),
-                                        pytest.param("single", "off", marks=pytest.mark.slow)])
+                                        pytest.param("single", "off", marks=pytest.mark.slow),
+                                        pytest.param("single", "bf16", marks=pytest.mark.slow)])
 def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
     straight, tmp = runs("straight", mode, mesh), copy_of(runs("stopped", mode, mesh), tmp_path)
     assert steps_in(tmp / "ck") == [2, N]  # the interval's checkpoint, and the one the stop forced
