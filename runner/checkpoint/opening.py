@@ -107,6 +107,14 @@ def _resume(ck: Checkpoints, resume: str, source: tuple[Path, list[int]] | None,
                 f"checkpoint.resume={resume} restores step {ck.restored.step}, but checkpoint.dir={directory} "
                 f"already holds steps {later} that new saves would collide with; move them away or use another "
                 f"checkpoint.dir")
+    if ck.restored is not None and ck.restored.step > ck.steps:
+        earlier = [s for s in own if s <= ck.steps]
+        raise PreflightError(
+            f"trainer.steps={ck.steps} is below step {ck.restored.step} of the checkpoint {ck.restored.path}: that "
+            f"run is already past the end this one asks for. Raise trainer.steps to {ck.restored.step} or more to "
+            f"go on from it, or start a new run in another checkpoint.dir" + (
+                f" (with checkpoint.resume={directory / str(max(earlier))} it starts from that earlier step)"
+                if earlier else ""))
     if ck.restored is not None:
         ck.last_step, ck.rows = ck.restored.step, ck.restored.metrics_rows
         if jax.process_index() == 0:

@@ -127,6 +127,18 @@ def test_no_readable_checkpoint_is_an_error(tmp_path, saved):
         open_with(ck)
 
 
+def test_a_run_shorter_than_its_checkpoint_is_refused_naming_both_ends(tmp_path, saved):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    with pytest.raises(PreflightError) as e:
+        open_with(ck, ["trainer.steps=3"])
+    assert str(e.value) == (f"trainer.steps=3 is below step 4 of the checkpoint {ck / '4'}: that run is already past "
+                            f"the end this one asks for. Raise trainer.steps to 4 or more to go on from it, or start a "
+                            f"new run in another checkpoint.dir (with checkpoint.resume={ck / '2'} it starts from that "
+                            f"earlier step)")
+    assert steps_in(ck) == [2, 4]
+
+
 @pytest.mark.parametrize("name", ["1", "9"])  # below the newest step (Orbax would remove it as old), above it
 def test_a_users_numbered_folder_in_the_checkpoint_dir_is_refused_and_kept(tmp_path, saved, name):
     ck = tmp_path / "ck"
