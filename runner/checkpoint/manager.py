@@ -186,11 +186,19 @@ class Checkpoints:
                 continue
             try:
                 meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+                shape = meta_lib.malformed(meta)
+                if shape:
+                    raise ValueError(shape)
             except Exception as e:  # noqa: BLE001
                 failure = self._unreadable(where, step, e, own)
             if failure is not None:
                 bad.append(failure)
                 continue
+            if meta["step"] != step:  # a step folder copied or renamed by hand: never read as this step
+                raise PreflightError(
+                    f"checkpoint {where} holds step {meta['step']} (its metadata says so), not step {step}: a step "
+                    f"folder copied or renamed by hand. Name it {meta['step']} (in a folder that holds no other step "
+                    f"{meta['step']}), or move it out of the checkpoint directory")
             meta_lib.check_compatible(meta, self.program, str(where))  # a wrong config is an error, not a skip
             data_lib.check(meta, self.data, str(where), allow=bool(self.cfg.checkpoint.get("allow_data_change")))
             moves = rebucket_lib.rebucketed(meta, meta_lib.tables_of(self.program))  # other partitions

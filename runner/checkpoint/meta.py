@@ -218,6 +218,23 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
         raise PreflightError(incompatible(where, problems))
 
 
+SHAPE = {"step": int, "data_step": int, "metrics_rows": int, "async_emb": bool, "tables": dict,
+         "arrays": dict, "versions": dict, "config": dict}  # what every step's metadata holds (format: format_problem)
+KINDS = {int: "a count", bool: "true or false", dict: "a JSON object"}
+
+
+def malformed(meta: Any) -> str | None:
+    """What makes a step's metadata (valid JSON) unusable: not an object, or a field missing or of another
+    type (a file edited or damaged by hand); None when it has the shape every step's has."""
+    if not isinstance(meta, Mapping):
+        return f"its metadata is a JSON {type(meta).__name__}, not an object"
+    for key, kind in SHAPE.items():
+        value = meta.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)) or (kind is int and value < 0):
+            return f"its metadata's {key} is {value!r}, not {KINDS[kind]}"
+    return None
+
+
 def format_problem(meta: Mapping[str, Any]) -> str | None:
     """What is wrong with the checkpoint's meta format, or None when this runner reads it. An older format
     and a newer one are told apart: each has its own way out."""

@@ -88,14 +88,27 @@ def _drop_meta(step_dir: Path):  # the metadata file is gone: the arrays cannot 
     (step_dir / "meta" / "metadata").unlink()
 
 
+def _edit_meta(step_dir: Path, edit) -> None:
+    path = step_dir / "meta" / "metadata"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+def _tables_dropped(step_dir: Path):  # valid JSON of the wrong shape: a field gone
+    _edit_meta(step_dir, lambda m: {k: v for k, v in m.items() if k != "tables"})
+
+
+def _meta_a_list(step_dir: Path):
+    _edit_meta(step_dir, lambda m: [])
+
+
 # Orbax abandons the reads of the other arrays when one fails; the restore collects and drops their echoes
 # (runner.checkpoint.manager._abandoned_reads_dropped), so none may reach pytest's unraisable-exception hook.
 ORBAX_ABANDONED_READS = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 
 
 @ORBAX_ABANDONED_READS
-@pytest.mark.parametrize("corrupt", [_truncate, _flip, _garble_meta, _drop_meta],
-                         ids=["truncated", "flipped", "meta", "meta-missing"])
+@pytest.mark.parametrize("corrupt", [_truncate, _flip, _garble_meta, _drop_meta, _tables_dropped, _meta_a_list],
+                         ids=["truncated", "flipped", "meta", "meta-missing", "meta-no-tables", "meta-a-list"])
 @pytest.mark.slow
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, saved, caplog, corrupt):
     ck = tmp_path / "ck"
@@ -125,6 +138,30 @@ def test_no_readable_checkpoint_is_an_error(tmp_path, saved):
     _garble_meta(ck / "2")
     with pytest.raises(PreflightError, match=rf"no readable checkpoint in {ck}: step 4 .*; step 2 \(JSONDecodeError"):
         open_with(ck)
+
+
+def test_metadata_of_the_wrong_shape_is_named_in_the_fallback_warning():
+    from runner.checkpoint.meta import malformed
+
+    assert malformed([]) == "its metadata is a JSON list, not an object"
+    good = {"step": 4, "data_step": 4, "metrics_rows": 4, "async_emb": True, "tables": {}, "arrays": {},
+            "versions": {}, "config": {}}
+    assert malformed(good) is None
+    assert malformed({**good, "versions": None}) == "its metadata's versions is None, not a JSON object"
+    assert malformed({**good, "metrics_rows": -5}) == "its metadata's metrics_rows is -5, not a count"
+    assert malformed({**good, "step": True}) == "its metadata's step is True, not a count"
+
+
+def test_a_step_folder_copied_under_another_number_is_refused_and_left_alone(tmp_path, saved):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    shutil.copytree(ck / "2", ck / "6")
+    with pytest.raises(PreflightError) as e:
+        open_with(ck, ["trainer.steps=8"])
+    assert str(e.value) == (f"checkpoint {ck / '6'} holds step 2 (its metadata says so), not step 6: a step folder "
+                            f"copied or renamed by hand. Name it 2 (in a folder that holds no other step 2), or move it "
+                            f"out of the checkpoint directory")
+    assert steps_in(ck) == [2, 4, 6]
 
 
 def test_a_run_shorter_than_its_checkpoint_is_refused_naming_both_ends(tmp_path, saved):
