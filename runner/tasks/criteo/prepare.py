@@ -5,7 +5,7 @@ examples, and writes each split as shards of fixed-size records (``record_dtype(
 transformed integer features, the raw categorical values (``bags[j]`` slots for feature ``j``) and how many
 values each feature holds, 0 where missing), each a ``.npy`` file a reader maps and indexes at random
 (``shards.Shards``). ``bags`` (``--bag-sizes``) is fixed at conversion and recorded in the manifest. Beside the shards: ``manifest.json`` (the files read,
-the examples and bad lines of each, the split rule, every shard) and ``counts.npz``, each categorical
+the examples and bad lines of each, the split rule, every shard with the SHA-256 of its records) and ``counts.npz``, each categorical
 feature's values with their counts over the training split, from which a vocabulary for any ``min_count`` is
 derived (``ids.vocabulary``; the one given here is saved as ``vocab_min<k>.npz``).
 
@@ -20,6 +20,7 @@ that stops leaves no manifest, and a directory holding a complete one is refused
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import shutil
@@ -63,15 +64,19 @@ class _Writer:
     dtype: Any = None
     buffered: int = 0
     shards: list = dataclasses.field(default_factory=list)
+    digest: Any = None  # SHA-256 of the open shard's records: the manifest records it, so a checkpoint's
+    # fingerprint of the manifest (runner.checkpoint.data) changes with any record, not only with the counts
 
     def add(self, records: np.ndarray) -> None:
         while len(records):
             take = min(len(records), self.shard_lines - self.buffered)
             if self.file is None:
                 self.folder.mkdir(parents=True, exist_ok=True)
-                self.file, self.dtype = open(self._tmp(), "wb"), records.dtype
+                self.file, self.dtype, self.digest = open(self._tmp(), "wb"), records.dtype, hashlib.sha256()
                 self.file.write(npy_header(records.dtype, 0))
-            self.file.write(np.ascontiguousarray(records[:take]).tobytes())
+            chunk = np.ascontiguousarray(records[:take]).tobytes()
+            self.digest.update(chunk)
+            self.file.write(chunk)
             self.buffered += take
             records = records[take:]
             if self.buffered == self.shard_lines:
@@ -85,7 +90,8 @@ class _Writer:
         self.file.close()
         name = self._name()
         self._tmp().replace(self.folder / name)
-        self.shards.append({"file": f"{self.folder.name}/{name}", "examples": self.buffered})
+        self.shards.append({"file": f"{self.folder.name}/{name}", "examples": self.buffered,
+                            "sha256": self.digest.hexdigest()})
         self.file, self.buffered = None, 0
 
     def _name(self) -> str:  # the shard being written

@@ -262,3 +262,20 @@ def test_shards_are_streamed_to_disk_and_read_back_as_written(tmp_path):
     assert all(b.dtype == RECORD for b in back)
     np.testing.assert_array_equal(np.concatenate(back), recs)
     assert (tmp_path / w.shards[2]["file"]).stat().st_size == HEADER_BYTES + 3 * RECORD.itemsize
+    import hashlib  # each shard's digest in the manifest: SHA-256 of its records, recomputed from the file
+
+    assert [s["sha256"] for s in w.shards] == [hashlib.sha256(b.tobytes()).hexdigest() for b in back]
+
+
+def test_logs_differing_only_in_labels_convert_to_different_manifests(logs, tmp_path):
+    """A checkpoint fingerprints a converted folder by its manifest (runner.checkpoint.data): the manifest must
+    change with any record, not only with the counts of lines and examples."""
+    lines = Path(logs["one"][0]).read_text().splitlines(keepends=True)[:400]
+    flipped = [("0" if ln[0] == "1" else "1") + ln[1:] for ln in lines]
+    (tmp_path / "a.txt").write_text("".join(lines))
+    (tmp_path / "b.txt").write_text("".join(flipped))
+    a, b = convert([tmp_path / "a.txt"], tmp_path / "A"), convert([tmp_path / "b.txt"], tmp_path / "B")
+    strip = lambda m: {k: v for k, v in m.items() if k != "files"}  # noqa: E731 (the files' names differ)
+    assert [s["examples"] for s in a["splits"]["train"]["shards"]] == [s["examples"] for s in b["splits"]["train"]["shards"]]
+    assert strip(a) != strip(b)
+    assert (tmp_path / "A" / "manifest.json").read_bytes() != (tmp_path / "B" / "manifest.json").read_bytes()
