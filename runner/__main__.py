@@ -77,5 +77,19 @@ def run_or_trial(cfg: DictConfig) -> float:
     return sweeps.checked_objective(cfg, hc, objective, record)
 
 
+def entry() -> None:
+    """``python -m runner`` and the console script: ``main``, with Hydra's own errors outside a run (``--help``
+    or ``--hydra-help`` beside an override that cannot be applied) one message instead of a traceback."""
+    from hydra.errors import HydraException
+
+    try:
+        main()
+    except HydraException as e:  # a run's own are reported by Hydra before they get here
+        cause = e.__cause__ or e.__context__
+        lines = [str(e).strip()] + ([str(cause).strip()] if cause is not None and str(cause).strip() else [])
+        print("error: " + "\n".join(lines), file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    main()
+    entry()

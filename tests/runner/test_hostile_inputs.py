@@ -466,6 +466,16 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+def test_help_beside_an_override_that_cannot_apply_is_one_message():
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run([sys.executable, "-m", "runner", "--help", "model.emb_width=abc"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: Error merging override model.emb_width=abc\nValue 'abc' of type 'str' "
+                                  "could not be converted to Integer")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["emb_width", "objective", "cpu_devices", "mesh", "binary_data", "three_interactions"])
 def test_cli_refuses_with_exit_2_and_one_message(tmp_path, case):
     data = tmp_path / "data"
