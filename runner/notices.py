@@ -86,3 +86,81 @@ def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
                    f"{plan.num_devices}: the others stay idle; use mesh=data_table (its axes fill the devices) or set "
                    f"mesh.axes to use them")
     return out
+
+
+SCHEDULE_USES = {"constant": (), "warmup": ("warmup_steps",), "cosine": ("decay_steps", "end_ratio"),
+                 "warmup_cosine": ("warmup_steps", "decay_steps", "end_ratio"), "step": ("step_every", "step_factor")}
+HASH_ONLY = ("capacity", "admit_after", "admit_window", "evict", "ttl", "default", "probes", "sketch_width",
+             "partitions")  # a table's settings that only kind=hash reads
+
+
+def _given(node: Any, schema: type, keys: tuple[str, ...]) -> dict[str, Any]:
+    """Those of ``keys`` whose value in ``node`` differs from ``schema``'s default."""
+    default = schema()
+    return {k: node.get(k) for k in keys if k in node and str(getattr(node.get(k), "value", node.get(k)))
+            != str(getattr(getattr(default, k), "value", getattr(default, k)))}
+
+
+def _listed(given: Mapping[str, Any], prefix: str) -> str:
+    return ", ".join(f"{prefix}{k}={getattr(v, 'value', v)}" for k, v in given.items())
+
+
+def unused_settings(cfg: Any, steps: int) -> list[str]:
+    """Lines (each starting with ``warning:``) for settings the run was given that nothing in it reads: a
+    schedule's fields its kind does not use (or a step schedule that never steps in ``steps``), delay
+    compensation's lambda without compensation, hash-table settings on a dense table, sampled-softmax settings
+    under another loss, DCN's low rank without cross layers, ranking's evaluation batches on another task, a dense
+    warmup longer than the run."""
+    from optimizers import Schedule
+
+    from . import config as schemas
+
+    out = []
+    optimizers = [("optimizer.", cfg.optimizer)] + [(f"table_optimizers.{n}.", o)
+                                                    for n, o in (cfg.get("table_optimizers") or {}).items()]
+    for prefix, opt in optimizers:
+        schedule = opt.get("schedule") if hasattr(opt, "get") else None
+        if not schedule:
+            continue
+        kind = str(getattr(schedule.kind, "value", schedule.kind))
+        idle = _given(schedule, Schedule, tuple(k for uses in SCHEDULE_USES.values() for k in uses
+                                                if k not in SCHEDULE_USES.get(kind, ())))
+        if idle:
+            out.append(f"warning: {_listed(idle, prefix + 'schedule.')}: {prefix}schedule.kind={kind} does not use "
+                       f"{'it' if len(idle) == 1 else 'them'}; set the kind that does, or leave "
+                       f"{'it' if len(idle) == 1 else 'them'} out")
+        if kind == "step" and int(schedule.step_every) >= steps:
+            out.append(f"warning: {prefix}schedule.kind=step steps every {schedule.step_every} updates "
+                       f"({prefix}schedule.step_every) and the run has {steps}: the learning rate never steps")
+    a = cfg.async_emb
+    if _given(a, schemas.AsyncEmbConfig, ("dc_lambda",)) and not (a.enabled and str(getattr(
+            a.compensation, "value", a.compensation)) == "dc"):
+        out.append(f"warning: async_emb.dc_lambda={a.dc_lambda} is delay compensation's, and it is off (it needs "
+                   f"async_emb=on async_emb.compensation=dc): it has no effect")
+    for name, table in (cfg.model.get("tables") or {}).items():
+        if str(getattr(table.get("kind"), "value", table.get("kind") or "dense")) == "dense":
+            idle = _given(table, schemas.TableConfig, HASH_ONLY)
+            if idle:
+                out.append(f"warning: {_listed(idle, f'model.tables.{name}.')}: hash-table settings, and table "
+                           f"'{name}' is dense; set model.tables.{name}.kind=hash or leave them out")
+    m, model = cfg.model, cfg.model.get("name")
+    if model == "sequential":
+        loss, negatives = (str(getattr(m.get(k), "value", m.get(k))) for k in ("loss", "negatives"))
+        keys = ("negatives", "num_negatives") if loss == "full_softmax" else (
+            ("num_negatives",) if negatives == "in_batch" else ())
+        idle = _given(m, schemas.SequentialModelConfig, keys)
+        if idle:
+            why = "model.loss=full_softmax scores every item" if loss == "full_softmax" else (
+                "model.negatives=in_batch takes the batch's other targets")
+            out.append(f"warning: {_listed(idle, 'model.')}: {why}, so it has no effect")
+    if model == "dcn" and m.get("low_rank") is not None and int(m.get("cross_layers", 1)) == 0:
+        out.append(f"warning: model.low_rank={m.low_rank} sets the cross layers' rank, and model.cross_layers=0: "
+                   f"it has no effect")
+    if model != "ranking" and _given(cfg.trainer, schemas.TrainerConfig, ("eval_batches",)):
+        out.append(f"warning: trainer.eval_batches={cfg.trainer.eval_batches} sizes the ranking task's evaluation; "
+                   f"model={model} evaluates its whole held-out split, so it has no effect")
+    if _given(cfg.dense_optimizer, schemas.DenseOptimizerConfig, ("warmup_steps",)) and \
+            int(cfg.dense_optimizer.warmup_steps) > steps:
+        out.append(f"warning: dense_optimizer.warmup_steps={cfg.dense_optimizer.warmup_steps} is longer than the "
+                   f"run ({steps} steps): the dense learning rate never reaches dense_optimizer.learning_rate")
+    return out

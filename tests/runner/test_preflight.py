@@ -13,6 +13,7 @@ from runner.app import run
 from runner.build import build
 from runner.errors import PreflightError
 from runner.notices import rounding_warnings
+from tests.runner.support import compose_config, seq_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGE = ("use_async_emb requires an embedding optimizer implementing AsyncEmbOptimizer, and {} has no fused "
@@ -178,3 +179,46 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
     assert "docs/results/tpu.md" in warned[0]
     assert warned[1].startswith("warning: table 'pages' is 1,000,000 rows x 200") and "model.emb_width=256" in warned[1]
     assert layout_warnings(tables, "cpu") == [] and layout_warnings(tables, "gpu") == []
+
+
+@pytest.mark.parametrize("overrides, steps, warned", [
+    (["async_emb.dc_lambda=5"], 6, ["warning: async_emb.dc_lambda=5.0 is delay compensation's, and it is off (it needs "
+                                    "async_emb=on async_emb.compensation=dc): it has no effect"]),
+    (["async_emb.compensation=dc", "async_emb.dc_lambda=5"], 6, []),
+    (["optimizer.schedule.warmup_steps=3", "optimizer.schedule.end_ratio=0.5"], 6, [
+        "warning: optimizer.schedule.warmup_steps=3, optimizer.schedule.end_ratio=0.5: optimizer.schedule.kind=constant "
+        "does not use them; set the kind that does, or leave them out"]),
+    (["optimizer.schedule.kind=warmup", "optimizer.schedule.warmup_steps=3"], 6, []),
+    (["optimizer.schedule.kind=step"], 6, ["warning: optimizer.schedule.kind=step steps every 1000 updates "
+                                           "(optimizer.schedule.step_every) and the run has 6: the learning rate never "
+                                           "steps"]),
+    (["optimizer.schedule.kind=step", "optimizer.schedule.step_every=2"], 6, []),
+    (["model.tables.users.capacity=100", "model.tables.users.evict=lfu"], 6, [
+        "warning: model.tables.users.capacity=100, model.tables.users.evict=lfu: hash-table settings, and table "
+        "'users' is dense; set model.tables.users.kind=hash or leave them out"]),
+    (["dense_optimizer.warmup_steps=1000"], 6, ["warning: dense_optimizer.warmup_steps=1000 is longer than the run "
+                                                "(6 steps): the dense learning rate never reaches "
+                                                "dense_optimizer.learning_rate"]),
+    ([], 6, []),  # the default warmup (20) outlasting a 6-step smoke run is not news
+], ids=["dc_lambda", "dc_lambda-used", "schedule", "schedule-used", "step", "step-used", "hash-on-dense",
+        "dense-warmup", "defaults"])
+def test_settings_nothing_in_the_run_reads_are_named_in_a_warning(overrides, steps, warned):
+    from runner.notices import unused_settings
+
+    assert unused_settings(compose_config(overrides), steps) == warned
+
+
+def test_settings_of_another_loss_or_task_are_named_in_a_warning():
+    from runner.notices import unused_settings
+
+    seq = seq_config("model.loss=full_softmax", "model.num_negatives=7", "trainer.eval_batches=3")
+    assert unused_settings(seq, 6) == [
+        "warning: model.num_negatives=7: model.loss=full_softmax scores every item, so it has no effect",
+        "warning: trainer.eval_batches=3 sizes the ranking task's evaluation; model=sequential evaluates its whole "
+        "held-out split, so it has no effect"]
+    assert unused_settings(seq_config("model.negatives=in_batch", "model.num_negatives=7"), 6) == [
+        "warning: model.num_negatives=7: model.negatives=in_batch takes the batch's other targets, so it has no effect"]
+    assert unused_settings(seq_config("model.negatives=popularity", "model.num_negatives=7"), 6) == []
+    dcn = compose_config(["data=criteo", "model=dcn", "model.cross_layers=0", "model.low_rank=4"], tiny=False)
+    assert unused_settings(dcn, 6) == ["warning: model.low_rank=4 sets the cross layers' rank, and model.cross_layers=0: "
+                                       "it has no effect"]
