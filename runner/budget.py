@@ -72,7 +72,7 @@ class Budget:
         if self.epochs is None:
             return f"{self.steps:,} steps of {self.batch_size:,} ({self.source})"
         return (f"{self.steps:,} steps of {self.batch_size:,} = {self.epochs:.1f} epochs of {self.examples:,} "
-                f"training sequences ({self.source})")
+                f"training examples ({self.source})")
 
     def warnings(self) -> list[str]:
         """Lines (each starting with ``warning:``) about a budget far outside what the data can use."""

@@ -242,6 +242,7 @@ def check_warmups(configured: tuple[Any, Mapping[str, Any]], steps: int) -> None
     _raise(errors)
 
 
+REFERENCES = ("bayes", "popularity", "oracle")  # metrics of the data or a fixed scorer, not of the model
 SUMMARY_KEYS = ("final/train_loss", "perf/examples_per_s")  # in a run's summary beside the task's metrics
 
 
@@ -255,6 +256,12 @@ def check_objective(objective: str | None, task: Any) -> None:
         raise PreflightError(
             f"trainer.objective={objective!r} is not a metric this run reports; use one of {', '.join(names)} "
             f"(or trainer.objective=null for the task's own, {task.objective})")
+    if objective.split("/")[0] in REFERENCES:
+        model = [n for n in names if n.split("/")[0] not in REFERENCES]
+        raise PreflightError(
+            f"trainer.objective={objective!r} is a reference the model is compared with (the same whatever it "
+            f"learns), so a sweep would compare constants; use one of the model's: {', '.join(model)} (or "
+            f"trainer.objective=null for the task's own, {task.objective})")
 
 
 def check_selection(trainer: Any, task: Any) -> None:

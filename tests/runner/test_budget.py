@@ -117,7 +117,7 @@ def test_a_budget_far_beyond_the_data_warns_once_and_the_summary_counts_epochs(t
     lines = [r.getMessage() for r in caplog.records if r.name == "runner"]
     warnings = [ln for ln in lines if ln.startswith("warning:")]
     assert len(warnings) == 1 and f"more than {budget.MAX_EPOCHS} passes" in warnings[0], lines
-    assert "70 steps of 64 = 224.0 epochs of 20 training sequences" in warnings[0]
+    assert "70 steps of 64 = 224.0 epochs of 20 training examples" in warnings[0]
     assert any(ln.startswith("budget: 70 steps of 64 = 224.0 epochs") for ln in lines), lines
     assert any(ln.startswith("done: 70 steps (224.0 epochs), final train loss") for ln in lines), lines
 

@@ -251,10 +251,21 @@ def test_selection_with_an_objective_no_evaluation_reports_goes_by_the_validatio
     (lambda o: compose_config([o]), "test/auc_like"),
     (lambda o: compose_config([o]), "final/train_loss"),
     (lambda o: seq_config(o), "test/ndcg@10"),
-    (lambda o: seq_config(o, "data.ks=[5,20]"), "oracle/valid/hr@20"),
+    (lambda o: seq_config(o, "data.ks=[5,20]"), "valid/hr@20"),
 ])
 def test_known_objectives_pass(cfg, objective):
     build(cfg(f"trainer.objective={objective}"))
+
+
+def test_a_reference_metric_as_the_objective_is_refused():
+    text = refused(compose_config(["trainer.objective=bayes/valid/auc_mean"]))
+    assert text.startswith("trainer.objective='bayes/valid/auc_mean' is a reference the model is compared with (the "
+                           "same whatever it learns), so a sweep would compare constants; use one of the model's: "
+                           "valid/auc_click, ")
+    assert "bayes/" not in text.split("model's: ")[1]
+    for reference in ("oracle/valid/hr@10", "popularity/test/ndcg@10"):
+        assert refused(seq_config(f"trainer.objective={reference}")).startswith(
+            f"trainer.objective='{reference}' is a reference the model is compared with")
 
 
 def test_metric_names_are_what_evaluate_returns():
