@@ -77,10 +77,14 @@ def _without_group_defaults(node: DictConfig) -> DictConfig:
     ``weight_decay_mode``) that its ``_target_`` class does not take: ``optimizer=async_sgd
     optimizer._target_=mypkg.MySGD`` builds ``MySGD`` with the values it has fields for. A field set to another
     value stays, and building the class names it."""
+    quiet = logging.getLogger("hydra.utils")  # get_class logs an ERROR of its own before it raises
+    level, quiet.level = quiet.level, logging.CRITICAL
     try:
         params = inspect.signature(hydra.utils.get_class(node._target_)).parameters
     except Exception:  # noqa: BLE001 - not a class, or not found: instantiate names the problem
         return node
+    finally:
+        quiet.setLevel(level)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return node
     defaults = {f.name: f.default for cls in REGISTRY.values() if dataclasses.is_dataclass(cls)

@@ -487,7 +487,8 @@ def test_help_beside_an_override_that_cannot_apply_is_one_message():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["emb_width", "objective", "cpu_devices", "mesh", "binary_data", "three_interactions"])
+@pytest.mark.parametrize("case", ["emb_width", "objective", "cpu_devices", "mesh", "binary_data", "three_interactions",
+                                  "target"])
 def test_cli_refuses_with_exit_2_and_one_message(tmp_path, case):
     data = tmp_path / "data"
     data.mkdir()
@@ -503,11 +504,14 @@ def test_cli_refuses_with_exit_2_and_one_message(tmp_path, case):
                  "mesh data=3xtable=3 needs 9 devices but only 1 exist"),
         "binary_data": (seq + [f"data.path={binary}"], "binary content, not UTF-8 text"),
         "three_interactions": (seq + [f"data.path={three}"], "no user can be trained on"),
+        "target": (["debug=tiny", "optimizer._target_=nosuch.Class"], "optimizer._target_='nosuch.Class' cannot be "
+                                                                       "built: Error locating target 'nosuch.Class'"),
     }[case]
     proc = run_cli(*args, cwd=tmp_path / "run")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "Traceback" not in out
     assert proc.stderr.count("error: ") == 1 and needle in proc.stderr
+    assert "[ERROR]" not in out  # no logger's error line beside the message (hydra.utils' on a missing class)
     assert "[jax." not in out  # no INFO line of JAX's (a CPU machine's "Unable to initialize backend 'tpu'")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
