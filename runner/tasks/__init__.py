@@ -113,6 +113,16 @@ def report_metrics(data_name: str | None) -> ReportMetrics:
     return importlib.import_module(f"{__name__}.{package}.report").REPORT
 
 
+def refuse_own_widths(cfg: DictConfig, why: str) -> None:
+    """For a model whose tables all share ``model.emb_width`` (``why``: what makes them), refuse a
+    ``model.tables.<name>.width`` other than it, before any data is built."""
+    widths = {n: int(t.width) for n, t in (cfg.model.get("tables") or {}).items()
+              if t.get("width") is not None and int(t.width) != int(cfg.model.emb_width)}
+    if widths:
+        raise PreflightError(f"model.tables.<name>.width={widths}: model={cfg.model.name}'s tables all have "
+                             f"model.emb_width={cfg.model.emb_width} ({why}); unset them, or set model.emb_width")
+
+
 def make_task(cfg: DictConfig) -> Task:
     """The task registered for ``cfg.data.name``, built from the whole config."""
     import_tasks(cfg.data.name)

@@ -30,7 +30,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ...errors import PreflightError
-from .. import TASKS
+from .. import TASKS, refuse_own_widths
 from ..ranking.auc import auc
 from .config import CriteoIds, CriteoLogs, DCNStructure, Pooling
 from .ids import FIRST, HashIds, VocabIds, vocabulary
@@ -80,12 +80,7 @@ def check(cfg: DictConfig) -> list[Path] | None:
     if cfg.model.name not in MODELS:
         raise PreflightError(f"data=criteo is a click-log source, but model={cfg.model.name}; use model=dlrm or "
                              f"model=dcn")
-    widths = {n: int(t.width) for n, t in (cfg.model.get("tables") or {}).items()
-              if t.get("width") is not None and int(t.width) != int(cfg.model.emb_width)}
-    if widths:
-        raise PreflightError(f"model.tables.<name>.width={widths}: model={cfg.model.name}'s tables all have "
-                             f"model.emb_width={cfg.model.emb_width} (its features meet in dot products or one "
-                             f"stacked input); unset them, or set model.emb_width")
+    refuse_own_widths(cfg, "its features meet in dot products or one stacked input")
     d = cfg.data
     logs, skip = CriteoLogs(d.get("logs", "any")), int(d.get("max_bad_lines", 0))
     if logs is not CriteoLogs.any and not d.path:

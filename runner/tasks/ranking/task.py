@@ -15,7 +15,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from ...errors import PreflightError
-from .. import TASKS
+from .. import TASKS, refuse_own_widths
 from .synthetic import SyntheticRanking, SyntheticSpec, world
 from .auc import auc
 from .model import RankingModel
@@ -46,12 +46,7 @@ class RankingTask:
                                  f"use model=ranking, or " + ("data=criteo" if cfg.model.name in ("dlrm", "dcn") else
                                                                 "data=synthetic_sequences / data=movielens")
                                  + f" for model={cfg.model.name}")
-        widths = {n: int(t.width) for n, t in (cfg.model.get("tables") or {}).items()
-                  if t.get("width") is not None and int(t.width) != int(cfg.model.emb_width)}
-        if widths:
-            raise PreflightError(f"model.tables.<name>.width={widths}: model=ranking's tables all have "
-                                 f"model.emb_width={cfg.model.emb_width} (it adds item and author rows and multiplies "
-                                 f"the user's with them); unset them, or set model.emb_width")
+        refuse_own_widths(cfg, "it adds item and author rows and multiplies the user's with them")
         d = OmegaConf.to_container(cfg.data, resolve=True)
         d.pop("name")
         d["actions"] = tuple(d["actions"])
