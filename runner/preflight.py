@@ -168,9 +168,7 @@ def unknown_keys(node: Any, path: str = "") -> list[str]:
             hint = f" (or set {path}{near[0]}, the closest setting)" if near else ""
             out.append(f"{path}{key} is not a setting of {path.rstrip('.') or 'the config'} (added with +{path}{key}="
                        f"...), so nothing would read it: remove it{hint}; `runner --cfg job` lists the settings")
-    for key in node.keys():
-        if not path and key in KWARGS_SECTIONS:
-            continue
+    for key in (k for k in node.keys() if path or k not in KWARGS_SECTIONS):
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
             out += unknown_keys(child, f"{path}{key}.")

@@ -15,7 +15,7 @@ from tests.runner.core.test_hash_tables import DictTable, jit_find
 from tests.runner.support import numpy_tree, run_steps
 
 LR = 0.3
-HASHED = ["data.raw_ids=true", "data.drift=7", "trainer.eval_batches=2", "model.tables.users.kind=hash", "model.tables.users.capacity=40",
+HASHED = ["data.raw_ids=true", "data.drift=7", "trainer.eval_batches=4", "model.tables.users.kind=hash", "model.tables.users.capacity=40",
           "model.tables.users.probes=4", "model.tables.items.kind=hash", "model.tables.items.capacity=150",
           "model.tables.items.probes=8"]
 
