@@ -21,6 +21,7 @@ from optimizers import REGISTRY, AsyncEmbContext, Schedule, ScheduleKind
 from . import budget, padding, preflight
 from . import config as schemas
 from .checkpoint import meta as checkpoint_meta
+from .checkpoint import rebucket as rebucket_lib
 from .config import ROUTE_SAMPLE_BATCHES, TableConfig
 from .core.dense_optimizer import DenseOptimizer
 from .core.embeddings import TableSpec, stored_rows
@@ -171,6 +172,8 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
         kind = str(t.kind)
         if kind != "dense":
             parts = hash_partitions(cfg, plan, name, t)
+            if kind == "hash" and t.capacity is not None and int(t.capacity) % parts:
+                rebucket_lib.refuse_resumed_capacity(checkpoint_meta.resumed_tables(cfg), name, int(t.capacity), parts)
             specs[name] = keyed_table(name, t, tokens, cfg.model.emb_width, shards, parts)
             continue
         if id_range is None:

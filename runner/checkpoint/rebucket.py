@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from ..core import hash_rows, hash_tables as ht
+from ..errors import PreflightError
 
 log = logging.getLogger("runner")
 
@@ -178,3 +179,19 @@ def place(program: Any, state: Any, moves: Mapping[str, int], shardings: Any, wh
                         r.ids, f"; {r.dropped} found no free slot in their window and were dropped"
                         if r.dropped else " (none dropped)")
     return jax.tree_util.tree_unflatten(treedef, out), row_maps
+
+
+def refuse_resumed_capacity(resumed: tuple[str, Mapping[str, Any]] | None, name: str, slots: int,
+                            parts: int) -> None:
+    """A resume keeps a hash table's capacity: when the checkpoint's (``resumed``: its step directory and its
+    tables, ``meta.resumed_tables``) does not split into this mesh's ``parts``, refuse naming where it does resume
+    (``runner.build.keyed_table``'s advice, to change the capacity, would not)."""
+    saved = resumed[1].get(name) if resumed is not None else None
+    if not isinstance(saved, dict) or saved.get("kind") != "hash" or capacity(saved) != slots:
+        return
+    axes = [str(d) for d in range(2, min(slots, 4096) + 1) if slots % d == 0][:3]
+    where = "one device" + (f", or a mesh whose table axis divides it ({', '.join(axes)}, ...)" if axes else "")
+    raise PreflightError(f"model.tables.{name}.capacity={slots} does not split into the {parts} partitions of "
+                         f"this mesh (one or more a row shard), and the checkpoint {resumed[0]} holds the table with "
+                         f"that capacity, which a resume keeps: resume it on {where}, or start a new run in another "
+                         f"checkpoint.dir")

@@ -115,3 +115,21 @@ def test_a_full_window_drops_the_least_recently_seen_and_the_update_drops_their_
     k0 = _ints(state.keys[held_slots[:1]])[0]
     assert moved[3] == (int(hr.slot_rows(new, np.flatnonzero(np.asarray(_ints(r.hashed.keys)) == k0)[0]))
                         if k0 in kept else -1)
+
+
+def test_a_resumed_capacity_that_does_not_split_over_this_mesh_names_where_it_resumes():
+    from runner.checkpoint.rebucket import refuse_resumed_capacity
+    from runner.errors import PreflightError
+
+    saved = ("ck/3", {"items": {"kind": "hash", "vocab": 201 + 2, "partitions": 1}, "users": {"kind": "dense"}})
+    with pytest.raises(PreflightError) as e:
+        refuse_resumed_capacity(saved, "items", 201, 2)
+    assert str(e.value) == ("model.tables.items.capacity=201 does not split into the 2 partitions of this mesh (one or "
+                            "more a row shard), and the checkpoint ck/3 holds the table with that capacity, which a "
+                            "resume keeps: resume it on one device, or a mesh whose table axis divides it (3, 67, "
+                            "201, ...), or start a new run in another checkpoint.dir")
+    refuse_resumed_capacity(saved, "items", 203, 2)  # another capacity: the config's own refusal says how to fix it
+    refuse_resumed_capacity(None, "items", 201, 2)  # no checkpoint to resume
+    with pytest.raises(PreflightError, match=r"resume it on one device, or start a new run"):  # a prime: no axis
+        refuse_resumed_capacity(("ck/3", {"items": {"kind": "hash", "vocab": 5003 + 4, "partitions": 2}}), "items",
+                                5003, 4)
