@@ -86,8 +86,8 @@ def problems(obj: Any, prefix: str = "") -> list[str]:
         value = getattr(obj, name)
         if not rng.contains(value):
             out.append(f"{prefix}{name}={value!r} is outside {rng} ({fields[name].metadata['doc']})")
-        elif float32_problem(f"{prefix}{name}", value):
-            out.append(float32_problem(f"{prefix}{name}", value))
+        elif too_big := float32_problem(f"{prefix}{name}", value):
+            out.append(too_big)
     for name in fields:
         value = getattr(obj, name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):

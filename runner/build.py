@@ -166,14 +166,16 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
                                        f"its tables are {sorted(needs)}")
     shards = plan.table_shards if plan is not None and plan.layout.splits_rows and cfg.mesh.pad_vocab else 1
     permuted = permuted_tables(cfg, plan, list(needs))
+    resumed = checkpoint_meta.resumed_tables(cfg) if any(  # read once: hash tables follow the checkpoint's
+        str((cfg.model.tables.get(n) or {}).get("kind", "dense")) == "hash" for n in needs) else None
     specs = {}
     for name, (id_range, tokens) in needs.items():
         t = cfg.model.tables.get(name) or OmegaConf.structured(TableConfig)
         kind = str(t.kind)
         if kind != "dense":
-            parts = hash_partitions(cfg, plan, name, t)
+            parts = hash_partitions(plan, name, t, resumed)
             if kind == "hash" and t.capacity is not None and int(t.capacity) % parts:
-                rebucket_lib.refuse_resumed_capacity(checkpoint_meta.resumed_tables(cfg), name, int(t.capacity), parts)
+                rebucket_lib.refuse_resumed_capacity(resumed, name, int(t.capacity), parts)
             specs[name] = keyed_table(name, t, tokens, cfg.model.emb_width, shards, parts)
             continue
         if id_range is None:
@@ -192,15 +194,15 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
     return padding.stored_widths(cfg, plan, specs)
 
 
-def hash_partitions(cfg: DictConfig, plan: MeshPlan | None, name: str, t: DictConfig) -> int:
+def hash_partitions(plan: MeshPlan | None, name: str, t: DictConfig,
+                    resumed: tuple[str, dict[str, Any]] | None) -> int:
     """A hash table's partitions (``model.tables.<name>.partitions``): as set; else as the checkpoint this run
-    resumes records them (none recorded: 1) when this mesh's row shards can each hold whole ones; else the
-    table shards of a row-sharded mesh (each shard holds one), 1 otherwise. A resume with another count than
-    the checkpoint's places the ids again (``runner/checkpoint/rebucket.py``)."""
+    resumes records them (``resumed``: ``meta.resumed_tables``; none recorded: 1) when this mesh's row shards can
+    each hold whole ones; else the table shards of a row-sharded mesh (each shard holds one), 1 otherwise. A resume
+    with another count than the checkpoint's places the ids again (``runner/checkpoint/rebucket.py``)."""
     if t.get("partitions") is not None:
         return int(t.partitions)
     shards = plan.table_shards if plan is not None and plan.layout.splits_rows else 1
-    resumed = checkpoint_meta.resumed_tables(cfg)
     if resumed is not None and isinstance(resumed[1].get(name), dict):
         parts = int(resumed[1][name].get("partitions", 1))
         if parts % shards == 0:

@@ -68,11 +68,10 @@ def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
     settings when no table is split (one table shard), ``mesh.routing`` on the column layout (which exchanges ids
     its own way), and virtual CPU devices (``mesh.cpu_devices``) past the mesh's. ``mesh``: the ``mesh`` config;
     ``plan``: its resolved ``MeshPlan``; ``devices``: the devices of the run (every process's)."""
-    default, out = MeshConfig(), []
-    given = {k: mesh.get(k) for k in ("routing", "route_capacity", "route_overflow", "table_layout")
-             if mesh.get(k) is not None and str(mesh.get(k)) != str(getattr(default, k))}
+    out = []
+    given = _given(mesh, MeshConfig, ("routing", "route_capacity", "route_overflow", "table_layout"))
     if plan.table_shards == 1 and given:
-        settings = ", ".join(f"mesh.{k}={getattr(v, 'value', v)}" for k, v in given.items())
+        settings = _listed(given, "mesh.")
         out.append(f"warning: {settings}: no table is split on this mesh ({plan.describe()}, one table shard), so "
                    f"{'it has' if len(given) == 1 else 'they have'} no effect; shard the tables over a table axis "
                    f"(mesh=data_table) or leave {'it' if len(given) == 1 else 'them'} out")
@@ -94,15 +93,20 @@ HASH_ONLY = ("capacity", "admit_after", "admit_window", "evict", "ttl", "default
              "partitions")  # a table's settings that only kind=hash reads
 
 
+def _plain(value: Any) -> str:
+    """A setting's value as written on the command line (an enum's value, not its name)."""
+    return str(getattr(value, "value", value))
+
+
 def _given(node: Any, schema: type, keys: tuple[str, ...]) -> dict[str, Any]:
-    """Those of ``keys`` whose value in ``node`` differs from ``schema``'s default."""
+    """Those of ``keys`` set in ``node`` (not None) to another value than ``schema``'s default."""
     default = schema()
-    return {k: node.get(k) for k in keys if k in node and str(getattr(node.get(k), "value", node.get(k)))
-            != str(getattr(getattr(default, k), "value", getattr(default, k)))}
+    return {k: node.get(k) for k in keys
+            if node.get(k) is not None and _plain(node.get(k)) != _plain(getattr(default, k))}
 
 
 def _listed(given: Mapping[str, Any], prefix: str) -> str:
-    return ", ".join(f"{prefix}{k}={getattr(v, 'value', v)}" for k, v in given.items())
+    return ", ".join(f"{prefix}{k}={_plain(v)}" for k, v in given.items())
 
 
 def unused_settings(cfg: Any, steps: int) -> list[str]:
@@ -122,7 +126,7 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
         schedule = opt.get("schedule") if hasattr(opt, "get") else None
         if not schedule:
             continue
-        kind = str(getattr(schedule.kind, "value", schedule.kind))
+        kind = _plain(schedule.kind)
         idle = _given(schedule, Schedule, tuple(k for uses in SCHEDULE_USES.values() for k in uses
                                                 if k not in SCHEDULE_USES.get(kind, ())))
         if idle:
@@ -133,19 +137,18 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
             out.append(f"warning: {prefix}schedule.kind=step steps every {schedule.step_every} updates "
                        f"({prefix}schedule.step_every) and the run has {steps}: the learning rate never steps")
     a = cfg.async_emb
-    if _given(a, schemas.AsyncEmbConfig, ("dc_lambda",)) and not (a.enabled and str(getattr(
-            a.compensation, "value", a.compensation)) == "dc"):
+    if _given(a, schemas.AsyncEmbConfig, ("dc_lambda",)) and not (a.enabled and _plain(a.compensation) == "dc"):
         out.append(f"warning: async_emb.dc_lambda={a.dc_lambda} is delay compensation's, and it is off (it needs "
                    f"async_emb=on async_emb.compensation=dc): it has no effect")
     for name, table in (cfg.model.get("tables") or {}).items():
-        if str(getattr(table.get("kind"), "value", table.get("kind") or "dense")) == "dense":
+        if _plain(table.get("kind") or "dense") == "dense":
             idle = _given(table, schemas.TableConfig, HASH_ONLY)
             if idle:
                 out.append(f"warning: {_listed(idle, f'model.tables.{name}.')}: hash-table settings, and table "
                            f"'{name}' is dense; set model.tables.{name}.kind=hash or leave them out")
     m, model = cfg.model, cfg.model.get("name")
     if model == "sequential":
-        loss, negatives = (str(getattr(m.get(k), "value", m.get(k))) for k in ("loss", "negatives"))
+        loss, negatives = (_plain(m.get(k)) for k in ("loss", "negatives"))
         keys = ("negatives", "num_negatives") if loss == "full_softmax" else (
             ("num_negatives",) if negatives == "in_batch" else ())
         idle = _given(m, schemas.SequentialModelConfig, keys)

@@ -79,8 +79,8 @@ def section_problems(node: Any, schema: type, prefix: str) -> list[str]:
             continue
         if not rng.contains(value):
             out.append(f"{prefix}{name}={value!r} is outside {_range(rng)} ({fields[name].metadata['doc']})")
-        elif float32_problem(f"{prefix}{name}", value) and fields[name].type in (float, "float"):
-            out.append(float32_problem(f"{prefix}{name}", value))
+        elif fields[name].type in (float, "float") and (too_big := float32_problem(f"{prefix}{name}", value)):
+            out.append(too_big)
     return out
 
 

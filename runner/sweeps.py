@@ -190,9 +190,10 @@ def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple
     return trials, failed
 
 
-def summary_lines(sweep_dir: str | os.PathLike) -> tuple[list[str], bool]:
-    """The lines to print at the end of a sweep, and whether the sweep failed: every trial failed, or none ran."""
-    trials, failed = sweep_failures(sweep_dir) if Path(sweep_dir).is_dir() else ([], [])
+def summary_lines(sweep_dir: str | os.PathLike, found: tuple[list, list] | None = None) -> tuple[list[str], bool]:
+    """The lines to print at the end of a sweep, and whether the sweep failed: every trial failed, or none ran.
+    ``found``: ``sweep_failures(sweep_dir)`` when the caller has read it already."""
+    trials, failed = found or (sweep_failures(sweep_dir) if Path(sweep_dir).is_dir() else ([], []))
     if not trials:
         return [f"sweep: no trial ran ({sweep_dir}): the sweep's overrides gave none (e.g. an empty range or "
                 f"choice); give each swept key at least one value"], True
@@ -297,7 +298,7 @@ def optuna_stopped(sweep_dir: str | os.PathLike, error: Exception, max_failure_r
                f"hydra.sweeper.max_failure_rate=1.0 to record failed trials and go on")
     else:
         raise error
-    lines, _ = summary_lines(sweep_dir)
+    lines, _ = summary_lines(sweep_dir, (trials, failed))
     print("\n".join([*lines, why]), file=sys.stderr, flush=True)
     raise SystemExit(1)  # not an Exception: Hydra would print it with a traceback
 

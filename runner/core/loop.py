@@ -217,13 +217,18 @@ SKIP_CAUSES = ("Likely causes: {model}a learning rate too high for this table (o
                "and dense/grad_norm; lower dense_optimizer.learning_rate)")
 
 
+def _model_causes(program: TrainProgram) -> str:
+    """The model's own settings that can make every update non-finite (``skip_causes``), each followed by ``, ``."""
+    return "".join(f"{c}, " for c in getattr(program.model, "skip_causes", list)())
+
+
 def diverged_message(program: TrainProgram, loss: float, end: int, checkpoints: Any) -> str:
     """Why a run that reached its last step failed: its train loss is not a number (too short a run for
     ``trainer.max_skipped_updates`` to stop it first, or the dense parameters diverged)."""
     last = getattr(checkpoints, "last_step", None) if checkpoints is not None else None
     saved = (f" The newest checkpoint is step {last} in {checkpoints.directory}; resume from an earlier one if it "
              f"holds the divergence too." if last is not None and last >= 0 else "")
-    model = "".join(f"{c}, " for c in getattr(program.model, "skip_causes", list)())
+    model = _model_causes(program)
     return (f"training diverged: the last logged train loss is {loss} at the end of the run (step {end}), so the "
             f"model's parameters are not numbers; the metrics and summary are written, and no checkpoint of this "
             f"state was saved.{saved} Likely causes: {model}a dense learning rate too high (dense_optimizer."
@@ -336,8 +341,7 @@ def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any]
                 f"skipped (trainer.max_skipped_updates={max_skips}): each had a non-finite gradient or would have "
                 f"written non-finite rows or optimizer state, so the table and its optimizer state are as they "
                 f"were before step {step - streak + 1}. Its optimizer: {opt!r}. "
-                + SKIP_CAUSES.format(table=name, model="".join(
-                    f"{c}, " for c in getattr(program.model, "skip_causes", list)())) + "." + saved
+                + SKIP_CAUSES.format(table=name, model=_model_causes(program)) + "." + saved
                 + " trainer.max_skipped_updates=0 never stops.")
 
 
