@@ -179,6 +179,9 @@ class Checkpoints:
         bad = []
         for step in sorted(steps, reverse=True):
             where = Path(manager.directory) / str(step)
+            locked = trash.unreadable_problem(where)
+            if locked:  # not damaged: neither moved aside nor passed over for an older step
+                raise PreflightError(locked)
             failure = None
             missing = trash.half_deleted(where)
             if missing:

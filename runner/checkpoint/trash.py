@@ -28,6 +28,38 @@ def half_deleted(step_dir: Path) -> list[str]:
     return [name for name in COMMITTED if not (step_dir / name).exists()]
 
 
+def unreadable(step_dir: Path) -> Path | None:
+    """The first file or folder of a step this user may not read (a folder: list and enter), or None. Such a
+    step is not damaged: it is refused, never moved aside or removed as a corrupt one would be."""
+    todo = [step_dir]
+    while todo:
+        folder = todo.pop()
+        if not os.access(folder, os.R_OK | os.X_OK):
+            return folder
+        try:
+            entries = list(os.scandir(folder))
+        except PermissionError:
+            return folder
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                todo.append(Path(entry.path))
+            elif not os.access(entry.path, os.R_OK):
+                return Path(entry.path)
+    return None
+
+
+def unreadable_problem(step_dir: Path) -> str | None:
+    """Why this user cannot resume from ``step_dir`` (a file or folder of it not readable), or None."""
+    locked = unreadable(step_dir)
+    if locked is None:
+        return None
+    return (f"checkpoint {step_dir} cannot be read by this user: {locked} is not readable (permission denied). "
+            f"Give read access (chmod -R u+rX {step_dir}) and re-launch, or move that step out of checkpoint.dir "
+            f"to resume from the one before it")
+
+
 def foreign(step_dir: Path) -> list[str]:
     """What a numbered folder holds that no checkpoint step does (a user's own folder named like a step)."""
     try:

@@ -190,6 +190,29 @@ def test_a_users_numbered_folder_in_the_checkpoint_dir_is_refused_and_kept(tmp_p
     assert (ck / name / "notes.txt").read_text() == "a user's own file" and steps_in(ck) == sorted([2, 4, int(name)])
 
 
+def test_a_step_this_user_cannot_read_is_refused_and_neither_moved_nor_passed_over(tmp_path, saved, monkeypatch):
+    """A permission problem is not damage: the step is not moved to _corrupt/ and the run does not quietly go
+    back to an older step. (The suite may run as root, whom permissions do not stop, so ``os.access`` is told
+    which file this user may not read.)"""
+    import runner.checkpoint.trash as trash
+
+    ck = tmp_path / "ck"
+    shutil.copytree(saved, ck)
+    locked = sorted(f for f in (ck / "4" / "state").rglob("*") if f.is_file())[0]
+    real = os.access
+    monkeypatch.setattr(trash.os, "access", lambda p, mode: Path(p) != locked and real(p, mode))
+    with pytest.raises(PreflightError) as e:
+        open_with(ck)
+    assert str(e.value) == (f"checkpoint {ck / '4'} cannot be read by this user: {locked} is not readable "
+                            f"(permission denied). Give read access (chmod -R u+rX {ck / '4'}) and re-launch, or "
+                            f"move that step out of checkpoint.dir to resume from the one before it")
+    assert steps_in(ck) == [2, 4] and not (ck / "_corrupt").exists()
+    monkeypatch.setattr(trash.os, "access", lambda p, mode: Path(p) != ck / "4" / "meta" and real(p, mode))
+    assert trash.unreadable(ck / "4") == ck / "4" / "meta"  # a folder it may not enter
+    monkeypatch.undo()
+    assert trash.unreadable(ck / "4") is None
+
+
 def test_unwritable_checkpoint_dir_is_refused_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the checkpoint directory should go")
