@@ -82,6 +82,7 @@ def entry() -> None:
     or ``--hydra-help`` beside an override that cannot be applied) one message instead of a traceback."""
     from hydra.errors import HydraException
 
+    _hide_schema_groups()
     try:
         main()
     except HydraException as e:  # a run's own are reported by Hydra before they get here
@@ -89,6 +90,23 @@ def entry() -> None:
         lines = [str(e).strip()] + ([str(cause).strip()] if cause is not None and str(cause).strip() else [])
         print("error: " + "\n".join(lines), file=sys.stderr)
         sys.exit(2)
+
+
+def _hide_schema_groups() -> None:
+    """``--help`` lists the option groups a user picks from, not ``schema/*``, where the dataclass schemas the
+    options extend are stored (``runner.config.register``). Hydra filters only its own ``hydra/*`` groups, through
+    the predicate ``Hydra.format_config_groups`` takes; this narrows that predicate."""
+    from hydra._internal.hydra import Hydra
+
+    listed = Hydra.format_config_groups
+    if getattr(listed, "hides_schemas", False):
+        return
+
+    def format_config_groups(self, predicate, compact=True):
+        return listed(self, lambda g: predicate(g) and g.split("/")[0] != "schema", compact)
+
+    format_config_groups.hides_schemas = True
+    Hydra.format_config_groups = format_config_groups
 
 
 if __name__ == "__main__":
