@@ -176,9 +176,11 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
     ours, theirs = tables_of(program), meta["tables"]
     if set(ours) != set(theirs):
         stacked = any("members" in t for t in theirs.values() if isinstance(t, Mapping))
+        logical = lambda tables: sorted(m for n, t in tables.items()  # noqa: E731 (the model's own tables)
+                                        for m in (t.get("members") if isinstance(t, Mapping) else None) or [n])
         hint = (f" (the checkpoint's tables were {'' if stacked else 'not '}stacked: model.stack_tables="
                 f"{str(stacked).lower()} builds them as it has them)"
-                if stacked != bool(program.stacking.stacks) else "")
+                if stacked != bool(program.stacking.stacks) and logical(theirs) == logical(ours) else "")
         problems.append(f"tables: the checkpoint has {sorted(theirs)}, this config has {sorted(ours)}{hint}")
     for name in sorted(set(ours) & set(theirs)):
         moved = rebucket_lib.moved(theirs[name], ours[name])

@@ -4,6 +4,7 @@ rows bit for bit, the same losses and trained rows up to float rounding (a sum o
 other shapes may round its last bit otherwise); an out-of-range id of one member reads zeros,
 counts under its own name and touches no neighbour; a resume across a change of stacking is refused."""
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -114,6 +115,16 @@ def test_a_resume_with_other_stacking_is_refused(tmp_path):
                                              r"'items', 'users'\] \(the checkpoint's tables were stacked: "
                                              r"model.stack_tables=true builds them as it has them\)"):
         run(compose_config([*base, "model.stack_tables=false", "trainer.steps=10"]), tmp_path / "b")
+    # other tables altogether (another model's checkpoint): stacking would not make them match, so no hint
+    from runner.checkpoint.meta import check_compatible
+
+    meta = json.loads((tmp_path / "ck" / "5" / "meta" / "metadata").read_text())
+    meta["tables"]["stack0"]["members"] = ["cat_0", "cat_1", "cat_2"]
+    program, _, _ = build(compose_config([*RUN, "model.stack_tables=false"]))
+    with pytest.raises(PreflightError) as e:
+        check_compatible(meta, program, "ck/5")
+    assert "tables: the checkpoint has ['stack0'], this config has ['authors', 'items', 'users']\n" in str(e.value)
+    assert "stack_tables" not in str(e.value)
 
 
 def test_stacked_bfloat16_rows_keep_their_dtype():
