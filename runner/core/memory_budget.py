@@ -6,7 +6,8 @@ What a step adds to what is already allocated (the state and the batch, its argu
 its outputs that do not reuse a donated argument: ``temp + output - alias`` bytes a device, from
 ``Compiled.memory_analysis()``. A CPU's devices share the host's memory, so there it counts once per local
 device, against the memory Linux can still give (``MemAvailable`` plus free swap: a run that would only swap is
-slow, not refused). An accelerator's devices each have their own, ``bytes_limit - bytes_in_use``
+slow, not refused), or what the process's memory cgroup still allows where that is less (a container's or a
+SLURM job's limit, which ``MemAvailable`` does not see). An accelerator's devices each have their own, ``bytes_limit - bytes_in_use``
 (``Device.memory_stats()``). Where either is unknown (another OS, a backend without the statistics) nothing is
 checked.
 """
@@ -18,6 +19,8 @@ from typing import Any
 from ..errors import MemoryBudgetError
 
 MEMINFO = Path("/proc/meminfo")
+PROC_CGROUP, CGROUP_ROOT = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
+UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
 
 
 def step_bytes(compiled: Any) -> int | None:
@@ -35,6 +38,46 @@ def host_available(meminfo: Path = MEMINFO) -> int | None:
         return sum(int(fields[k].split()[0]) * 1024 for k in ("MemAvailable", "SwapFree"))
     except (OSError, KeyError, ValueError, IndexError):
         return None
+
+
+def _number(path: Path, key: str | None = None) -> int | None:
+    """The integer in a cgroup file, or under ``key`` in a ``memory.stat``; None when absent ("max" included)."""
+    try:
+        text = path.read_text()
+        if key is not None:
+            text = dict(line.split(" ", 1) for line in text.splitlines() if " " in line).get(key, "")
+        return int(text.strip())
+    except (OSError, ValueError):
+        return None
+
+
+def cgroup_available(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> tuple[int, str] | None:
+    """(bytes, cgroup) of the tightest memory limit on this process's cgroup or an ancestor (v2 or v1), less what
+    it uses that the kernel cannot reclaim first (its inactive page cache is reclaimed before anything is
+    killed); None where no cgroup limits memory."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if number == "0" and controllers == "":  # v2: one hierarchy for every controller
+            base, files = root, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        folder = base / path.strip("/")
+        while True:  # the limits nest: an ancestor's may be the tighter one
+            limit, used = _number(folder / files[0]), _number(folder / files[1])
+            if limit is not None and used is not None and limit < UNLIMITED:
+                cache = _number(folder / "memory.stat", files[2]) or 0
+                found.append((limit - max(used - cache, 0), "/" + str(folder.relative_to(base)).strip(".")))
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return min(found) if found else None
 
 
 def device_available(device: Any) -> int | None:
@@ -71,12 +114,19 @@ def check(compiled: Any, devices: list, batch_size: int, data_parallel: int = 1,
         return
     on_cpu = devices[0].platform == "cpu"
     need = per_device * len(devices) if on_cpu else per_device
+    limit = None
     if available is None:
         available = host_available() if on_cpu else device_available(devices[0])
+        limit = cgroup_available() if on_cpu else None
+        if limit is not None and (available is None or limit[0] < available):
+            available = limit[0]
+        else:
+            limit = None
     if available is None or need <= available:
         return
     fit = suggested_batch(int(batch_size * available / need * 0.8), data_parallel)  # a fifth kept spare
-    where = (f"this machine's memory has {_gb(available)} left (available and free swap)" if on_cpu else
+    where = (f"this process's memory limit (cgroup {limit[1]}) leaves {_gb(available)}" if limit else
+             f"this machine's memory has {_gb(available)} left (available and free swap)" if on_cpu else
              f"a {devices[0].platform.upper()} device has {_gb(available)} left")
     count = f" x {len(devices)} devices (a CPU's share the host's memory)" if on_cpu and len(devices) > 1 else ""
     fix = f"lower trainer.batch_size (e.g. {fit:,})" if fit else "lower trainer.batch_size"

@@ -8,7 +8,8 @@ import pytest
 
 from runner.app import run
 from runner.core import memory_budget
-from runner.core.memory_budget import MemoryBudgetError, check, host_available, step_bytes, suggested_batch
+from runner.core.memory_budget import (MemoryBudgetError, cgroup_available, check, host_available, step_bytes,
+                                       suggested_batch)
 
 MIB = 2**20
 
@@ -67,6 +68,51 @@ def test_the_hosts_memory_left_is_available_plus_free_swap(tmp_path):
     assert host_available(meminfo) == (2000000 + 500) * 1024
     meminfo.write_text("MemTotal: 1 kB\n")
     assert host_available(meminfo) is None and host_available(tmp_path / "none") is None
+
+
+def _files(root, files: dict) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_a_memory_cgroup_limit_counts_the_tightest_ancestor_less_what_cannot_be_reclaimed(tmp_path):
+    """A container's or a SLURM job's limit, which MemAvailable does not see: cgroup v2 and v1, the tightest
+    limit on the process's cgroup or any ancestor, its usage less the inactive page cache."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job/step\n")
+    v2 = tmp_path / "v2"
+    _files(v2, {"job/memory.max": str(8000 * MIB), "job/memory.current": str(1000 * MIB),
+                "job/memory.stat": f"anon 1\ninactive_file {200 * MIB}\n",
+                "job/step/memory.max": "max", "job/step/memory.current": str(900 * MIB)})
+    assert cgroup_available(proc, v2) == (7200 * MIB, "/job")  # 8000 - (1000 - 200)
+    _files(v2, {"job/step/memory.max": str(1000 * MIB)})
+    assert cgroup_available(proc, v2) == (100 * MIB, "/job/step")  # the step's own limit is tighter
+    _files(v2, {"job/memory.max": "max", "job/step/memory.max": "max"})
+    assert cgroup_available(proc, v2) is None  # no limit anywhere
+    proc.write_text("4:memory:/slurm/uid_1\n3:cpuset:/\n0::/\n")  # v1 (and an empty v2 line)
+    v1 = tmp_path / "v1"
+    _files(v1, {"memory/slurm/uid_1/memory.limit_in_bytes": str(4000 * MIB),
+                "memory/slurm/uid_1/memory.usage_in_bytes": str(500 * MIB),
+                "memory/slurm/memory.limit_in_bytes": str(2**63 - 4096),  # v1's "unlimited"
+                "memory/slurm/memory.usage_in_bytes": str(600 * MIB)})
+    assert cgroup_available(proc, v1) == (3500 * MIB, "/slurm/uid_1")
+    assert cgroup_available(tmp_path / "none", v1) is None
+
+
+def test_a_cgroup_limit_below_the_hosts_memory_is_the_one_checked_and_named(monkeypatch):
+    step = compiled(100 * MIB, 0, 0)
+    monkeypatch.setattr(memory_budget, "host_available", lambda: 2**40)
+    monkeypatch.setattr(memory_budget, "cgroup_available", lambda: (400 * MIB, "/job"))
+    with pytest.raises(MemoryBudgetError) as e:
+        check(step, devices(8), 4096, 8)
+    assert ("x 8 devices (a CPU's share the host's memory), and this process's memory limit (cgroup /job) leaves "
+            "0.4 GB; the run would be killed mid-step. Lower trainer.batch_size (e.g. 1,024)") in str(e.value)
+    monkeypatch.setattr(memory_budget, "cgroup_available", lambda: (2**41, "/job"))
+    check(step, devices(8), 4096, 8)  # the host's memory is the tighter: it fits
+    monkeypatch.setattr(memory_budget, "host_available", lambda: 400 * MIB)
+    with pytest.raises(MemoryBudgetError, match=r"this machine's memory has 0.4 GB left \(available and free swap\)"):
+        check(step, devices(8), 4096, 8)
 
 
 @pytest.mark.slow
