@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import budget, distributed, notices, preflight, progress
 from .build import build_run
 from .checkpoint import open_checkpoints
-from .core import failures
+from .core import failures, memory_budget
 from .core.loop import train
 from .core.preemption import Preemption
 from .errors import Preempted, PreflightError
@@ -68,6 +68,8 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     distributed.initialize(cfg.distributed)  # joins the other processes, before anything starts JAX
     program, task, plan, run_budget = build_run(cfg)  # raises PreflightError before anything compiles
     distributed.check_plan(plan)
+    shapes = program.state_shapes(int(cfg.trainer.seed))  # refused before it is built if it cannot fit
+    memory_budget.check_state(shapes, program.state_shardings(shapes), list(program.mesh.local_devices))
     say = log.info if jax.process_index() == 0 else (lambda *a, **k: None)  # process 0 speaks for the run
     lg = cfg.logger
     # checks, then restores per checkpoint.resume (refused on another data file than it recorded); None = off

@@ -1,4 +1,5 @@
-"""Before the first step: the compiled train step's memory, by XLA's own accounting, against what the devices
+"""Before the state is built: its own size against what the devices have left (``check_state``), so a table
+that cannot fit stops with one message naming what sizes it. Before the first step: the compiled train step's memory, by XLA's own accounting, against what the devices
 have left, so a batch that cannot fit stops with one message naming ``trainer.batch_size`` instead of the
 operating system killing the process (exit code 137, no word) or the accelerator failing mid-step.
 
@@ -13,8 +14,12 @@ checked.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
+
+import jax
+import numpy as np
 
 from ..errors import MemoryBudgetError
 
@@ -100,6 +105,24 @@ def suggested_batch(most: int, data_parallel: int) -> int:
     return power if power % data_parallel == 0 else most // data_parallel * data_parallel
 
 
+def _room(devices: list, available: int | None) -> tuple[int | None, str]:
+    """(bytes left, where, in words): a CPU's host memory or its cgroup's limit where that is less, or an
+    accelerator's own. ``available`` given (tests): taken as the host's or the device's."""
+    on_cpu, limit = devices[0].platform == "cpu", None
+    if available is None:
+        available = host_available() if on_cpu else device_available(devices[0])
+        limit = cgroup_available() if on_cpu else None
+        if limit is not None and (available is None or limit[0] < available):
+            available = limit[0]
+        else:
+            limit = None
+    if available is None:
+        return None, ""
+    return available, (f"this process's memory limit (cgroup {limit[1]}) leaves {_gb(available)}" if limit else
+                       f"this machine's memory has {_gb(available)} left (available and free swap)" if on_cpu else
+                       f"a {devices[0].platform.upper()} device has {_gb(available)} left")
+
+
 def _gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
@@ -114,20 +137,10 @@ def check(compiled: Any, devices: list, batch_size: int, data_parallel: int = 1,
         return
     on_cpu = devices[0].platform == "cpu"
     need = per_device * len(devices) if on_cpu else per_device
-    limit = None
-    if available is None:
-        available = host_available() if on_cpu else device_available(devices[0])
-        limit = cgroup_available() if on_cpu else None
-        if limit is not None and (available is None or limit[0] < available):
-            available = limit[0]
-        else:
-            limit = None
+    available, where = _room(devices, available)
     if available is None or need <= available:
         return
     fit = suggested_batch(int(batch_size * available / need * 0.8), data_parallel)  # a fifth kept spare
-    where = (f"this process's memory limit (cgroup {limit[1]}) leaves {_gb(available)}" if limit else
-             f"this machine's memory has {_gb(available)} left (available and free swap)" if on_cpu else
-             f"a {devices[0].platform.upper()} device has {_gb(available)} left")
     count = f" x {len(devices)} devices (a CPU's share the host's memory)" if on_cpu and len(devices) > 1 else ""
     fix = f"lower trainer.batch_size (e.g. {fit:,})" if fit else "lower trainer.batch_size"
     raise MemoryBudgetError(
@@ -136,3 +149,43 @@ def check(compiled: Any, devices: list, batch_size: int, data_parallel: int = 1,
         f"mid-step. {fix[0].upper()}{fix[1:]}, or what sizes each example's work (the model's widths, a sequence "
         f"length such as data.max_len, the negatives an example scores such as model.num_negatives), or shard the "
         f"tables over more devices (mesh=data_table)")
+
+
+STATE_PARTS = {"tables": "tables", "emb_states": "their optimizer state", "hashed": "hash-table slots",
+               "pending": "deferred updates"}
+
+
+def state_bytes(shapes: Any, shardings: Any, devices: list) -> dict[str, int]:
+    """Bytes the train state of ``shapes`` (``TrainProgram.state_shapes``) placed by ``shardings`` takes on
+    ``devices`` together (this process's), by part: tables, their optimizer state, ..., the rest as "other"."""
+    mine = {id(d) for d in devices}
+    out: dict[str, int] = {}
+    for part in shapes._fields:
+        leaves = zip(jax.tree.leaves(getattr(shapes, part)), jax.tree.leaves(getattr(shardings, part)))
+        total = 0
+        for leaf, sharding in leaves:
+            shard = math.prod(sharding.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+            total += shard * sum(id(d) in mine for d in sharding.device_set)
+        key = part if part in STATE_PARTS else "other"
+        out[key] = out.get(key, 0) + total
+    return out
+
+
+def check_state(shapes: Any, shardings: Any, devices: list, available: int | None = None) -> None:
+    """Raise :class:`MemoryBudgetError` when the train state cannot fit in what this process's devices have
+    left: the run would be killed while building or restoring it. ``available``: instead of asking (tests)."""
+    if not devices:
+        return
+    parts = state_bytes(shapes, shardings, devices)
+    on_cpu = devices[0].platform == "cpu"
+    need = sum(parts.values()) if on_cpu else max(sum(parts.values()) // len(devices), 1)
+    available, where = _room(devices, available)
+    if available is None or need <= available:
+        return
+    scope = f"this host's {len(devices)} devices" if on_cpu else "a device"
+    split = ", ".join(f"{STATE_PARTS.get(k, 'the rest')} {_gb(v)}" for k, v in parts.items() if v)
+    raise MemoryBudgetError(
+        f"the train state needs {_gb(need)} on {scope} ({split}), and {where}; the run would be killed while "
+        f"building it. Shard the tables over more devices or processes (mesh=data_table, python -m runner.launch), "
+        f"make them smaller (their vocab or capacity, model.emb_width, model.tables.<name>.dtype=bfloat16), or "
+        f"pick an embedding optimizer with less state a row (optimizer=async_rowwise_adagrad keeps one number a row)")

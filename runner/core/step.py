@@ -124,8 +124,11 @@ class TrainProgram:
     def state_shapes(self, seed: int) -> TrainState:
         """The initial state's shapes and dtypes, nothing allocated or compiled (``init_state``'s jitted program
         cannot be traced inside another transformation: its compiler options belong to a top-level jit)."""
-        key, rng = jax.random.key(seed), jax.random.key_data(jax.random.key(seed + 1))
-        return jax.eval_shape(self._init, key, rng)
+        memo = self.__dict__.setdefault("_state_shapes", {})  # traced once a seed: the run and its restore ask
+        if seed not in memo:
+            key, rng = jax.random.key(seed), jax.random.key_data(jax.random.key(seed + 1))
+            memo[seed] = jax.eval_shape(self._init, key, rng)
+        return memo[seed]
 
     def init_state(self, seed: int) -> TrainState:
         """The initial state, built by one jitted program straight into its shardings (each table shard
@@ -133,7 +136,7 @@ class TrainProgram:
         key, rng = jax.random.key(seed), jax.random.key_data(jax.random.key(seed + 1))
 
         def jit_init():
-            shapes = jax.eval_shape(self._init, key, rng)
+            shapes = self.state_shapes(seed)
             opts = compiler_options([t.dtype for t in self.tables.values()])  # may be traced inside another jit
             return jax.jit(self._init, out_shardings=self.state_shardings(shapes), compiler_options=opts)
 

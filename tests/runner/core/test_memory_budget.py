@@ -4,6 +4,8 @@ devices share the host's memory, an accelerator's each have their own; where the
 is refused."""
 from types import SimpleNamespace
 
+import jax
+
 import pytest
 
 from runner.app import run
@@ -119,7 +121,8 @@ def test_a_cgroup_limit_below_the_hosts_memory_is_the_one_checked_and_named(monk
 def test_a_run_whose_step_cannot_fit_stops_before_its_first_step(cfg_of, tmp_path, monkeypatch):
     """The check runs on the real compiled step of a run, before the first step: with 1 KiB left the tiny
     ranking model's step does not fit, and nothing is trained."""
-    monkeypatch.setattr(memory_budget, "host_available", lambda: 1024)
+    left = iter([2**40, 1024])  # the state fits (checked first, before it is built), the step does not
+    monkeypatch.setattr(memory_budget, "host_available", lambda: next(left))
     with pytest.raises(MemoryBudgetError, match=r"^trainer.batch_size=32: the compiled train step needs .* and this "
                                                 r"machine's memory has 0.0 GB left"):
         run(cfg_of(["trainer.steps=3"]), tmp_path)
@@ -127,3 +130,45 @@ def test_a_run_whose_step_cannot_fit_stops_before_its_first_step(cfg_of, tmp_pat
     monkeypatch.setattr(memory_budget, "host_available", lambda: 2**40)
     run(cfg_of(["trainer.steps=3"]), tmp_path / "fits")
     assert "train/loss" in (tmp_path / "fits" / "metrics.jsonl").read_text()
+
+
+def test_the_state_counts_each_devices_shard_on_this_host_by_part():
+    """On a 2x4 mesh each table row is on the 2 devices of its table shard (padded rows included), replicated
+    parameters on all 8; against the sizes computed from the config."""
+    from runner.build import build
+    from tests.runner.support import compose_config
+
+    program, _, _ = build(compose_config(["mesh=data_table", "mesh.axes.data=2", "mesh.axes.table=4",
+                                          "mesh.cpu_devices=8", "optimizer=async_rowwise_adagrad"]))
+    shapes = program.state_shapes(0)
+    parts = memory_budget.state_bytes(shapes, program.state_shardings(shapes), list(program.mesh.local_devices))
+    rows = {n: program.tables[n].rows for n in ("users", "items", "authors")}
+    assert all(r % 4 == 0 for r in rows.values())  # padded to split over the 4 table shards
+    assert parts["tables"] == sum(rows.values()) * 8 * 4 * 2  # width 8, float32, each row on the 2 data replicas
+    assert parts["emb_states"] >= sum(rows.values()) * 4  # row-wise Adagrad: at least one float a row
+    params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes.params))
+    assert parts["other"] >= 8 * params  # the dense model on each of the 8 devices
+
+
+def test_a_state_that_cannot_fit_is_refused_naming_its_parts_and_the_ways_out(cfg_of, tmp_path, monkeypatch):
+    """Refused before the state is built or a checkpoint is opened: no train step, no checkpoint folder."""
+    cfg = cfg_of(["trainer.steps=3", "checkpoint.interval=2", f"checkpoint.dir={tmp_path / 'ck'}"])
+    monkeypatch.setattr(memory_budget, "host_available", lambda: 50_000)
+    monkeypatch.setattr(memory_budget, "cgroup_available", lambda: None)
+    with pytest.raises(MemoryBudgetError) as e:
+        run(cfg, tmp_path / "run")
+    msg = str(e.value)
+    assert msg.startswith("the train state needs 0.0 GB on this host's 1 devices (the rest 0.0 GB, tables 0.0 GB, "
+                          "their optimizer state 0.0 GB, deferred updates 0.0 GB), and this machine's memory has 0.0 GB "
+                          "left (available and free swap); the run would be killed while building it. Shard the "
+                          "tables over more devices or processes (mesh=data_table"), msg
+    assert "optimizer=async_rowwise_adagrad keeps one number a row" in msg
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+    tpus = devices(4, "tpu", limit=100)  # each device has its own memory: a quarter of the state on each
+    table = SimpleNamespace(_fields=("tables",), tables=[SimpleNamespace(shape=(100, 1), dtype="float32")])
+    split = SimpleNamespace(tables=[SimpleNamespace(device_set=tpus, shard_shape=lambda s: (s[0] // 4, s[1]))])
+    memory_budget.check_state(table, split, tpus)  # 100 bytes a device: fits exactly
+    table.tables[0].shape = (104, 1)
+    with pytest.raises(MemoryBudgetError, match=r"^the train state needs 0.0 GB on a device \(tables 0.0 GB\), and a "
+                                                r"TPU device has 0.0 GB left"):
+        memory_budget.check_state(table, split, tpus)
