@@ -182,8 +182,12 @@ def check_state(shapes: Any, shardings: Any, devices: list, available: int | Non
     available, where = _room(devices, available)
     if available is None or need <= available:
         return
-    scope = f"this host's {len(devices)} devices" if on_cpu else "a device"
-    split = ", ".join(f"{STATE_PARTS.get(k, 'the rest')} {_gb(v)}" for k, v in parts.items() if v)
+    scope = ("this host's device" if len(devices) == 1 else f"this host's {len(devices)} devices") if on_cpu \
+        else "a device"
+    shown = {STATE_PARTS[k]: parts[k] for k in STATE_PARTS if parts.get(k, 0) * 100 >= sum(parts.values())}
+    rest = sum(parts.values()) - sum(shown.values())  # the dense model and counters, and parts under 1%
+    split = ", ".join(f"{name} {_gb(v if on_cpu else v // len(devices))}" for name, v in
+                      [*shown.items(), *([("the rest", rest)] if rest * 100 >= sum(parts.values()) else [])])
     raise MemoryBudgetError(
         f"the train state needs {_gb(need)} on {scope} ({split}), and {where}; the run would be killed while "
         f"building it. Shard the tables over more devices or processes (mesh=data_table, python -m runner.launch), "

@@ -152,16 +152,18 @@ def test_the_state_counts_each_devices_shard_on_this_host_by_part():
 
 def test_a_state_that_cannot_fit_is_refused_naming_its_parts_and_the_ways_out(cfg_of, tmp_path, monkeypatch):
     """Refused before the state is built or a checkpoint is opened: no train step, no checkpoint folder."""
-    cfg = cfg_of(["trainer.steps=3", "checkpoint.interval=2", f"checkpoint.dir={tmp_path / 'ck'}"])
-    monkeypatch.setattr(memory_budget, "host_available", lambda: 50_000)
+    cfg = cfg_of(["trainer.steps=3", "checkpoint.interval=2", f"checkpoint.dir={tmp_path / 'ck'}",
+                  "data.num_items=1000000", "model.emb_width=64"])  # Adam: two state values a table value
+    monkeypatch.setattr(memory_budget, "host_available", lambda: 600_000_000)
     monkeypatch.setattr(memory_budget, "cgroup_available", lambda: None)
     with pytest.raises(MemoryBudgetError) as e:
         run(cfg, tmp_path / "run")
     msg = str(e.value)
-    assert msg.startswith("the train state needs 0.0 GB on this host's 1 devices (the rest 0.0 GB, tables 0.0 GB, "
-                          "their optimizer state 0.0 GB, deferred updates 0.0 GB), and this machine's memory has 0.0 GB "
-                          "left (available and free swap); the run would be killed while building it. Shard the "
-                          "tables over more devices or processes (mesh=data_table"), msg
+    table = (1_000_001 + 301 + 51) * 64 * 4  # items, users, authors (their vocab plus one), float32
+    assert msg.startswith(f"the train state needs {table * 3 / 1e9:.1f} GB on this host's device (tables "
+                          f"{table / 1e9:.1f} GB, their optimizer state {2 * table / 1e9:.1f} GB), and this machine's "
+                          f"memory has 0.6 GB left (available and free swap); the run would be killed while building "
+                          f"it. Shard the tables over more devices or processes (mesh=data_table"), msg
     assert "optimizer=async_rowwise_adagrad keeps one number a row" in msg
     assert not (tmp_path / "ck").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
     tpus = devices(4, "tpu", limit=100)  # each device has its own memory: a quarter of the state on each
