@@ -354,10 +354,15 @@ DATA = {
     "header_only": ("user,item,timestamp\n", "{path}: file is empty (no interactions after the header)"),
     "float_ids": ("user,item\n1,2\n1,2.5\n", "{path}:3: malformed csv line (item id must be an integer, got 2.5)"),
     "empty_field": ("user,item\n1,2\n,3\n", "{path}:3: malformed csv line (user id is empty): ',3'"),
+    # one decimal makes pyarrow read the whole column as float64, which would merge ids past 2**53
+    "ids_read_as_floats": ("user,item\n9007199254740993,2\n9007199254740994.0,3\n",
+                           "{path}:2: malformed csv line (user id 9007199254740992 cannot be read exactly: the user "
+                           "column holds a value that is not a plain integer (a decimal such as '1.0', or one outside "
+                           "int64), so the whole column is read as 64-bit floats"),
     "corrupt_parquet": (b"PAR1" + b"garbage" * 50, "{path}: cannot read Parquet file: Parquet magic bytes not found"),
 }
 SUFFIX = {"wrong_columns": ".csv", "one_column": ".csv", "binary_no_nul": ".csv", "header_only": ".csv",
-          "float_ids": ".csv", "empty_field": ".csv", "corrupt_parquet": ".parquet"}
+          "float_ids": ".csv", "empty_field": ".csv", "corrupt_parquet": ".parquet", "ids_read_as_floats": ".csv"}
 
 
 @pytest.mark.parametrize("case", list(DATA))
@@ -373,6 +378,21 @@ def test_bad_data_file_is_refused_naming_the_file(tmp_path, case):
     assert needle.format(path=path) in text
     assert text.count("Fix data.path") == 1 and ".." not in text.replace("...", "")
     assert "\ufffd" not in text and "\x00" not in text  # no binary garbage echoed to the terminal
+
+
+@pytest.mark.parametrize("layout", ["top", "subfolders"])
+def test_a_folder_holding_several_interaction_files_is_refused_naming_them(tmp_path, layout):
+    """Two files the loader recognises by name (a MovieLens ratings.dat beside a converted ratings.csv): which
+    one is meant is not guessed, in the folder or in its subfolders."""
+    data = tmp_path / "data"
+    where = (data, data) if layout == "top" else (data / "a", data / "b")
+    for d in where:
+        d.mkdir(parents=True, exist_ok=True)
+    write(where[0], "ratings.dat", "".join(f"{u}::{i}::5::{t}\n" for u, i, t in users(10, 5)))
+    write(where[1], "ratings.csv", "userId,movieId,rating,timestamp\n1,2,5,3\n")
+    text = refused(seq_config(data=["data=movielens", f"data.path={data}"]))
+    names = ("ratings.dat, ratings.csv" if layout == "top" else "a/ratings.dat, b/ratings.csv")
+    assert f"{data}: directory holds several interaction files ({names}); pass one of them" in text
 
 
 @pytest.mark.parametrize("offset", [-(2**40), 2**40], ids=["negative_ids", "ids_beyond_int32"])

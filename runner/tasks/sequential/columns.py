@@ -35,10 +35,19 @@ def _ids(col: pa.ChunkedArray, name: str) -> tuple[np.ndarray, np.ndarray | None
     if pa.types.is_floating(t):
         x = col.to_numpy()
         with np.errstate(invalid="ignore"):
-            bad = ~np.isfinite(x) | (x != np.floor(x)) | (np.abs(x) >= 2.0 ** 63)
+            bad = ~np.isfinite(x) | (x != np.floor(x))
         if bad.any():
             r = _first_true(bad)
             raise _RowError(r, f"{name} id must be an integer, got {float(x[r])!r}")
+        # A float64 holds every integer exactly only below 2**53: past it, distinct ids would become one.
+        inexact = np.abs(x) >= 2.0 ** 53
+        if inexact.any():
+            raise _RowError(_first_true(inexact), (
+                f"{name} id {x[_first_true(inexact)]:.0f} cannot be read exactly: the {name} column holds a value "
+                f"that is not a plain integer (a decimal such as '1.0', or one outside int64), so the whole column "
+                f"is read as 64-bit floats, which keep integers exact only below 2**53 and would merge distinct ids. "
+                f"Write every {name} id as a plain integer within int64, or as text in a column that holds letters "
+                f"too (Parquet: a string column)"))
         return x.astype(np.int64), None
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t):
         empty = pc.equal(pc.utf8_trim_whitespace(col) if not pa.types.is_binary(t) else col,

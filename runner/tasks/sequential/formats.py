@@ -64,10 +64,15 @@ def _resolve_path(path: Path) -> Path:
     if not path.is_dir():
         raise DataError(f"{path}: not a regular file or directory")
 
+    try:
+        entries = sorted(path.iterdir())
+    except PermissionError:
+        raise DataError(f"{path}: cannot read the folder (permission denied)") from None
+
     def candidates(d: Path) -> list[Path]:
-        for name in _DIR_NAMES:
-            if (d / name).is_file():
-                return [d / name]
+        named = [d / name for name in _DIR_NAMES if (d / name).is_file()]
+        if named:  # several: which one is meant is not for the loader to guess
+            return named
         for pattern in ("*.inter", "*.parquet", "*.pq"):
             found = sorted(p for p in d.glob(pattern) if p.is_file())
             if found:
@@ -76,7 +81,7 @@ def _resolve_path(path: Path) -> Path:
 
     found = candidates(path)
     if not found:  # e.g. the folder the zip was extracted into: data/ -> data/ml-1m/ratings.dat
-        found = [c for sub in sorted(p for p in path.iterdir() if p.is_dir()) for c in candidates(sub)[:1]]
+        found = [c for sub in entries if sub.is_dir() for c in candidates(sub)]
     if len(found) == 1:
         return found[0]
     if not found:
