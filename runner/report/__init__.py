@@ -53,13 +53,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m runner.report DIR [--out DIR] [--metric M] [--goal G]``; returns the exit code (2: refused)."""
     p = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path, help="run directory or Hydra multirun directory")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default: DIR)")
+    p.add_argument("--out", default=None, help="output directory (default: DIR)")
     p.add_argument("--metric", default=None,
                    help="objective metric (default: the task's, e.g. valid/auc_mean for ranking)")
     p.add_argument("--goal", choices=["maximize", "minimize"], default="maximize")
     args = p.parse_args(argv)
     try:
-        path = build_report(args.dir, args.out, metric=args.metric, goal=args.goal)
+        if args.out is not None and not args.out.strip():
+            raise ReportError("--out is empty; give a folder (it is created if missing), or leave --out out to "
+                              "write into the run or sweep folder")
+        path = build_report(args.dir, Path(args.out) if args.out is not None else None, metric=args.metric,
+                            goal=args.goal)
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,7 +13,8 @@ from typing import Any
 from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE
 from ..tasks import ReportMetrics
 from .charts import AucPanels, _plot_final, _plot_loss, _plot_metrics, auc_panels
-from .trials import LOSS_KEY, ReportError, Trial, find_trials, label_trials, load_trial, shown_metrics
+from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, find_trials, label_trials, load_trial,
+                     shown_metrics)
 
 CSV_COLUMNS = [
     "trial",
@@ -66,6 +70,12 @@ def _check_dirs(root: Path, out: Path | None) -> tuple[Path, Path]:
     out = out if out is not None else root
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out} is a file; give a folder (it is created if missing)")
+    inside = next((d for d in (out.resolve(), *out.resolve().parents) if d != root.resolve() and
+                   root.resolve() in d.parents and _is_trial_dir(d)), None)
+    if inside is not None:
+        raise ReportError(f"--out {out} is inside the trial {inside} of {root}: the report would be written among "
+                          f"that trial's files and the trial left out of it. Give a folder outside the trials (the "
+                          f"default, {root}, or any other)")
     return root, out
 
 
@@ -106,20 +116,32 @@ def build_report(
     rows = [_row(t, metric, goal) for t in trials]
     try:
         out.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".report-", dir=out))  # written whole, then moved into place
     except OSError as e:
-        raise ReportError(f"--out {out} cannot be made ({e.strerror or e}); give a folder that can be written") from None
-
-    _write_csv(out / "report.csv", rows)
-    _plot_loss(trials, out)
-    panels = auc_panels(trials, shown)
-    _plot_metrics(trials, out, panels)
-    _plot_final(rows, trials, out, metric)
-
-    lines = (_header(root, trials, rows, common, metric, goal, panels) + _table(trials, rows, metric)
-             + _charts(panels, shown, metric))
-    report = out / "report.md"
-    report.write_text("\n".join(lines), encoding="utf-8")
-    return report
+        raise ReportError(f"--out {out} cannot be made or written ({e.strerror or e}); give a folder that can be "
+                          f"written. Nothing was written") from None
+    try:
+        _write_csv(stage / "report.csv", rows)
+        _plot_loss(trials, stage)
+        panels = auc_panels(trials, shown)
+        _plot_metrics(trials, stage, panels)
+        _plot_final(rows, trials, stage, metric)
+        lines = (_header(root, trials, rows, common, metric, goal, panels) + _table(trials, rows, metric)
+                 + _charts(panels, shown, metric))
+        (stage / "report.md").write_text("\n".join(lines), encoding="utf-8")
+        made = sorted(p.name for p in stage.iterdir())
+        blocked = [out / name for name in made if (out / name).is_dir()]
+        if blocked:
+            raise ReportError(f"{blocked[0]} is a folder where the report writes a file; move it away or give "
+                              f"another --out. Nothing was written")
+        for name in made:
+            os.replace(stage / name, out / name)
+    except OSError as e:
+        raise ReportError(f"writing the report into {out} failed ({e.strerror or e}); give a folder that can be "
+                          f"written (--out)") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return out / "report.md"
 
 
 def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -136,6 +158,7 @@ def _header(root: Path, trials: Sequence[Trial], rows: Sequence[dict[str, Any]],
     """The report's title and summary: trials, objective, common overrides, the best trial, the references."""
     n_failed = sum(t.failed for t in trials)
     n_unfinished = sum(t.status == "unfinished" for t in trials)
+    unreadable = [t for t in trials if t.status == "unreadable"]
     candidates = [
         (r["best_objective"], r, t)
         for r, t in zip(rows, trials)
@@ -144,11 +167,12 @@ def _header(root: Path, trials: Sequence[Trial], rows: Sequence[dict[str, Any]],
     lines = [
         f"# Report: {root}",
         "",
-        f"- trials: {len(trials)} ({len(trials) - n_failed - n_unfinished} ok, {n_failed} failed"
+        f"- trials: {len(trials)} ({len(trials) - n_failed - n_unfinished - len(unreadable)} ok, {n_failed} failed"
         + (f", {n_unfinished} unfinished: no summary.json status, still running or stopped" if n_unfinished else "")
-        + ")",
+        + (f", {len(unreadable)} unreadable" if unreadable else "") + ")",
         f"- objective: `{metric}` ({goal})",
     ]
+    lines += [f"- unreadable: `{t.label}`: {', '.join(t.unreadable)}" for t in unreadable]
     if common:
         lines.append(f"- common: `{' '.join(common)}` (every trial; the table shows what differs)")
     if candidates:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -37,13 +38,25 @@ def _to_float(v: Any) -> float | None:
     return None
 
 
-def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Parse a ``metrics.jsonl``; returns (records, number of unparseable lines)."""
+def _unreadable(path: Path, e: BaseException) -> str:
+    """What the report says of a file that is there but cannot be read or parsed."""
+    why = getattr(e, "strerror", None) or ("nested too deeply" if isinstance(e, RecursionError) else
+                                           "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not JSON")
+    return f"{path.name} ({why})"
+
+
+def read_metrics(path: Path, problems: list[str] | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Parse a ``metrics.jsonl``; returns (records, number of unparseable lines). A file that is there but
+    cannot be read is named in ``problems``."""
     records: list[dict[str, Any]] = []
     bad = 0
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    except FileNotFoundError:
+        return records, 0
+    except OSError as e:
+        if problems is not None:
+            problems.append(_unreadable(path, e))
         return records, 0
     for line in text.splitlines():
         line = line.strip()
@@ -51,7 +64,7 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # a line cut short, or one nested past what the parser recurses
             bad += 1
             continue
         if isinstance(obj, dict):
@@ -61,15 +74,19 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
     return records, bad
 
 
-def _read_summary(trial_dir: Path) -> dict[str, Any]:
+def _read_summary(trial_dir: Path, problems: list[str]) -> dict[str, Any]:
     path = trial_dir / SUMMARY_FILE
-    if not path.is_file():
-        return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (OSError, ValueError, RecursionError) as e:  # unreadable, cut short, not UTF-8, nested too deeply
+        problems.append(_unreadable(path, e))
+        return {}
+    if not isinstance(data, dict):
+        problems.append(f"{path.name} (not a JSON object)")
+        return {}
+    return data
 
 
 
@@ -77,9 +94,9 @@ def _read_summary(trial_dir: Path) -> dict[str, Any]:
 def _read_data_name(trial_dir: Path) -> str | None:
     """``data.name`` of the trial's composed config (which task it ran); None without a readable one."""
     path = trial_dir / CONFIG_FILE
-    if not path.is_file():
-        return None
     try:
+        if not path.is_file():
+            return None
         import yaml
 
         data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
@@ -100,6 +117,7 @@ class Trial:
     failed: bool = False
     distinct: list[str] | None = None  # the overrides that tell it from the other trials (label_trials)
     data: str | None = None  # the data source its config names (which task it ran); None: not recorded
+    unreadable: list[str] = field(default_factory=list)  # its files that are there but cannot be read, and why
 
     @property
     def finished(self) -> bool:
@@ -108,7 +126,8 @@ class Trial:
 
     @property
     def status(self) -> str:
-        return "failed" if self.failed else "ok" if self.finished else "unfinished"
+        return ("failed" if self.failed else "ok" if self.finished else
+                "unreadable" if self.unreadable else "unfinished")
 
     @property
     def shown_overrides(self) -> list[str]:
@@ -166,19 +185,31 @@ class Trial:
 
 
 def load_trial(trial_dir: Path, label: str | None = None) -> Trial:
-    trial_dir = Path(trial_dir)
-    records, bad = read_metrics(trial_dir / METRICS_FILE)
-    summary = _read_summary(trial_dir)
-    failed = (trial_dir / FAILED_MARKER).exists() or str(summary.get("status", "")).lower() == "failed"
+    trial_dir, problems = Path(trial_dir), []
+    if not os.access(trial_dir, os.R_OK | os.X_OK):
+        problems.append("the folder itself (permission denied)")
+    records, bad = read_metrics(trial_dir / METRICS_FILE, problems)
+    summary = _read_summary(trial_dir, problems)
+    try:
+        overrides = read_overrides(trial_dir)
+    except OSError as e:
+        overrides = []
+        problems.append(_unreadable(trial_dir / OVERRIDES_FILE, e))
+    try:
+        failed = (trial_dir / FAILED_MARKER).exists()
+    except OSError:
+        failed = False
+    failed = failed or str(summary.get("status", "")).lower() == "failed"
     return Trial(
         path=trial_dir,
         label=label if label is not None else trial_dir.name,
-        overrides=read_overrides(trial_dir),
+        overrides=overrides,
         records=records,
         bad_lines=bad,
         summary=summary,
         failed=failed,
         data=_read_data_name(trial_dir),
+        unreadable=problems,
     )
 
 
@@ -189,7 +220,12 @@ def _natural_key(path: Path) -> list[Any]:
 
 
 def _is_trial_dir(d: Path) -> bool:
-    return (d / METRICS_FILE).is_file() or (d / OVERRIDES_FILE).is_file() or (d / FAILED_MARKER).exists()
+    """A trial's folder (a folder that cannot be looked into is reported as one, marked unreadable, rather
+    than passed over)."""
+    try:
+        return (d / METRICS_FILE).is_file() or (d / OVERRIDES_FILE).is_file() or (d / FAILED_MARKER).exists()
+    except PermissionError:
+        return True
 
 
 def find_trials(root: Path, exclude: Iterable[Path] = ()) -> list[Path]:

@@ -137,8 +137,50 @@ def test_an_unknown_metric_and_an_out_that_cannot_be_made_are_refused_writing_no
     assert not (tmp_path / "r1").exists()
     (tmp_path / "afile").write_text("mine")
     assert main([str(multirun), "--out", str(tmp_path / "afile" / "sub")]) == 2
-    assert capsys.readouterr().err.startswith(f"error: --out {tmp_path / 'afile' / 'sub'} cannot be made (")
+    assert capsys.readouterr().err.startswith(f"error: --out {tmp_path / 'afile' / 'sub'} cannot be made or "
+                                              f"written (Not a directory); give a folder that can be written. Nothing "
+                                              f"was written")
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_folder_in_the_way_of_a_report_file_is_refused_and_nothing_is_written(multirun, capsys):
+    """The report is written whole or not at all: a folder named like one of its files stops it before any file
+    is in place (report.csv is written first, the charts after it)."""
+    (multirun / "loss.png").mkdir()
+    assert main([str(multirun)]) == 2
+    assert capsys.readouterr().err == (f"error: {multirun / 'loss.png'} is a folder where the report writes a file; "
+                                       f"move it away or give another --out. Nothing was written\n")
+    assert sorted(p.name for p in multirun.iterdir()) == ["0", "1", "2", "loss.png", "multirun.yaml"]
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda d: (d / "summary.json").write_bytes(b'{"status": "ok\xff"}'), "summary.json (not UTF-8)"),
+    (lambda d: (d / "summary.json").write_text('{"status": "o'), "summary.json (not JSON)"),
+    (lambda d: (d / "summary.json").write_text("[" * 200_000), "summary.json (nested too deeply)"),
+    (lambda d: (d / "summary.json").write_text("[1, 2]"), "summary.json (not a JSON object)"),
+], ids=["not-utf8", "cut-short", "nested", "a-list"])
+def test_a_summary_that_cannot_be_read_makes_its_trial_unreadable_not_unfinished(multirun, tmp_path, damage, why):
+    damage(multirun / "0")
+    with open(multirun / "1" / "metrics.jsonl", "a") as f:
+        f.write("[" * 200_000 + "\n")  # a line nested past the parser's recursion: skipped like a cut one
+    md = build_report(multirun, tmp_path / "r").read_text()
+    assert "- trials: 3 (1 ok, 1 failed, 1 unreadable)" in md
+    assert f"- unreadable: `0`: {why}" in md
+    assert [r["status"] for r in _rows(tmp_path / "r")] == ["unreadable", "ok", "failed"]
+
+
+def test_an_out_inside_a_trial_or_empty_is_refused(multirun, tmp_path, capsys, monkeypatch):
+    assert main([str(multirun), "--out", str(multirun / "0" / "report")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {multirun / '0' / 'report'} is inside the trial {multirun / '0'} of {multirun}: the report "
+        f"would be written among that trial's files and the trial left out of it. Give a folder outside the trials "
+        f"(the default, {multirun}, or any other)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main([str(multirun), "--out", ""]) == 2
+    assert capsys.readouterr().err.startswith("error: --out is empty; give a folder")
+    assert not (multirun / "0" / "report").exists() and not (tmp_path / "report.md").exists()
+    assert main([str(multirun / "0"), "--out", str(multirun / "0" / "report")]) == 0  # inside the run it reports
+    assert (multirun / "0" / "report" / "report.md").is_file()
 
 
 def test_other_metric_and_single_run_cli(multirun, tmp_path, capsys):
