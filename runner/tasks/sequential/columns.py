@@ -13,6 +13,9 @@ import pyarrow.compute as pc
 from .formats import _NUMBER
 from .records import Interactions
 
+_ISO_DATE = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?$"
+
+
 class _RowError(Exception):
     def __init__(self, row: int, reason: str):
         super().__init__(reason)
@@ -81,10 +84,25 @@ def _timestamps(col: pa.ChunkedArray) -> np.ndarray:
         return np.floor_divide(col.cast(pa.int64()).to_numpy(), per_second)
     if pa.types.is_date(t):
         return col.cast(pa.timestamp("s")).cast(pa.int64()).to_numpy()
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        numeric = pc.match_substring_regex(col, _NUMBER.pattern).to_numpy(zero_copy_only=False)
-        r = _first_true(~numeric) if not numeric.all() else 0
-        raise _RowError(r, f"timestamp must be a number or a date/time, got {col[r].as_py()!r}")
+    if pa.types.is_string(t) or pa.types.is_large_string(t):  # numbers or dates written as text (Parquet)
+        text = pc.utf8_trim_whitespace(col)
+        numeric = pc.match_substring_regex(text, _NUMBER.pattern).to_numpy(zero_copy_only=False)
+        if numeric.all():
+            return _timestamps(pc.cast(text, pa.float64()))
+        dated = pc.match_substring_regex(text, _ISO_DATE).to_numpy(zero_copy_only=False)
+        for zone in (None, "UTC") if dated.all() else ():  # without a zone, then with one (Z, +01:00)
+            try:
+                return _timestamps(pc.cast(text, pa.timestamp("s", tz=zone)).cast(pa.timestamp("s")))
+            except pa.ArrowInvalid:
+                pass  # an ISO-looking value that is no date (2020-13-45), or zones on some values: named below
+        if numeric.any() and dated.any():
+            r = _first_true(numeric != numeric[0])
+            raise _RowError(r, f"timestamp column mixes numbers and dates (the first row holds "
+                               f"{col[0].as_py()!r}, this one {col[r].as_py()!r}): write every timestamp one way")
+        bad = ~numeric & ~dated
+        r = _first_true(bad) if bad.any() else 0
+        raise _RowError(r, f"timestamp must be a number (seconds) or an ISO 8601 date/time such as 2020-01-31 or "
+                           f"2020-01-31T12:00:00, got {col[r].as_py()!r}")
     raise _RowError(0, f"timestamp column has non-numeric type {t}")
 
 

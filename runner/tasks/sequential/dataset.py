@@ -79,7 +79,8 @@ class SequenceDataset:
             raise DataError(f"{inter.source}: no user has >= {min_interactions} interactions (data.min_interactions; "
                             f"the longest sequence has {int(counts.max())}): leave-one-out takes a test and a "
                             f"validation target from each user and trains on the rest; use data where users have "
-                            f">= 4 interactions")
+                            f">= 4 interactions" + (f", or lower data.min_interactions to {int(counts.max())} or less"
+                                                     if counts.max() >= 4 else ""))
         item, ts = inter.item, inter.timestamp
         if not kept.all():
             keep = kept[ucode]

@@ -117,8 +117,10 @@ def load_dataset(d: DictConfig) -> tuple[SequenceDataset, SequenceWorld | None, 
 def duplicates_refused(raw: Interactions, dropped: np.ndarray) -> str:
     """data.duplicates=refuse: the file, how many rows repeat an earlier one, the first of them, the way out."""
     r = int(dropped[0])
+    user = raw.user[r] if raw.user_vocab is None else raw.user_vocab[raw.user[r]]  # as the file writes it
+    item = raw.item[r] if raw.item_vocab is None else raw.item_vocab[raw.item[r]]
     return (f"{raw.source}: {dropped.size:,} of its {len(raw):,} rows repeat an earlier row exactly (the same "
-            f"user, item and timestamp; the first at {data_line(raw, r)}: user {raw.user[r]}, item {raw.item[r]}, "
+            f"user, item and timestamp; the first at {data_line(raw, r)}: user {user}, item {item}, "
             f"timestamp {raw.timestamp[r]}), e.g. the file appended to itself. A duplicate sits next to its original "
             f"in the user's sequence, so an item would follow itself and inflate the test metrics; "
             f"data.duplicates=refuse stops on them")

@@ -133,6 +133,25 @@ def test_date_times_with_fractions_of_a_second_are_floored_to_seconds(tmp_path):
     assert load_interactions(tmp_path / "e.parquet").timestamp.tolist() == [1, 2, -1]
 
 
+def test_timestamps_written_as_text_are_read_as_numbers_or_iso_dates(tmp_path):
+    """A Parquet string column of numbers or of ISO 8601 dates (with or without a zone) is read as such; mixed
+    numbers and dates, and other date layouts, are refused naming the row and what is read."""
+    def ts(values):
+        pq.write_table(pa.table({"user": [1] * len(values), "item": list(range(len(values))),
+                                 "timestamp": values}), tmp_path / "t.parquet")
+        return load_interactions(tmp_path / "t.parquet").timestamp.tolist()
+
+    assert ts(["1000", " 1001.5", "7"]) == [1000, 1001, 7]
+    assert ts(["2020-01-01", "2020-01-01T00:00:01", "2020-01-01 00:01:00"]) == [1577836800, 1577836801, 1577836860]
+    assert ts(["2020-01-01T00:00:00Z", "2020-01-01T01:00:00+01:00"]) == [1577836800, 1577836800]
+    with pytest.raises(DataError, match=r"row 2: timestamp column mixes numbers and dates \(the first row holds "
+                                        r"'1000', this one '2020-01-01'\): write every timestamp one way"):
+        ts(["1000", "2020-01-01"])
+    with pytest.raises(DataError, match=r"row 2: timestamp must be a number \(seconds\) or an ISO 8601 date/time "
+                                        r"such as 2020-01-31 or 2020-01-31T12:00:00, got '01/02/2020'"):
+        ts(["2020-01-01", "01/02/2020"])
+
+
 def test_missing_path(tmp_path):
     with pytest.raises(DataError, match=r"not found: .*nope\.dat"):
         load_interactions(tmp_path / "nope.dat")

@@ -245,6 +245,22 @@ def test_a_file_appended_to_itself_trains_on_it_once_and_counts_the_rows(tmp_pat
         f"data/duplicate_rows).")
 
 
+def test_a_refused_duplicate_of_string_ids_is_named_as_the_file_writes_it(tmp_path):
+    path = tmp_path / "sd.csv"
+    path.write_text("user_id,item_id,timestamp\nalice,apple,1\nalice,pear,2\nbob,kiwi,1\nalice,pear,2\n")
+    with pytest.raises(PreflightError, match=r"the first at line 5: user alice, item pear, timestamp 2\)"):
+        build(seq_config(f"data.path={path}", "data.duplicates=refuse", data=["data=movielens"]))
+
+
+def test_a_min_interactions_no_user_reaches_names_the_setting_to_lower(tmp_path):
+    path = tmp_path / "few.csv"
+    path.write_text("user,item,timestamp\n" + "".join(f"{u},{i},{i}\n" for u in range(3) for i in range(5)))
+    with pytest.raises(PreflightError, match=r"no user has >= 9 interactions \(data.min_interactions; the longest "
+                                             r"sequence has 5\).*; use data where users have >= 4 interactions, or "
+                                             r"lower data.min_interactions to 5 or less\. Fix data.path"):
+        build(seq_config(f"data.path={path}", "data.min_interactions=9", data=["data=movielens"]))
+
+
 def test_a_duplicates_setting_other_than_drop_or_refuse_is_refused_when_composed():
     with pytest.raises(Exception) as e:
         seq_config("data.duplicates=keep", data=["data=movielens"])
