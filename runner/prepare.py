@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from .tasks.criteo.prepare import PrepareError, convert
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--gzip", action="store_true")
     g.add_argument("--bag-sizes", **bags)
     a = p.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)  # stopped like Ctrl-C: the output folder as it was found
     try:
         if a.what == "criteo":
             m = convert(a.inputs, a.out, seed=a.seed, min_count=a.min_count, max_bad_lines=a.max_bad_lines,
@@ -67,7 +69,22 @@ def main(argv: list[str] | None = None) -> int:
     except (FormatError, PrepareError, ValueError, OSError) as e:
         print(f"runner.prepare: {e}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Terminated) as e:
+        how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        print(f"runner.prepare: stopped ({how}); --out {a.out} was left as it was found (new: removed; empty: "
+              f"emptied). Run the same command again to start over", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+class Terminated(BaseException):
+    """SIGTERM during a conversion: unwinds like Ctrl-C, so the output folder is given back as it was found."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -183,23 +184,73 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
         bags = check_bags(bags)
     except ValueError as e:
         raise PrepareError(f"--bag-sizes: {e}") from None
+    _check_inputs(inputs)
     if (out / "manifest.json").exists():
         raise PrepareError(f"{out} already holds converted shards (manifest.json); give another output folder, "
                            f"or remove {out} to convert again")
+    made = claim(out, "conversion")
+    try:
+        manifest = _convert(inputs, out, seed, min_count, max_bad_lines, shard_lines, block_bytes, bags)
+    except BaseException:  # a refused line, a full disk, Ctrl-C, SIGTERM: leave the folder as it was (new or empty)
+        release(out, made, keep=False)
+        raise
+    release(out, made, keep=True)
+    return manifest
+
+
+CLAIM = ".converting"  # in an output folder while a conversion or generation writes into it
+
+
+def claim(out: Path, what: str) -> bool:
+    """Take ``out`` (a new or empty folder) for one writer: its ``.converting`` marker, created exclusively, so
+    a second conversion started into the same folder is refused and never removes the first one's files.
+    Returns whether the folder was made here."""
     if out.exists() and not out.is_dir():
         raise PrepareError(f"--out {out} is a file; give a new or empty output folder")
+    if (out / CLAIM).exists():
+        raise PrepareError(f"{out} holds {CLAIM}: another {what} is writing into it, or one was killed before it "
+                           f"finished (its files are incomplete); wait for it, or remove {out} and start again")
     if out.exists() and any(out.iterdir()):
         raise PrepareError(f"{out} is not empty; give a new or empty output folder")
     made = not out.exists()
     try:
-        return _convert(inputs, out, seed, min_count, max_bad_lines, shard_lines, block_bytes, bags)
-    except BaseException:  # a refused line, a full disk, Ctrl-C: leave the folder as it was (new or empty)
-        if made:
-            shutil.rmtree(out, ignore_errors=True)
-        elif out.is_dir():
-            for p in out.iterdir():
+        out.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(out / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        raise PrepareError(f"{out} holds {CLAIM}: another {what} started writing into it just now; give each its "
+                           f"own output folder") from None
+    except OSError as e:
+        raise PrepareError(f"--out {out} cannot be made or written ({e.strerror or e}); give a new or empty folder "
+                           f"that can be written") from None
+    return made
+
+
+def release(out: Path, made: bool, keep: bool) -> None:
+    """Give ``out`` back: with what was written (``keep``), or as it was found (new: removed; empty: emptied)."""
+    if keep:
+        (out / CLAIM).unlink(missing_ok=True)
+    elif made:
+        shutil.rmtree(out, ignore_errors=True)
+    elif out.is_dir():
+        for p in out.iterdir():
+            if p.name != CLAIM:
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        raise
+        (out / CLAIM).unlink(missing_ok=True)
+
+
+def _check_inputs(inputs: list[Path]) -> None:
+    """The same file given twice, or the same day twice (``day_0`` and ``day_0.gz``, ``day_1`` and ``day_01``),
+    would be read twice: its lines counted twice, and a day trained on and evaluated on."""
+    seen: dict[Any, Path] = {}
+    for path in inputs:
+        day = DAY.match(path.name)
+        keys = [("file", path.resolve())] + ([("day", int(day.group(1)))] if day and split_rule(inputs) == "day" else [])
+        for key in keys:
+            if key in seen:
+                same = "the same file" if key[0] == "file" else f"day {key[1]} twice"
+                raise PrepareError(f"{seen[key]} and {path} are {same}: its lines would be read twice (and a day "
+                                   f"could be trained and evaluated on). Give each file and each day once")
+            seen[key] = path
 
 
 def _convert(inputs: list[Path], out: Path, seed: int, min_count: int, max_bad_lines: int, shard_lines: int,
@@ -236,14 +287,13 @@ def _convert(inputs: list[Path], out: Path, seed: int, min_count: int, max_bad_l
             day = np.concatenate(eval_blocks) if eval_blocks else np.zeros(0, record_dtype(bags))
             writers["valid"].add(day[: len(day) // 2])
             writers["test"].add(day[len(day) // 2:])
+        if not reader.examples:  # not an empty file (refused as such): every line of it was bad
+            raise PrepareError(f"{path}: no example: every line was bad and skipped under --max-bad-lines "
+                               f"{max_bad_lines} (the first: {reader.first_bad}); it is not a Criteo-format log, or "
+                               f"it is damaged. Leave it out, or replace it")
         files.append({"file": str(path), "bytes": path.stat().st_size, "examples": reader.examples,
                       "truth": truth is not None,
                       "bad_lines": reader.bad_lines, "first_bad": reader.first_bad})
-    if not any(f["examples"] for f in files):
-        first = next(f["first_bad"] for f in files if f["first_bad"])  # no example and no empty file: all were bad
-        raise PrepareError(f"{', '.join(map(str, inputs))}: no example: every line was bad and skipped under "
-                           f"--max-bad-lines {max_bad_lines} (the first: {first}); these are not Criteo-format logs, or "
-                           f"they are damaged")
     out.mkdir(parents=True, exist_ok=True)
     for w in writers.values():
         w.flush()

@@ -198,12 +198,26 @@ def file_names(spec: CriteoSpec) -> list[str]:
 
 
 def write_logs(spec: CriteoSpec, out: str | Path) -> list[Path]:
-    """Write the spec's files into ``out`` (each written to a temporary name, then renamed); returns them."""
+    """Write the spec's files into ``out``, a new or empty folder (each written to a temporary name, then renamed);
+    returns them. A folder holding anything is refused: the files would replace a user's logs of the same name,
+    or sit beside another generation's days. Stopped midway (a full disk, Ctrl-C), it leaves ``out`` as found."""
+    from .prepare import claim, release
+
     bad = spec.problems()
     if bad:
         raise ValueError("CriteoSpec: " + "; ".join(bad))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    made = claim(out, "generation")
+    try:
+        paths = _write_logs(spec, out)
+    except BaseException:
+        release(out, made, keep=False)
+        raise
+    release(out, made, keep=True)
+    return paths
+
+
+def _write_logs(spec: CriteoSpec, out: Path) -> list[Path]:
     model, paths = ClickModel(spec), []
     per_day = np.diff(np.linspace(0, spec.lines, spec.days + 1).round().astype(int))
     options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")

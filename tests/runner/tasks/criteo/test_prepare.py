@@ -1,5 +1,6 @@
 """Conversion into shards (splits, records, counts, refusals), the id maps against a Python reference, the
 shard reader, the generator and the ``python -m runner.prepare`` command."""
+import gzip
 import json
 import subprocess
 import sys
@@ -206,6 +207,91 @@ def test_logs_whose_every_line_was_skipped_are_refused(tmp_path):
                                            r"100 \(the first: .*train.txt:1: 2 tab-separated fields"):
         convert([path], tmp_path / "s", max_bad_lines=100)
     assert not (tmp_path / "s").exists()
+
+
+def test_a_skipped_file_among_good_ones_is_refused_by_name(logs, tmp_path):
+    """Every line of one file bad (another file's examples would hide it): that file is named, nothing kept."""
+    days = tmp_path / "days"
+    days.mkdir()
+    good = [days / p.name for p in logs["days"]]
+    for src, dst in zip(logs["days"], good):
+        dst.write_bytes(Path(src).read_bytes())
+    (days / "day_1.gz").write_bytes(gzip.compress(b"a\tb\n" * 20))
+    with pytest.raises(PrepareError, match=r"day_1.gz: no example: every line was bad and skipped under "
+                                           r"--max-bad-lines 100 .*Leave it out, or replace it"):
+        convert(good, tmp_path / "s", max_bad_lines=100)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_file_or_a_day_given_twice_is_refused(logs, tmp_path):
+    one, (day0, day1, _) = logs["one"][0], logs["days"]
+    plain = tmp_path / "day_0"
+    plain.write_bytes(gzip.decompress(Path(day0).read_bytes()))
+    zero_one = tmp_path / "day_01"
+    zero_one.write_bytes(Path(day1).read_bytes())
+    for inputs, same in [([one, one], "the same file"), ([day0, day1, plain], "day 0 twice"),
+                         ([day0, day1, zero_one], "day 1 twice")]:
+        with pytest.raises(PrepareError) as e:
+            convert(inputs, tmp_path / "s")
+        assert str(e.value) == (f"{inputs[-2] if same == 'day 1 twice' else inputs[0]} and {inputs[-1]} are {same}: "
+                                f"its lines would be read twice (and a day could be trained and evaluated on). Give "
+                                f"each file and each day once")
+        assert not (tmp_path / "s").exists()
+
+
+def test_a_folder_another_conversion_is_writing_into_is_refused_and_left_alone(logs, tmp_path):
+    """Two conversions into one folder: the second is refused by the first's marker and removes nothing of it
+    (a later one, or one killed, says what the marker means)."""
+    out = tmp_path / "cc"
+    out.mkdir()
+    (out / ".converting").write_text("")
+    (out / "train").mkdir()
+    (out / "train" / "shard-00000.npy.partial").write_bytes(b"the first conversion's")
+    for write in (lambda: convert(logs["one"], out),
+                  lambda: write_logs(CriteoSpec(lines=100), out)):
+        with pytest.raises(PrepareError, match=r"cc holds .converting: another (conversion|generation) is writing into "
+                                               r"it, or one was killed before it finished"):
+            write()
+        assert (out / "train" / "shard-00000.npy.partial").read_bytes() == b"the first conversion's"
+    convert(logs["one"], tmp_path / "done")
+    assert sorted(p.name for p in (tmp_path / "done").iterdir()) == ["counts.npz", "manifest.json", "test", "train",
+                                                                    "valid", "vocab_min1.npz"]  # no marker left
+
+
+def test_generated_logs_never_replace_a_users_files(logs, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "train.txt").write_text("a user's own logs\n")
+    with pytest.raises(ValueError, match=r"mine is not empty; give a new or empty output folder"):
+        write_logs(CriteoSpec(lines=100), mine)
+    assert sorted(p.name for p in mine.iterdir()) == ["train.txt"]
+    assert (mine / "train.txt").read_text() == "a user's own logs\n"
+
+
+@pytest.mark.parametrize("what", ["criteo", "criteo-synthetic"])
+def test_a_conversion_stopped_by_sigterm_leaves_its_folder_as_found_and_says_so(logs, tmp_path, monkeypatch, capsys,
+                                                                                what):
+    import os
+    import signal
+
+    import runner.tasks.criteo.prepare as prepare_lib
+    import runner.tasks.criteo.synthetic as synthetic_lib
+    from runner.prepare import main
+
+    stop = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731 (midway, after files were written)
+    if what == "criteo":
+        monkeypatch.setattr(prepare_lib, "save_vocabulary", stop)
+        argv = ["criteo", str(logs["one"][0]), "--out", str(tmp_path / "k")]
+    else:
+        monkeypatch.setattr(synthetic_lib.np, "save", stop)
+        argv = ["criteo-synthetic", "--out", str(tmp_path / "k"), "--lines", "100"]
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(argv) == 143
+    assert capsys.readouterr().err == (f"runner.prepare: stopped (SIGTERM); --out {tmp_path / 'k'} was left as it was "
+                                       f"found (new: removed; empty: emptied). Run the same command again to start "
+                                       f"over\n")
+    assert not (tmp_path / "k").exists()
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler was given back
 
 
 def test_shards_read_any_order_and_map_ids(logs, tmp_path):
