@@ -26,8 +26,10 @@ the line and the field, unless ``max_bad_lines`` allows that many: those lines a
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -157,15 +159,16 @@ class Reader:
 
         source = pa.input_stream(str(self.path), compression="gzip" if gz else None)
         try:
-            reader = pacsv.open_csv(
-                source,
-                read_options=pacsv.ReadOptions(column_names=list(COLUMNS), block_size=self.block_bytes,
-                                               use_threads=False),
-                parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False,
-                                                 escape_char=False, ignore_empty_lines=False,
-                                                 invalid_row_handler=on_invalid),
-                convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in COLUMNS},
-                                                     strings_can_be_null=False, quoted_strings_can_be_null=False))
+            with _quiet_undecodable(on_invalid):  # the first block is read here
+                reader = pacsv.open_csv(
+                    source,
+                    read_options=pacsv.ReadOptions(column_names=list(COLUMNS), block_size=self.block_bytes,
+                                                   use_threads=False),
+                    parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False,
+                                                     escape_char=False, ignore_empty_lines=False,
+                                                     invalid_row_handler=on_invalid),
+                    convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in COLUMNS},
+                                                         strings_can_be_null=False, quoted_strings_can_be_null=False))
         except (pa.ArrowInvalid, OSError, EOFError) as e:
             source.close()
             self._unreadable(e, gz, 1)
@@ -173,7 +176,8 @@ class Reader:
         with source:
             while True:
                 try:
-                    batch = reader.read_next_batch()
+                    with _quiet_undecodable(on_invalid):
+                        batch = reader.read_next_batch()
                 except StopIteration:
                     break
                 except (pa.ArrowInvalid, OSError, EOFError) as e:
@@ -207,13 +211,15 @@ class Reader:
                 raise FormatError(f"{self.path}: {at}: a line longer than the reader's block of "
                                   f"{self.block_bytes // 1024:,} KiB (a Criteo line is a few hundred bytes); the file "
                                   f"is not a Criteo log or the line is damaged: fix or remove it") from None
-            if "UTF8" in str(e) or "UTF-8" in str(e):
-                raise FormatError(f"{self.path}: {at}: not UTF-8 text ({e}); a Criteo log is plain text: fix or "
-                                  f"remove the line") from None
+            if "UTF8" in str(e) or "UTF-8" in str(e) or "\ufffd" in str(e):  # bytes that are not text
+                raise FormatError(f"{self.path}: {at}: not UTF-8 text; a Criteo log is plain text (a compressed "
+                                  f"file other than .gz, such as .bz2, .xz or .zip, or a converted shard, is not "
+                                  f"one): fix or remove the line, or give the log itself") from None
         if gz:
             raise FormatError(f"{self.path}: the gzip stream ends or breaks near line {line} ({e}); the file is "
                               f"truncated or damaged: download or copy it again (gzip -t {self.path} checks it)") from None
-        raise FormatError(f"{self.path}: cannot be read as tab-separated text, {at} ({e}); fix or remove the "
+        shown = re.sub(r"[^\x20-\x7e\t]", "?", str(e))[:300]  # what pyarrow echoes of the line, printable only
+        raise FormatError(f"{self.path}: cannot be read as tab-separated text, {at} ({shown}); fix or remove the "
                           f"line") from None
 
     def _parse(self, batch: pa.RecordBatch, lines: np.ndarray) -> Block:
@@ -289,3 +295,21 @@ def read_blocks(path: str | Path, max_bad_lines: int = 0, block_bytes: int = BLO
                 bags=None) -> Iterator[Block]:
     """The :class:`Block` s of one Criteo-format file (see :class:`Reader` for the counts of what was skipped)."""
     return iter(Reader(path, max_bad_lines, block_bytes, bags))
+
+
+@contextlib.contextmanager
+def _quiet_undecodable(handler):
+    """pyarrow cannot hand a line that is not UTF-8 to the invalid-row ``handler`` and prints Python's
+    "Exception ignored" traceback for it before failing the read, which ``_unreadable`` reports in one message:
+    that traceback alone is dropped, anything else goes to the usual hook."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not (unraisable.object is handler and isinstance(unraisable.exc_value, UnicodeDecodeError)):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous

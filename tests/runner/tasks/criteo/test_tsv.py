@@ -1,8 +1,10 @@
 """The Criteo-format reader: values against a plain-Python parse of the same lines, and every bad input
 refused by a message naming the file and the line (or skipped and counted under max_bad_lines)."""
+import bz2
 import gzip
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -146,8 +148,23 @@ def test_a_folder_a_gzip_without_gz_a_long_line_and_non_utf8_are_refused_by_what
     rows[1] = rows[1].replace(b"\t", b"\t\xff", 1)  # line 2's first integer starts with a byte UTF-8 has not
     path = tmp_path / "u.txt"
     path.write_bytes(b"\n".join(rows) + b"\n")
-    with pytest.raises(FormatError, match=r"u.txt: line 2: not UTF-8 text .*fix or remove the line"):
+    with pytest.raises(FormatError, match=r"u.txt: line 2: not UTF-8 text; a Criteo log is plain text .*fix or "
+                                          r"remove the line"):
         list(read_blocks(path))
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("content", [b"caf\xe9\t1\n", bz2.compress(b"0\t1\n" * 500)], ids=["short-line", "bz2"])
+def test_bytes_that_are_not_text_on_a_short_line_give_one_message_and_no_traceback(tmp_path, content):
+    """A line of the wrong field count that is not UTF-8 either (any binary file: .bz2, a shard): pyarrow cannot
+    hand it to the row handler, and its "Exception ignored" traceback is not shown; no byte of it is echoed."""
+    path = tmp_path / "b.txt"
+    path.write_bytes((("\n".join(line() for _ in range(3)) + "\n").encode() if content[:1] == b"c" else b"") + content)
+    with pytest.raises(FormatError) as e:
+        list(read_blocks(path))
+    assert re.fullmatch(rf"{path}: line \d+: not UTF-8 text; a Criteo log is plain text \(a compressed file other than "
+                        r"\.gz, such as \.bz2, \.xz or \.zip, or a converted shard, is not one\): fix or remove the "
+                        r"line, or give the log itself", str(e.value)), str(e.value)
 
 
 def test_a_truncated_gz_is_refused(tmp_path):
