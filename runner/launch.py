@@ -191,6 +191,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{sweep[0]}: runner.launch runs one training over {args.num_processes} processes, not a sweep; "
                      f"launch each trial on its own (python -m runner.launch -n {args.num_processes} -- <that "
                      f"trial's overrides>), or sweep one process at a time (python -m runner -m ...)")
+    ours = ("distributed", "distributed.process_id", "distributed.num_processes", "distributed.coordinator_address")
+    taken_over = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") in ours]
+    if taken_over:
+        parser.error(f"{taken_over[0]}: runner.launch sets distributed=local and each process's id, their count "
+                     f"and the coordinator itself (-n, --port); leave it out. Its other settings (such as "
+                     f"distributed.initialization_timeout_s) may be given")
     cmds = child_commands(args.num_processes, args.overrides, args.port or free_port())
     signal.signal(signal.SIGTERM, _terminated)  # a scheduler stopping the launcher stops the children too
     return supervise(cmds, grace=args.grace)

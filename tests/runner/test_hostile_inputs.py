@@ -447,6 +447,11 @@ def test_report_bad_arguments(tmp_path, capsys, kind):
                                      "trainer.steps=3"),
     (["-n", "2", "--port", "70000", "--"], "error: --port 70000: a TCP port must be in 1..65535"),
     (["-n", "2", "--grace", "nan"], "error: --grace nan: must be a finite number of seconds >= 0"),
+    # two independent trainings writing one folder's records, or processes that cannot meet
+    (["-n", "2", "--", "debug=tiny", "distributed=none"], "error: distributed=none: runner.launch sets "
+                                                          "distributed=local and each process's id, their count"),
+    (["-n", "2", "--", "distributed.process_id=0"], "error: distributed.process_id=0: runner.launch sets"),
+    (["-n", "2", "--", "+distributed.num_processes=3"], "error: +distributed.num_processes=3: runner.launch sets"),
 ])
 def test_launch_bad_arguments(capsys, argv, needle):
     with pytest.raises(SystemExit) as e:
