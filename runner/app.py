@@ -16,7 +16,7 @@ from .checkpoint import open_checkpoints
 from .core import failures, memory_budget
 from .core.loop import train
 from .core.preemption import Preemption
-from .errors import Preempted, PreflightError
+from .errors import CheckpointError, Preempted, PreflightError, RunnerError
 from .outputs import set_aside
 from .sweeps import write_run_info
 from .tracking import make_tracker
@@ -110,6 +110,9 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         stopped_by = result["summary"].get("terminated")
         exit_code = stopped_code(stopped_by) if stopped_by else 0  # stopped, not done
         distributed.finished()  # this process's exit is no longer a death that must stop the others
+    except RunnerError as e:  # the exit code the process ends with (runner.__main__), recorded alike
+        exit_code = 1 if isinstance(e, CheckpointError) else 2
+        raise
     finally:
         progress.close_open()  # a bar still on screen (the run failed): the error starts on a line of its own
         if ckpt is not None:

@@ -30,7 +30,7 @@ from jax._src.distributed import global_state  # the settings jax.distributed ru
 
 from .core.mesh import MeshPlan
 from .core.placement import fetch
-from .errors import DistributedError
+from .errors import CheckpointError, DistributedError, RunnerError
 from .launch import free_port
 
 log = logging.getLogger("runner")
@@ -205,8 +205,9 @@ def check_plan(plan: MeshPlan) -> None:
 @contextlib.contextmanager
 def fail_fast(tracker: Any = None):
     """Several processes: an error here (most often a collective that failed because a peer died) ends this
-    process at once with a clear message and exit code 1; a plain exit would wait for its peers at shutdown
-    and then abort with a C++ stack trace. One process: errors propagate unchanged."""
+    process at once with a clear message and exit code 1 (a runner error: its one line and exit code, as for one
+    process); a plain exit would wait for its peers at shutdown and then abort with a C++ stack trace. One
+    process: errors propagate unchanged."""
     if tracker is not None:
         _TRACKER.append(tracker)
     try:
@@ -214,11 +215,14 @@ def fail_fast(tracker: Any = None):
     except Exception as e:  # noqa: BLE001
         if jax.process_count() == 1:
             raise
-        first = re.sub(r"(Error dispatching computation: )+", "", str(e).strip()).splitlines()
-        peer = any(w in str(e) for w in ("Gloo", "Connection reset", "heartbeat", "Socket closed", "UNAVAILABLE"))
-        why = ("a collective failed, most likely because another process died or lost its connection; see its "
-               "log" if peer else "see the traceback above")
-        _end(f"{type(e).__name__}: {first[0] if first else ''} -- {why}", exc_info=not peer)
+        if isinstance(e, RunnerError):  # a message of its own (training diverged, ...): as one process says it
+            _end(f"error: {e}", code=1 if isinstance(e, CheckpointError) else 2)
+        else:
+            first = re.sub(r"(Error dispatching computation: )+", "", str(e).strip()).splitlines()
+            peer = any(w in str(e) for w in ("Gloo", "Connection reset", "heartbeat", "Socket closed", "UNAVAILABLE"))
+            why = ("a collective failed, most likely because another process died or lost its connection; see its "
+                   "log" if peer else "see the traceback above")
+            _end(f"{type(e).__name__}: {first[0] if first else ''} -- {why}", exc_info=not peer)
     finally:
         if tracker in _TRACKER:
             _TRACKER.remove(tracker)
@@ -227,20 +231,21 @@ def fail_fast(tracker: Any = None):
 _ENDING = threading.Lock()
 
 
-def _end(why: str, exc_info: bool = False) -> None:
-    """End this process now: one message, the tracker finished (at most 10 s), exit code 1. The first caller
-    (a failed collective, or the watch's notice of a death) speaks; a second one waits for the exit."""
+def _end(why: str, exc_info: bool = False, code: int = 1) -> None:
+    """End this process now: one message, the tracker finished (at most 10 s), exit ``code`` (1; a runner error's
+    own, as one process exits with it). The first caller (a failed collective, or the watch's notice of a death)
+    speaks; a second one waits for the exit."""
     if not _ENDING.acquire(blocking=False):
         threading.Event().wait()
     log.error("process %d of %d stopped: %s", jax.process_index(), jax.process_count(), why, exc_info=exc_info)
     for tracker in list(_TRACKER):
-        done = threading.Thread(target=tracker.finish, args=(1,), daemon=True)
+        done = threading.Thread(target=tracker.finish, args=(code,), daemon=True)
         done.start()
         done.join(10)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(code)
 
 
 # ----- test/debug output ----------------------------------------------------------------------------------

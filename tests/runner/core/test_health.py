@@ -110,7 +110,8 @@ def test_a_run_whose_loss_ends_not_a_number_fails_and_saves_no_checkpoint_of_tha
                                    "written, and no checkpoint of this state was saved. The newest checkpoint is step "
                                    f"3 in {ck}")
     assert sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) == [3]
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "failed"
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["exit_code"] == 2  # the exit code the process ends with
 
 
 @pytest.mark.slow
@@ -335,3 +336,20 @@ def test_a_model_setting_that_can_make_every_update_non_finite_leads_the_likely_
     assert ("Likely causes: model.temperature=1e-30, which multiplies every logit and gradient by 1e+30 (typical "
             "values are 0.05 to 1), a learning rate too high for this table") in message(1e-30)
     assert "Likely causes: a learning rate too high for this table" in message(1.0)
+
+
+def test_a_runner_error_on_one_of_several_processes_ends_it_with_its_own_line_and_exit_code(monkeypatch):
+    """Several processes: a runner error (training diverged, ...) is the one line and exit code one process
+    gives, not a traceback and exit code 1; any other error keeps the traceback (exit_info) and 1."""
+    from runner import distributed
+    from runner.errors import CheckpointError
+
+    ended = []
+    monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(distributed, "_end", lambda why, exc_info=False, code=1: ended.append((why, exc_info, code)))
+    for error in (TrainingError("training diverged: ..."), CheckpointError("saving failed: ..."), KeyError("x")):
+        with distributed.fail_fast():
+            raise error
+    assert ended[0] == ("error: training diverged: ...", False, 2)
+    assert ended[1] == ("error: saving failed: ...", False, 1)
+    assert ended[2] == ("KeyError: 'x' -- see the traceback above", True, 1)
