@@ -74,6 +74,17 @@ def unusable_dir(path: Path) -> str | None:
     return None
 
 
+def in_the_way(run_dir: Path, subdir: str | None = ".hydra") -> str | None:
+    """What in a run folder has a name the run writes and the wrong kind (a folder where it writes a file, a file
+    where Hydra writes its config folder), in words; None when nothing does."""
+    for name in (METRICS_FILE, SUMMARY_FILE, RUN_INFO_FILE):
+        if (run_dir / name).is_dir():
+            return f"a folder named {name}"
+    if subdir and (run_dir / subdir).exists() and not (run_dir / subdir).is_dir():
+        return f"a file named {subdir} (Hydra's config folder, hydra.output_subdir)"
+    return None
+
+
 class OutputDirCheck(Callback):
     """Before a run (or a sweep) starts, checks that Hydra's output folder can be created and written, so a bad
     ``hydra.run.dir`` / ``hydra.sweep.dir`` ends in one message instead of Hydra's traceback (exit 2)."""
@@ -81,7 +92,18 @@ class OutputDirCheck(Callback):
     @staticmethod
     def _check(config: DictConfig, key: str) -> None:
         value = str(config.hydra[key.split(".")[1]].dir)
+        if not value.strip():  # Hydra would write into the current folder
+            print(f"error: {key} is empty, so the run would write its files into the current folder "
+                  f"({Path.cwd()}): set {key} to a folder (e.g. {key}=outputs/my_run), or leave it out for "
+                  f"Hydra's dated one", file=sys.stderr, flush=True)
+            raise SystemExit(2)
         why = unusable_dir(Path(value))
+        subdir = config.hydra.get("output_subdir") if key == "hydra.run.dir" else None
+        blocked = None if why else in_the_way(Path(value), subdir)
+        if blocked:
+            print(f"error: {key}={value} holds {blocked}, where the run writes its own; move it away, or set "
+                  f"{key} to another folder", file=sys.stderr, flush=True)
+            raise SystemExit(2)
         if why:
             print(f"error: {key}={value} cannot be used as the output folder ({why}): set {key} to a folder "
                   f"this user can create and write (e.g. {key}=outputs/my_run)", file=sys.stderr, flush=True)

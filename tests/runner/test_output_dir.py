@@ -68,3 +68,24 @@ def test_a_run_dir_under_a_file_and_a_sweep_dir_under_a_file_are_refused(tmp_pat
 def test_the_check_creates_a_missing_folder_and_leaves_no_probe(tmp_path):
     assert unusable_dir(tmp_path / "a" / "b") is None
     assert (tmp_path / "a" / "b").is_dir() and list((tmp_path / "a" / "b").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_an_empty_run_dir_and_names_the_run_writes_taken_by_the_wrong_kind_are_refused(tmp_path):
+    """An empty hydra.run.dir (an unset variable) would write into the current folder; a folder named like a
+    file the run writes (it failed only after training) or a file named like Hydra's config folder (Hydra's
+    traceback) stop it before it starts, each left as it is."""
+    proc = _cli("hydra.run.dir=")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: hydra.run.dir is empty, so the run would write its files into the current "
+                                  f"folder ({ROOT}): set hydra.run.dir to a folder"), proc.stderr
+    assert not (ROOT / "summary.json").exists() and not (ROOT / "metrics.jsonl").exists()
+    for name, what in (("summary.json", "a folder named summary.json"),
+                       (".hydra", "a file named .hydra (Hydra's config folder, hydra.output_subdir)")):
+        run = tmp_path / name.strip(".")
+        (run / name).mkdir(parents=True) if name != ".hydra" else (run.mkdir(), (run / name).write_text("mine"))
+        proc = _cli(f"hydra.run.dir={run}")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr == (f"error: hydra.run.dir={run} holds {what}, where the run writes its own; move it "
+                               f"away, or set hydra.run.dir to another folder\n")
+        assert sorted(p.name for p in run.iterdir()) == [name]
