@@ -62,7 +62,8 @@ def is_optuna(hc: Any) -> bool:
 
 def trial_tags(hc: Any) -> list[str]:
     """``group=option`` for every chosen config-group option, then the trial's overrides."""
-    tags = [f"{k}={v}" for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None]
+    tags = [f"{k}={v}" for k, v in hc.runtime.choices.items()  # not Hydra's own, nor the schemas options extend
+            if not k.startswith(("hydra", "schema/")) and v is not None]
     tags += [str(o) for o in hc.overrides.task]
     return list(dict.fromkeys(t[:MAX_TAG] for t in tags))
 

@@ -87,7 +87,7 @@ def fake_hydra(sweeper="hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def test_trial_tags_are_choices_then_overrides_deduplicated_and_cut_to_64():
-    tags = sweeps.trial_tags(fake_hydra())
+    tags = sweeps.trial_tags(fake_hydra(**{"schema/logger@logger": "logger"}))  # a schema an option extends: no tag
     assert tags == ["optimizer=async_adam", "async_emb=on", "optimizer.learning_rate=0.01", ("x." + "y" * 80)[:64]]
 
 
