@@ -35,6 +35,7 @@ from .launch import free_port
 
 log = logging.getLogger("runner")
 
+MAX_TIMEOUT_S = 7 * 24 * 3600
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
 LAUNCH_HINT = "python -m runner.launch -n N -- <overrides> (it sets all three)"
 
@@ -43,17 +44,19 @@ def check(d: Any) -> None:
     """Refuse a ``distributed`` config that cannot work, before anything starts. (``distributed.kind`` is an
     Enum field of the schema: another word fails when the config is composed.)"""
     for key in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s"):
-        if not getattr(d, key) > 0:
-            raise DistributedError(f"distributed.{key}={getattr(d, key)!r} must be a positive number of seconds")
+        if not 0 < getattr(d, key) <= MAX_TIMEOUT_S:  # JAX's coordination service keeps them in 32-bit ms
+            raise DistributedError(f"distributed.{key}={getattr(d, key)!r} must be a positive number of seconds up "
+                                   f"to {MAX_TIMEOUT_S:,} (a week)")
     if d.kind in ("local", "manual"):
         missing = [k for k in ("coordinator_address", "num_processes", "process_id") if getattr(d, k) is None]
         if missing:
             how = LAUNCH_HINT if d.kind == "local" else "pass them on the command line of every process"
             raise DistributedError(f"distributed={d.kind} needs {', '.join(f'distributed.{k}' for k in missing)}; "
                                    f"{how}")
-        if not re.fullmatch(r"\S+:\d+", str(d.coordinator_address)):
+        if not re.fullmatch(r"\S+:\d+", str(d.coordinator_address)) or not \
+                1 <= int(str(d.coordinator_address).rsplit(":", 1)[1]) <= 65535:
             raise DistributedError(f"distributed.coordinator_address={d.coordinator_address!r} must be host:port "
-                                   "of process 0, e.g. 127.0.0.1:7777")
+                                   "of process 0 with a port in 1..65535, e.g. 127.0.0.1:7777")
         if d.kind == "local" and str(d.coordinator_address).rsplit(":", 1)[0] not in ("127.0.0.1", "localhost"):
             raise DistributedError(f"distributed=local runs every process on this machine, but coordinator_address="
                                    f"{d.coordinator_address!r} is not 127.0.0.1/localhost; use distributed=manual "
@@ -67,6 +70,13 @@ def check(d: Any) -> None:
             raise DistributedError(f"distributed=slurm found no SLURM job step here ({', '.join(missing)} unset); "
                                    "run it inside `srun` (or an sbatch script that calls srun, or hydra/launcher="
                                    "slurm_multiprocess), or use distributed=local / manual elsewhere")
+        counts = {v: os.environ[v].strip() for v in ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")}
+        wrong = next((v for v, x in counts.items() if not x.isdigit()), None)
+        if wrong or int(counts["SLURM_PROCID"]) >= max(int(counts["SLURM_NTASKS"]), 1):
+            shown = f"{wrong}={counts[wrong]!r} is not a count" if wrong else (
+                f"SLURM_PROCID={counts['SLURM_PROCID']} is not below SLURM_NTASKS={counts['SLURM_NTASKS']}")
+            raise DistributedError(f"distributed=slurm: {shown}; these come from SLURM itself: launch with srun "
+                                   "rather than setting them by hand")
 
 
 def initialize(d: Any) -> None:

@@ -44,6 +44,11 @@ def test_default_is_one_process_and_initialize_is_a_noop():
     (["distributed=local", "distributed.coordinator_address=127.0.0.1:7777", "distributed.num_processes=2",
       "distributed.process_id=2"], "distributed.process_id=2 must be in 0..num_processes-1 (num_processes=2)"),
     (["distributed.heartbeat_timeout_s=0"], "distributed.heartbeat_timeout_s=0 must be a positive number"),
+    (["distributed.initialization_timeout_s=10000000000"], "distributed.initialization_timeout_s=10000000000 must be a "
+                                                           "positive number of seconds up to 604,800 (a week)"),
+    (["distributed=manual", "distributed.coordinator_address=10.0.0.1:99999", "distributed.num_processes=2",
+      "distributed.process_id=0"], "coordinator_address='10.0.0.1:99999' must be host:port of process 0 with a port "
+                                   "in 1..65535"),
     # distributed.kind is an Enum field: a wrong word fails at composition (tests/runner/test_config.py)
 ])
 def test_bad_settings_are_refused_with_the_fix(overrides, message):
@@ -59,6 +64,21 @@ def test_slurm_outside_a_job_step_names_the_missing_variables(monkeypatch):
     with pytest.raises(DistributedError, match="found no SLURM job step here \\(SLURM_STEP_NODELIST, "
                                                            "SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID unset\\)"):
         distributed.initialize(dist("distributed=slurm"))
+
+
+@pytest.mark.parametrize("env, shown", [
+    ({"SLURM_NTASKS": "abc"}, "SLURM_NTASKS='abc' is not a count"),
+    ({"SLURM_NTASKS": "2", "SLURM_PROCID": "5"}, "SLURM_PROCID=5 is not below SLURM_NTASKS=2"),
+])
+def test_slurm_counts_that_are_not_counts_are_refused(monkeypatch, env, shown):
+    base = {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "node1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0"}
+    for k, v in {**base, **env}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(DistributedError) as e:
+        distributed.initialize(dist("distributed=slurm"))
+    assert str(e.value) == (f"distributed=slurm: {shown}; these come from SLURM itself: launch with srun rather than "
+                            f"setting them by hand")
 
 
 def test_joining_after_jax_started_says_to_use_a_fresh_process():
