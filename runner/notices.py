@@ -113,8 +113,8 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
     """Lines (each starting with ``warning:``) for settings the run was given that nothing in it reads: a
     schedule's fields its kind does not use (or a step schedule that never steps in ``steps``), delay
     compensation's lambda without compensation, hash-table settings on a dense table, sampled-softmax settings
-    under another loss, DCN's low rank without cross layers, ranking's evaluation batches on another task, a dense
-    warmup longer than the run."""
+    under another loss, DCN's low rank without cross layers, ranking's evaluation batches on another task, W&B
+    settings without W&B, several processes' settings for one, a dense warmup longer than the run."""
     from optimizers import Schedule
 
     from . import config as schemas
@@ -162,6 +162,15 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
     if model != "ranking" and _given(cfg.trainer, schemas.TrainerConfig, ("eval_batches",)):
         out.append(f"warning: trainer.eval_batches={cfg.trainer.eval_batches} sizes the ranking task's evaluation; "
                    f"model={model} evaluates its whole held-out split, so it has no effect")
+    idle = _given(cfg.logger, schemas.LoggerConfig, ("project", "entity", "mode", "group", "tags", "name"))
+    if _plain(cfg.logger.kind) == "none" and idle:  # debug=tiny, for one, picks logger=none
+        out.append(f"warning: {_listed(idle, 'logger.')}: W&B settings, and logger=none (no W&B run): "
+                   f"{'it has' if len(idle) == 1 else 'they have'} no effect; add logger=wandb to log to W&B")
+    idle = _given(cfg.distributed, schemas.DistributedConfig, ("coordinator_address", "num_processes", "process_id"))
+    if _plain(cfg.distributed.kind) == "none" and idle:
+        out.append(f"warning: {_listed(idle, 'distributed.')}: distributed=none runs one process, so "
+                   f"{'it has' if len(idle) == 1 else 'they have'} no effect; pick distributed=local, manual or "
+                   f"slurm (or python -m runner.launch) to run several")
     if _given(cfg.dense_optimizer, schemas.DenseOptimizerConfig, ("warmup_steps",)) and \
             int(cfg.dense_optimizer.warmup_steps) > steps:
         out.append(f"warning: dense_optimizer.warmup_steps={cfg.dense_optimizer.warmup_steps} is longer than the "

@@ -200,8 +200,15 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
                                                 "(6 steps): the dense learning rate never reaches "
                                                 "dense_optimizer.learning_rate"]),
     ([], 6, []),  # the default warmup (20) outlasting a 6-step smoke run is not news
+    (["logger.mode=online", "logger.project=zzz"], 6, [  # the tiny runs' logger=none (debug=tiny)
+        "warning: logger.project=zzz, logger.mode=online: W&B settings, and logger=none (no W&B run): they have no "
+        "effect; add logger=wandb to log to W&B"]),
+    (["logger=wandb", "logger.project=zzz"], 6, []),
+    (["distributed.num_processes=4", "distributed.process_id=3"], 6, [
+        "warning: distributed.num_processes=4, distributed.process_id=3: distributed=none runs one process, so they "
+        "have no effect; pick distributed=local, manual or slurm (or python -m runner.launch) to run several"]),
 ], ids=["dc_lambda", "dc_lambda-used", "schedule", "schedule-used", "step", "step-used", "hash-on-dense",
-        "dense-warmup", "defaults"])
+        "dense-warmup", "defaults", "wandb-without-wandb", "wandb-used", "processes-for-one"])
 def test_settings_nothing_in_the_run_reads_are_named_in_a_warning(overrides, steps, warned):
     from runner.notices import unused_settings
 
