@@ -16,7 +16,7 @@ from . import data as data_lib
 from . import drills, quiet, trash
 from . import lock as lock_lib
 from . import meta as meta_lib
-from ..outputs import METRICS_FILE, set_aside
+from ..outputs import METRICS_FILE, SUMMARY_FILE, set_aside
 from ..errors import PreflightError
 from .manager import TMP_SUFFIX, Checkpoints, _manager
 
@@ -126,10 +126,13 @@ def _resume(ck: Checkpoints, resume: str, source: tuple[Path, list[int]] | None,
 
 
 def _set_aside_metrics(path: Path) -> None:
-    """A checkpointed run that starts from step 0: rows already in its metrics.jsonl were logged by a launch
-    that died before its first checkpoint committed; appended to, its steps would repeat. They are moved aside."""
-    if not (path.exists() and path.stat().st_size):
+    """A checkpointed run that starts from step 0 in a folder holding a record (a launch that died before its
+    first checkpoint committed, or another run given the same hydra.run.dir): appended to, its steps would repeat,
+    and its summary.json would be overwritten. Both are moved aside, whole."""
+    if not (path.exists() and path.stat().st_size) and not (path.parent / SUMMARY_FILE).is_file():
         return
-    dest = set_aside(path.parent, (path.name,))[path.name]
-    log.warning("%s holds %d rows of an earlier launch that committed no checkpoint; moved to %s, this run starts "
-                "from step 0", path, len(dest.read_text().splitlines()), dest)
+    moved = set_aside(path.parent)
+    rows = len(moved[path.name].read_text().splitlines()) if path.name in moved else 0
+    log.warning("%s holds the record of an earlier run that this one does not continue (%d metric rows; no "
+                "checkpoint of it in this checkpoint.dir): moved to %s; this run starts from step 0 and writes its own",
+                path.parent, rows, ", ".join(p.name for p in moved.values()))

@@ -67,6 +67,7 @@ def test_a_fresh_start_sets_aside_the_rows_of_a_launch_killed_before_its_first_c
     out.mkdir()
     dead = '{"step": 1, "train/loss": 0.7}\n{"step": 2, "train/loss": 0.6}\n'
     (out / "metrics.jsonl").write_text(dead)
+    (out / "summary.json").write_text('{"status": "ok"}')  # another run's, finished in this folder (hydra.run.dir)
     cfg = compose_config(BASE + [f"checkpoint.dir={tmp_path / 'ck'}"])
     program, _, plan = build(cfg)
     with caplog.at_level("WARNING", logger="runner"):
@@ -75,8 +76,10 @@ def test_a_fresh_start_sets_aside_the_rows_of_a_launch_killed_before_its_first_c
     assert ck.resume_point()[1] == 0
     assert not (out / "metrics.jsonl").exists()
     assert (out / "metrics.jsonl.before-restart").read_text() == dead
-    assert f"{out / 'metrics.jsonl'} holds 2 rows of an earlier launch that committed no checkpoint; moved to " \
-        f"{out / 'metrics.jsonl.before-restart'}" in caplog.text
+    assert (out / "summary.json.before-restart").read_text() == '{"status": "ok"}' and not (out / "summary.json").exists()
+    assert (f"{out} holds the record of an earlier run that this one does not continue (2 metric rows; no checkpoint "
+            f"of it in this checkpoint.dir): moved to metrics.jsonl.before-restart, summary.json.before-restart; this "
+            f"run starts from step 0 and writes its own") in caplog.text
 
 
 @pytest.mark.slow
