@@ -43,8 +43,14 @@ class JsonlTracker:
             raise RuntimeError("JsonlTracker.log() after finish()")
         values = to_python(metrics)
         record = {"step": int(step), **{k: v for k, v in values.items() if k != "step"}}
-        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
-        self._file.flush()
+        line = json.dumps(json_safe(record), allow_nan=False) + "\n"
+        start = self._file.tell()
+        try:
+            self._file.write(line)
+            self._file.flush()
+        except OSError as e:  # a full disk: no half line is left for a reader (or a resume) to trip on
+            self._file = _cut_back(self._file, self.path, start)
+            raise _write_failed(self.path, e) from None
         for k, v in values.items():
             self._last[k] = v
             goal = self._goals.get(k)
@@ -70,8 +76,12 @@ class JsonlTracker:
 
     def _write_summary(self) -> None:
         tmp = self.summary_path.with_name(self.summary_path.name + ".tmp")
-        tmp.write_text(json.dumps(json_safe(self.summary()), allow_nan=False, indent=2) + "\n")
-        os.replace(tmp, self.summary_path)
+        try:
+            tmp.write_text(json.dumps(json_safe(self.summary()), allow_nan=False, indent=2) + "\n")
+            os.replace(tmp, self.summary_path)
+        except OSError as e:  # the previous summary.json (if any) stays whole
+            tmp.unlink(missing_ok=True)
+            raise _write_failed(self.summary_path, e) from None
 
     def finish(self, exit_code: int = 0) -> None:
         if self._finished:
@@ -91,3 +101,25 @@ class JsonlTracker:
         f = getattr(self, "_file", None)
         if f is not None and not f.closed:
             f.close()
+
+
+def _write_failed(path: Path, e: OSError):
+    from ..errors import TrainingError  # noqa: PLC0415
+
+    return TrainingError(f"writing {path} failed ({e.strerror or e}): free space on that disk, or point hydra.run.dir "
+                         f"at another, and re-launch (with checkpoint.interval set, the run resumes from its newest "
+                         f"checkpoint)")
+
+
+def _cut_back(file: Any, path: Path, size: int) -> Any:
+    """``file`` (append mode) reopened after cutting ``path`` back to ``size`` bytes: what a failed write left of
+    its line is dropped, along with the text the file object still buffers."""
+    try:
+        file.close()
+    except OSError:
+        pass  # the buffered rest of the line could not be written either
+    try:
+        os.truncate(path, size)
+    except OSError:
+        pass
+    return open(path, "a", encoding="utf-8")

@@ -195,3 +195,46 @@ def test_wandb_reinit_finishes_leaked_run(tmp_path, offline_wandb):
     finally:
         t2.finish()
     assert len(_offline_runs(tmp_path / "a")) == 1 and len(_offline_runs(tmp_path / "b")) == 1
+
+
+def test_a_full_disk_is_one_error_naming_the_file_and_leaves_whole_lines_and_the_last_summary(tmp_path, monkeypatch):
+    """A write that fails halfway (no space left) leaves no half line in metrics.jsonl, no summary.json.tmp, and
+    the summary.json written before; the error names the file and the fix."""
+    import errno
+
+    from runner.errors import TrainingError
+
+    t = JsonlTracker(tmp_path / "metrics.jsonl")
+    t.log({"train/loss": 0.5}, step=1)
+    t.log_summary({"note": 1})
+
+    class Full:  # writes part of what it is given, then fails as a full disk does
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, text):
+            self.f.write(text[: len(text) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    t._file = Full(t._file)
+    with pytest.raises(TrainingError) as e:
+        t.log({"train/loss": 0.4}, step=2)
+    assert str(e.value).startswith(f"writing {tmp_path / 'metrics.jsonl'} failed (No space left on device): free "
+                                   f"space on that disk, or point hydra.run.dir at another, and re-launch")
+    assert _lines(tmp_path / "metrics.jsonl") == [{"step": 1, "train/loss": 0.5}]
+    t.log({"train/loss": 0.3}, step=3)  # space again: the file goes on from its last whole line
+    assert [r["step"] for r in _lines(tmp_path / "metrics.jsonl")] == [1, 3]
+
+    def no_space(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", no_space)
+    with pytest.raises(TrainingError, match=r"^writing .*summary.json failed \(No space left on device\)"):
+        t.finish(0)
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "summary.json").read_text())["note"] == 1  # the one written before, whole
+    assert not (tmp_path / "summary.json.tmp").exists()
