@@ -17,9 +17,9 @@ from .core import failures, memory_budget
 from .core.loop import train
 from .core.preemption import Preemption
 from .errors import CheckpointError, Preempted, PreflightError, RunnerError
-from .outputs import set_aside
+from .outputs import METRICS_FILE, set_aside
 from .sweeps import write_run_info
-from .tracking import make_tracker
+from .tracking import JsonlTracker, make_tracker
 from .tracking.wandb import TrackerStartError
 
 log = logging.getLogger("runner")
@@ -43,6 +43,10 @@ def run_tracker(cfg: DictConfig, out: Path, tags: list[str] | None = None, *, pr
             group=lg.group, tags=list(lg.tags) + list(tags or []), entity=lg.entity, run_id=run_id,
             resume="allow" if run_id else None, init_timeout=lg.get("init_timeout"))
     except TrackerStartError as e:  # a W&B run that cannot start: one message (exit 2), not wandb's trace
+        if process_index == 0:  # the folder records the failure, as any failed run's does
+            record = JsonlTracker(out / METRICS_FILE)
+            record.log_summary({"error": f"PreflightError: {e}"})
+            record.finish(2)
         raise PreflightError(str(e)) from None
     write_run_info(tracker, out)
     return tracker

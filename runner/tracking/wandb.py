@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ def _bad_environment(e: Exception) -> list[tuple[str, str]]:
         name = f"WANDB_{str((err.get('loc') or ('',))[0]).upper()}"
         if name in os.environ:
             found.append((name, err.get("msg", "invalid")))
+    run_id = os.environ.get("WANDB_RUN_ID")
+    if not found and run_id is not None and not re.fullmatch(r"[\w-]+", run_id):  # W&B's own message names no variable
+        found.append(("WANDB_RUN_ID", "a run id holds letters, digits, _ and - only"))
     return found
 
 

@@ -5,6 +5,8 @@ message (never wandb's traceback, never a hang). The server here is a closed por
 one message too."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runner import preflight
@@ -77,6 +79,8 @@ def test_a_wandb_mode_in_the_environment_that_wandb_refuses_is_one_message(monke
     assert text.startswith(f"W&B refused a setting from the environment (WANDB_MODE={value!r}: "), text
     assert text.endswith("): fix or unset WANDB_MODE (`unset WANDB_MODE`; logger.mode=offline sets the run's mode), "
                          "or use logger=none"), text
+    summary = json.loads((tmp_path / "summary.json").read_text())  # the folder records the failure
+    assert summary["status"] == "failed" and summary["exit_code"] == 2 and summary["error"] == f"PreflightError: {text}"
     monkeypatch.setenv("WANDB_MODE", "disabled")  # a valid value: logger.mode still decides (an offline run)
     tracker = run_tracker(compose_config(["logger=wandb"]), tmp_path / "ok", process_index=0)
     try:
@@ -84,6 +88,21 @@ def test_a_wandb_mode_in_the_environment_that_wandb_refuses_is_one_message(monke
     finally:
         tracker.finish()
         wandb.teardown()  # the next test's runs read the environment afresh
+
+
+def test_a_run_id_from_the_environment_that_wandb_refuses_is_named(monkeypatch, tmp_path):
+    import wandb
+
+    wandb.teardown()
+    monkeypatch.setenv("WANDB_RUN_ID", "a/b")
+    try:
+        with pytest.raises(PreflightError) as e:
+            run_tracker(compose_config(["logger=wandb"]), tmp_path, process_index=0)
+    finally:
+        monkeypatch.delenv("WANDB_RUN_ID")
+        wandb.teardown()
+    assert str(e.value).startswith("W&B refused a setting from the environment (WANDB_RUN_ID='a/b': a run id holds "
+                                   "letters, digits, _ and - only): fix or unset WANDB_RUN_ID"), str(e.value)
 
 
 def test_an_offline_run_that_cannot_start_is_one_message(monkeypatch, tmp_path):
