@@ -107,7 +107,8 @@ def initialize(d: Any) -> None:
     else:
         _wait_for_coordinator(d, address, pid)
     try:
-        jax.distributed.initialize(**kwargs)
+        with _no_abort_on_errors():
+            jax.distributed.initialize(**kwargs)
     except RuntimeError as e:
         if "must be called before" in str(e):
             raise DistributedError(
@@ -194,8 +195,39 @@ def _wait_for_coordinator(d: Any, address: str, pid: int) -> None:
             time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def _no_abort_on_errors():
+    """JAX's distributed client ends the process from C++ (a check failure: exit 134 and a stack trace) when the
+    coordination service reports an error, such as peers that did not all join within the timeout; given an error
+    callback of its own instead, it returns the error from ``connect`` to Python, where it is one message. (A
+    peer's death mid-run is this runner's to report: ``coordinator.Watch``.)"""
+    from jax._src import distributed as jax_distributed
+
+    make = jax_distributed._jax.get_distributed_runtime_client
+
+    def client(*args, **kwargs):
+        kwargs.setdefault("missed_heartbeat_callback", _service_error)
+        kwargs.setdefault("shutdown_on_destruction", False)  # JAX shuts a joined client down itself, at exit
+        return make(*args, **kwargs)
+
+    jax_distributed._jax.get_distributed_runtime_client = client
+    try:
+        yield
+    except BaseException:  # a client that never joined: JAX's exit hook would shut it down and print its error
+        jax_distributed.global_state.client = None
+        raise
+    finally:
+        jax_distributed._jax.get_distributed_runtime_client = make
+
+
+def _service_error(*status: Any) -> None:
+    """The client's error callback: nothing to do here (the error also comes back from the call that met it)."""
+
+
 def _unreachable(d: Any, where: str, e: BaseException, pid: Any = None) -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "bad_cast" in first:  # the service's error, which the client could not hand to the callback as it is
+        first = "not every process joined"
     return (f"distributed={d.kind}: process {d.process_id if pid is None else pid} could not join the run at "
             f"{where} within {d.initialization_timeout_s} s ({first}). Check that process 0 is running and every "
             f"process uses the same coordinator_address and num_processes ({d.num_processes}); raise "
@@ -225,11 +257,11 @@ def fail_fast(tracker: Any = None):
     except Exception as e:  # noqa: BLE001
         if jax.process_count() == 1:
             raise
-        if isinstance(e, RunnerError):  # a message of its own (training diverged, ...): as one process says it
+        peer = any(w in str(e) for w in ("Gloo", "Connection reset", "heartbeat", "Socket closed", "UNAVAILABLE"))
+        if isinstance(e, RunnerError) and not peer:  # its own message (training diverged, ...): as one process's
             _end(f"error: {e}", code=1 if isinstance(e, CheckpointError) else 2)
         else:
             first = re.sub(r"(Error dispatching computation: )+", "", str(e).strip()).splitlines()
-            peer = any(w in str(e) for w in ("Gloo", "Connection reset", "heartbeat", "Socket closed", "UNAVAILABLE"))
             why = ("a collective failed, most likely because another process died or lost its connection; see its "
                    "log" if peer else "see the traceback above")
             _end(f"{type(e).__name__}: {first[0] if first else ''} -- {why}", exc_info=not peer)

@@ -347,9 +347,12 @@ def test_a_runner_error_on_one_of_several_processes_ends_it_with_its_own_line_an
     ended = []
     monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
     monkeypatch.setattr(distributed, "_end", lambda why, exc_info=False, code=1: ended.append((why, exc_info, code)))
-    for error in (TrainingError("training diverged: ..."), CheckpointError("saving failed: ..."), KeyError("x")):
+    for error in (TrainingError("training diverged: ..."), CheckpointError("saving failed: ..."), KeyError("x"),
+                  CheckpointError("saving failed: Gloo AllGather failed: Connection reset by peer")):
         with distributed.fail_fast():
             raise error
     assert ended[0] == ("error: training diverged: ...", False, 2)
     assert ended[1] == ("error: saving failed: ...", False, 1)
     assert ended[2] == ("KeyError: 'x' -- see the traceback above", True, 1)
+    assert ended[3][0].endswith("-- a collective failed, most likely because another process died or lost its "
+                                "connection; see its log") and ended[3][2] == 1  # a peer's death, whatever failed
