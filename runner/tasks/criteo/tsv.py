@@ -247,6 +247,8 @@ class Reader:
             # parsed as float64: an integer of any size (past int64 too) is exact enough for log(1 + x)
             vals = pc.cast(pc.if_else(pa.array(good & (lengths[c] > 0)), col, "0"), pa.float64()).to_numpy()
             dense[:, j] = np.log1p(np.maximum(vals, 0)).astype(np.float32)
+            for i in np.flatnonzero(np.isposinf(vals) & ok):  # past float64 (309+ digits): log(x) from its digits
+                dense[i, j] = _log_of_digits(col[i].as_py())
         start = offsets(self.bags)
         cat = np.zeros((n, int(start[-1])), np.uint32)
         count = np.zeros((n, NUM_CAT), np.uint8)
@@ -262,6 +264,13 @@ class Reader:
             self._bad(int(lines[i]), why[i])
         return Block(np.asarray(pc.cast(pc.if_else(pa.array(ok), label, "0"), pa.int8()))[ok],
                      dense[ok], cat[ok], count[ok], lines[ok])
+
+
+def _log_of_digits(text: str) -> float:
+    """``log(1 + x)`` of a positive integer ``x`` too large for a float64 (its decimal ``text``): the log of
+    its first 17 digits plus the log of ten for each digit after them."""
+    digits = text.lstrip("+0")
+    return float(np.log(float(digits[:17])) + (len(digits) - 17) * np.log(10.0))
 
 
 def _hex_values(col: pa.Array, length: np.ndarray, bag: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -70,6 +70,16 @@ def test_integers_past_64_bits_read_as_log1p_of_their_value(tmp_path):
     np.testing.assert_allclose(dense[:3], [math.log1p(int(big)), 0.0, math.log1p(2**63 - 1)], rtol=1e-7)
 
 
+def test_integers_past_a_float64_read_as_log1p_of_their_value(tmp_path):
+    """309 digits and more (past float64's largest, about 1.8e308): still log(1 + x), finite, from the digits."""
+    huge = ["9" * 309, "1" + "0" * 400, "00" + "12345678901234567890" * 20, "-" + "9" * 400]
+    text = line("1", dense=huge + ["1"] * 9) + "\n"
+    dense = next(iter(read_blocks(write(tmp_path, text)))).dense[0]
+    assert np.isfinite(dense).all()
+    want = [math.log(int(x)) if int(x) > 0 else 0.0 for x in huge]  # math.log of a Python int of any size
+    np.testing.assert_allclose(dense[:4], want, rtol=1e-6)
+
+
 def test_gzip_reads_like_plain(tmp_path):
     text = "\n".join(line(str(i % 2)) for i in range(50))  # no newline at the end
     a = np.concatenate([b.cat for b in read_blocks(write(tmp_path, text))])
