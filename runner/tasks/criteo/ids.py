@@ -12,7 +12,8 @@ onwards hold values.
   (``counts.npz``, written by the conversion) each get a row, 2..n+1 in value order; every other value shares
   row 1 with the missing value (one out-of-vocabulary row, as the MLPerf/TorchRec Criteo preprocessing maps
   rare values to one row). The vocabulary is saved beside the shards (``vocab_min<k>.npz``), so evaluation
-  and a resumed run map exactly as training did.
+  and a resumed run map exactly as training did; a folder that cannot be written gets it derived again at each
+  start, the same rows.
 
 Both map a record's ``cat`` slots and ``count`` (``prepare.record_dtype``) to int32 rows of the same shape:
 feature ``j``'s slots past its count get row 0, and a missing feature's first slot row 1.
@@ -20,6 +21,7 @@ feature ``j``'s slots past its count get row 0, and a missing feature's first sl
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -117,25 +119,44 @@ def vocabulary_path(folder: str | Path, min_count: int) -> Path:
     return Path(folder) / f"vocab_min{int(min_count)}.npz"
 
 
-def save_vocabulary(folder: str | Path, min_count: int) -> Path:
-    """Derive the vocabulary of ``min_count`` from the folder's ``counts.npz`` and save it beside the shards."""
-    folder = Path(folder)
-    with np.load(folder / "counts.npz") as z:
-        values = {f"values_{j}": z[f"values_{j}"][z[f"counts_{j}"] >= min_count] for j in range(NUM_CAT)}
+def derive_vocabulary(folder: str | Path, min_count: int) -> dict[str, np.ndarray]:
+    """The vocabulary of ``min_count`` (``values_<j>``: feature j's values), from the folder's ``counts.npz``."""
+    with np.load(Path(folder) / "counts.npz") as z:
+        return {f"values_{j}": z[f"values_{j}"][z[f"counts_{j}"] >= min_count] for j in range(NUM_CAT)}
+
+
+def save_vocabulary(folder: str | Path, min_count: int, values: dict[str, np.ndarray] | None = None) -> Path:
+    """Save the vocabulary of ``min_count`` (derived from the folder's ``counts.npz`` unless given) beside the
+    shards."""
+    values = derive_vocabulary(folder, min_count) if values is None else values
     path = vocabulary_path(folder, min_count)
     tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        np.savez(f, **values)
-    tmp.replace(path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **values)
+        tmp.replace(path)
+    except BaseException:  # a full disk: no half file left beside the shards
+        if tmp.exists():
+            tmp.unlink()
+        raise
     return path
 
 
 def vocabulary(folder: str | Path, min_count: int, bags=ONE_HOT) -> VocabIds:
-    """The saved vocabulary of ``min_count`` (derived from ``counts.npz`` and saved the first time)."""
+    """The saved vocabulary of ``min_count``, derived from ``counts.npz`` the first time and saved beside the
+    shards; in a folder that cannot be written, derived at every start instead (the same rows: it is a pure
+    function of ``counts.npz``)."""
     path = vocabulary_path(folder, min_count)
     if not path.exists():
         if not (Path(folder) / "counts.npz").exists():
             raise FileNotFoundError(f"{folder}: no counts.npz; convert the logs first (python -m runner.prepare)")
-        save_vocabulary(folder, min_count)
+        values = derive_vocabulary(folder, min_count)
+        try:
+            save_vocabulary(folder, min_count, values)
+        except OSError as e:  # a read-only folder (or disk): an intact one, so the run goes on
+            logging.getLogger("runner").info(
+                "the vocabulary of data.min_count=%d is not saved into %s (%s: %s): derived from counts.npz at each "
+                "start instead", min_count, folder, type(e).__name__, e)
+            return VocabIds([values[f"values_{j}"] for j in range(NUM_CAT)], min_count, bags)
     with np.load(path) as z:
         return VocabIds([z[f"values_{j}"] for j in range(NUM_CAT)], min_count, bags)

@@ -28,6 +28,8 @@ from glob import glob
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
+
 from ...errors import PreflightError
 from .prepare import DAY, FORMAT, PrepareError, convert
 from .tsv import FormatError
@@ -109,7 +111,7 @@ def cache_folder(files: Sequence[Path], cache: str | None, max_bad_lines: int, b
                for f in files]
     settings = {"max_bad_lines": int(max_bad_lines), "bags": list(bags) if bags else None, "seed": SPLIT_SEED}
     key = hashlib.sha256(json.dumps([FORMAT, entries, settings], sort_keys=True).encode()).hexdigest()[:12]
-    return Path(cache or DEFAULT_CACHE) / f"logs-{key}"
+    return (Path(cache).expanduser() if cache else DEFAULT_CACHE) / f"logs-{key}"
 
 
 def converted(path: str, files: Sequence[Path], cache: str | None, max_bad_lines: int,
@@ -119,6 +121,8 @@ def converted(path: str, files: Sequence[Path], cache: str | None, max_bad_lines
     folder = cache_folder(files, cache, max_bad_lines, bags)
     if (folder / "manifest.json").exists():
         return folder
+    for f in files:
+        check_truth(f.with_name(f.name + TRUTH))
     size = sum(f.stat().st_size for f in files)
     log.info("converting the Criteo logs of data.path=%s (%d file%s, %s) into %s: once, later runs of the same files "
              "and settings reuse it", path, len(files), "" if len(files) == 1 else "s",
@@ -135,8 +139,28 @@ def converted(path: str, files: Sequence[Path], cache: str | None, max_bad_lines
     except PrepareError as e:
         raise PreflightError(f"data.path={path}: {e}") from None
     except OSError as e:
-        raise PreflightError(f"data.path={path}: converting the logs into {folder} failed ({e}); set data.cache to a "
-                             f"writable folder with room for the shards") from None
+        raise cache_failed(f"data.path={path}: converting the logs into {folder}", e) from None
+
+
+def cache_failed(what: str, e: OSError) -> PreflightError:
+    """The message for a conversion a run could not write (``what``: what it was doing, and where)."""
+    return PreflightError(f"{what} failed ({e}); set data.cache to a writable folder with room for the shards")
+
+
+def check_truth(path: Path) -> None:
+    """Refuse a ``<log>.p.npy`` beside a log that is not the click probabilities a conversion reads."""
+    if not path.exists():
+        return
+    try:
+        p = np.load(path, mmap_mode="r")
+        problem = None if p.ndim == 1 and p.dtype.kind == "f" else f"{p.ndim}-d {p.dtype}, not 1-d floats"
+    except (OSError, ValueError, EOFError) as e:
+        problem = f"{type(e).__name__}: {str(e).rstrip('.')}"
+    if problem:
+        raise PreflightError(f"{path}: not an array of click probabilities ({problem}). A file of that name is the "
+                             f"true click probability of each line that generated logs come with (python -m "
+                             f"runner.prepare criteo-synthetic), read only for the Bayes-optimal AUC: remove it (the "
+                             f"run trains without bayes/ metrics) or generate the logs again")
 
 
 def bad_input(e: FormatError, max_bad_lines: int) -> PreflightError:
@@ -153,4 +177,4 @@ def bad_input(e: FormatError, max_bad_lines: int) -> PreflightError:
                           f"data/bad_lines)")
 
 
-__all__ = ["bad_input", "cache_folder", "converted", "once", "raw_logs"]
+__all__ = ["bad_input", "cache_failed", "cache_folder", "check_truth", "converted", "once", "raw_logs"]

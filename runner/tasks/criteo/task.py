@@ -29,17 +29,17 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from omegaconf import DictConfig
 
-from ...errors import PreflightError
+from ...errors import PreflightError, TrainingError
 from .. import TASKS, refuse_own_widths
 from ..ranking.auc import auc
 from .config import CriteoIds, CriteoLogs, DCNStructure, Pooling
 from .ids import FIRST, HashIds, VocabIds, vocabulary
-from .logs import DEFAULT_CACHE, converted, once, raw_logs
+from .logs import DEFAULT_CACHE, cache_failed, converted, once, raw_logs
 from .model import DCN, DLRM, TABLES
 from .order import examples
 from .prepare import FORMAT, convert, split_rule
 from .report import REPORT
-from .shards import Shards
+from .shards import DamagedShard, Shards, read_manifest
 from .synthetic import CriteoSpec, write_logs
 from .tsv import ONE_HOT, check_bags
 
@@ -48,6 +48,20 @@ MODELS = ("dlrm", "dcn")
 PRESET_FILES = {CriteoLogs.kaggle: ("train.txt", "train.txt"),
                 CriteoLogs.terabyte: ("a folder of day_0.gz ... day_23.gz", "day_{0..23}.gz")}
 MIN_EXAMPLES = 100  # per split: fewer gives an evaluation without both labels (AUC undefined)
+LABEL_CHUNK = 1 << 16  # records read at a time looking for both labels in an evaluation split
+CONVERT_AGAIN = ("convert the logs again into a new folder (python -m runner.prepare criteo <files> --out <folder>), "
+                 "or set data.path to the raw logs")
+
+
+def expanded(path: str | None) -> Path | None:
+    """A ``data.path`` or ``data.cache`` as a path, ``~`` expanded (None stays None)."""
+    return None if path is None else Path(path).expanduser()
+
+
+def damaged(folder: Path, e: Exception, fix: str) -> PreflightError:
+    """The message for a converted folder that cannot be read."""
+    return PreflightError(f"{folder}: the converted logs cannot be read ({type(e).__name__}: {e}); the folder is "
+                          f"damaged or incomplete: {fix}")
 
 
 def generated(cfg: DictConfig) -> Path:
@@ -56,7 +70,7 @@ def generated(cfg: DictConfig) -> Path:
     d = cfg.data
     spec = _spec(d)
     key = hashlib.sha256(json.dumps([FORMAT, dataclasses.asdict(spec)], sort_keys=True).encode()).hexdigest()[:12]
-    folder = Path(d.cache or DEFAULT_CACHE) / f"generated-{key}"
+    folder = (expanded(d.cache) or DEFAULT_CACHE) / f"generated-{key}"
     if (folder / "manifest.json").exists():
         return folder
     logging.getLogger("runner").info("generating %s Criteo-format lines (data.lines) and converting them into %s: "
@@ -66,7 +80,10 @@ def generated(cfg: DictConfig) -> Path:
         convert(write_logs(spec, work / "logs"), work / "shards", seed=spec.seed, bags=spec.bags)
         return work / "shards"
 
-    return once(folder, make)
+    try:
+        return once(folder, make)
+    except OSError as e:
+        raise cache_failed(f"generating Criteo logs (data.path unset) into {folder}", e) from None
 
 
 def _spec(d: DictConfig) -> CriteoSpec:
@@ -82,6 +99,13 @@ def check(cfg: DictConfig) -> list[Path] | None:
                              f"model=dcn")
     refuse_own_widths(cfg, "its features meet in dot products or one stacked input")
     d = cfg.data
+    for key, fix in (("path", "give the Criteo logs or a converted folder, or leave data.path out (null) to train "
+                              "on generated logs"),
+                     ("cache", f"give a folder for the run's conversions, or leave data.cache out (null: "
+                               f"{DEFAULT_CACHE})")):
+        if d.get(key) is not None and not str(d.get(key)).strip():
+            raise PreflightError(f"data.{key} is empty (data.{key}= with nothing after it, as from an unset shell "
+                                 f"variable): {fix}")
     logs, skip = CriteoLogs(d.get("logs", "any")), int(d.get("max_bad_lines", 0))
     if logs is not CriteoLogs.any and not d.path:
         raw, files = PRESET_FILES[logs]
@@ -119,8 +143,11 @@ def _check_converted(d: DictConfig) -> None:
                              f"criteo --bag-sizes); unset data.bags")
     skip = int(d.get("max_bad_lines", 0))
     if skip:
-        with open(Path(d.path) / "manifest.json") as f:
-            m = json.load(f)
+        folder = expanded(d.path)
+        try:
+            m = read_manifest(folder)
+        except (OSError, ValueError) as e:
+            raise damaged(folder, e, CONVERT_AGAIN) from None
         raise PreflightError(f"data.max_bad_lines={skip} applies when a run converts raw logs, but data.path={d.path} "
                              f"is a converted folder, whose bad lines were settled at conversion (--max-bad-lines "
                              f"{m.get('max_bad_lines', 0)}: {m.get('bad_lines', 0):,} skipped); unset "
@@ -135,6 +162,7 @@ class CriteoTask:
     seed: int
     eval_examples: int | None
     logs: str | None = None  # data.path where it names raw logs this run converted (into folder)
+    repair: str = CONVERT_AGAIN  # how to get the folder again, should it be damaged
     model_keys: tuple[str, ...] = ("dense", "cat", "label")
     objective: str = "valid/auc"
     report = REPORT
@@ -150,31 +178,34 @@ class CriteoTask:
     def from_config(cls, cfg: DictConfig) -> "CriteoTask":
         files, d = check(cfg), cfg.data
         if files is not None:
-            folder = converted(d.path, files, d.cache, int(d.get("max_bad_lines", 0)),
+            folder = converted(d.path, files, expanded(d.cache), int(d.get("max_bad_lines", 0)),
                                tuple(int(b) for b in d.bags) if d.get("bags") is not None else None)
+            fix = f"remove {folder} and the run converts {d.path} again"  # this run's conversion, under data.cache
+        elif d.path:
+            folder, fix = expanded(d.path), CONVERT_AGAIN
         else:
-            folder = Path(d.path) if d.path else generated(cfg)
+            folder = generated(cfg)
+            fix = f"remove {folder} and the run generates the logs again"
         try:
-            return cls._open(cfg, folder, d.path if files is not None else None)
+            task = cls._open(cfg, folder, d.path if files is not None else None)
         except PreflightError:
             raise
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # json's errors are ValueErrors
-            if files is not None:  # this run's conversion of data.path, under data.cache
-                fix = f"remove {folder} and the run converts {d.path} again"
-            elif not d.path:
-                fix = f"remove {folder} and the run generates the logs again"
-            else:
-                fix = ("convert the logs again into a new folder (python -m runner.prepare criteo <files> --out "
-                       "<folder>), or set data.path to the raw logs")
-            raise PreflightError(f"{folder}: the converted logs cannot be read ({type(e).__name__}: {e}); the folder "
-                                 f"is damaged or incomplete: {fix}") from None
+            raise damaged(folder, e, fix) from None
+        task.repair = fix
+        try:
+            one = task.one_label()
+        except TrainingError as e:  # a damaged evaluation shard, met before anything compiles
+            raise PreflightError(str(e)) from None
+        if one:
+            raise PreflightError(one)
+        return task
 
     @classmethod
     def _open(cls, cfg: DictConfig, folder: Path, logs: str | None) -> "CriteoTask":
         """The task over the converted ``folder`` (``logs``: the raw logs it was converted from by this run)."""
         fixed = {n: int(t.vocab) for n, t in (cfg.model.get("tables") or {}).items() if t.get("vocab")}
-        with open(folder / "manifest.json") as f:
-            manifest = json.load(f)
+        manifest = read_manifest(folder)
         bags = tuple(manifest["bags"])
         if CriteoLogs(cfg.data.get("logs", "any")) is CriteoLogs.terabyte and manifest["split"] != "day":
             raise PreflightError(f"data.logs=terabyte evaluates on the last day, but data.path={folder} was split "
@@ -202,6 +233,43 @@ class CriteoTask:
             raise PreflightError(f"{folder}: too few examples to train and evaluate on ({small}; each split needs "
                                  f">= {MIN_EXAMPLES}): convert more lines, or raise data.lines for generated logs")
         return task
+
+    def evaluated(self, split: str) -> int:
+        """The examples of ``split`` an evaluation scores: its first ``data.eval_examples`` (None: all)."""
+        n = len(self.splits[split])
+        return n if self.eval_examples is None else min(n, int(self.eval_examples))
+
+    def one_label(self) -> str | None:
+        """Why an evaluation's AUC would be undefined (None: it is not): a split whose examples evaluated hold
+        one label only. Its AUC, the objective's included, would be nan, which no run can be selected on."""
+        for split in SPLITS:
+            data, n = self.splits[split], self.evaluated(split)
+            first = other = None
+            for lo in range(0, len(data), LABEL_CHUNK):  # real logs hold both labels in the first chunk
+                labels = self.take(split, np.arange(lo, min(len(data), lo + LABEL_CHUNK)))["label"]
+                first = labels[0] if first is None else first
+                hit = np.flatnonzero(labels != first)
+                if hit.size:
+                    other = lo + int(hit[0])
+                    break
+            if other is not None and other < n:
+                continue
+            what = "no click" if first == 0 else "every one a click"
+            if other is None:
+                return (f"{self.folder}: every one of the {split} split's {len(data):,} examples has label "
+                        f"{int(first)} ({what}), so its AUC is undefined: give logs that hold both clicks and "
+                        f"non-clicks")
+            return (f"{self.folder}: the {split} split's first {n:,} examples (data.eval_examples={n}) all have "
+                    f"label {int(first)} ({what}), so its AUC is undefined: raise data.eval_examples to "
+                    f"{other + 1} or more, or unset it (all of the split)")
+        return None
+
+    def take(self, split: str, index: np.ndarray) -> dict[str, np.ndarray]:
+        """``split``'s examples at ``index``; a damaged shard stops the run with one message."""
+        try:
+            return self.splits[split].take(index, self.ids)
+        except DamagedShard as e:
+            raise TrainingError(f"{e}: the converted folder is damaged: {self.repair}") from None
 
     def tables(self) -> dict[str, tuple[int, int]]:
         """One table per categorical feature, ids 0..rows-1 (row 0 pads a bag, row 1 is the missing value, and
@@ -242,9 +310,7 @@ class CriteoTask:
                    None if bottom is None else tuple(bottom), DCNStructure(model_cfg.get("structure", "stacked")).value)
 
     def batch(self, step: int, batch_size: int, shard: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
-        train = self.splits["train"]
-        return self.splits["train"].take(examples(step, batch_size, len(train), self.seed, shard, num_shards),
-                                         self.ids)
+        return self.take("train", examples(step, batch_size, len(self.splits["train"]), self.seed, shard, num_shards))
 
     def train_metrics(self, host_batch: Mapping[str, np.ndarray], outputs: Mapping[str, Any]) -> dict[str, float]:
         return {"train/auc": auc(host_batch["label"], np.asarray(outputs["probs"]))}
@@ -254,12 +320,11 @@ class CriteoTask:
         ``data.eval_examples``), and on generated logs the Bayes-optimal AUC of the same labels."""
         out: dict[str, float] = {}
         for split in SPLITS:
-            data = self.splits[split]
-            n = len(data) if self.eval_examples is None else min(len(data), int(self.eval_examples))
+            n = self.evaluated(split)
             labels, scores, truth = [], [], []
             for start in range(0, n, batch_size):
                 index = np.minimum(np.arange(start, start + batch_size), n - 1)  # the last batch padded
-                b = data.take(index, self.ids)
+                b = self.take(split, index)
                 keep = min(batch_size, n - start)
                 scores.append(np.asarray(predict(state, put({k: b[k] for k in self.model_keys})))[:keep])
                 labels.append(b["label"][:keep])
