@@ -28,10 +28,8 @@ from glob import glob
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-
 from ...errors import PreflightError
-from .prepare import DAY, FORMAT, PrepareError, convert
+from .prepare import DAY, FORMAT, PrepareError, convert, load_truth
 from .tsv import FormatError
 
 SPLIT_SEED = 0  # a single file's seeded 90/5/5 split: python -m runner.prepare criteo's default --seed
@@ -149,18 +147,9 @@ def cache_failed(what: str, e: OSError) -> PreflightError:
 
 def check_truth(path: Path) -> None:
     """Refuse a ``<log>.p.npy`` beside a log that is not the click probabilities a conversion reads."""
-    if not path.exists():
-        return
-    try:
-        p = np.load(path, mmap_mode="r")
-        problem = None if p.ndim == 1 and p.dtype.kind == "f" else f"{p.ndim}-d {p.dtype}, not 1-d floats"
-    except (OSError, ValueError, EOFError) as e:
-        problem = f"{type(e).__name__}: {str(e).rstrip('.')}"
+    problem = load_truth(path)[1]
     if problem:
-        raise PreflightError(f"{path}: not an array of click probabilities ({problem}). A file of that name is the "
-                             f"true click probability of each line that generated logs come with (python -m "
-                             f"runner.prepare criteo-synthetic), read only for the Bayes-optimal AUC: remove it (the "
-                             f"run trains without bayes/ metrics) or generate the logs again")
+        raise PreflightError(problem)
 
 
 def bad_input(e: FormatError, max_bad_lines: int) -> PreflightError:

@@ -155,6 +155,24 @@ def split_rule(inputs: Sequence[Path]) -> str:
     return "day" if len(inputs) >= 2 and all(DAY.match(p.name) for p in inputs) else "seeded"
 
 
+def load_truth(path: Path) -> tuple[np.ndarray | None, str | None]:
+    """(the click probabilities in ``path``, a ``<log>.p.npy``, or None when there is none; why it cannot be
+    used, or None)."""
+    if not path.exists():
+        return None, None
+    try:
+        p = np.load(path, mmap_mode="r")
+        problem = None if p.ndim == 1 and p.dtype.kind == "f" else f"{p.ndim}-d {p.dtype}, not 1-d floats"
+    except (OSError, ValueError, EOFError) as e:
+        p, problem = None, f"{type(e).__name__}: {str(e).rstrip('.')}"
+    if problem:
+        return None, (f"{path}: not an array of click probabilities ({problem}). A file of that name is the true "
+                      f"click probability of each line that generated logs come with (python -m runner.prepare "
+                      f"criteo-synthetic), read only for the Bayes-optimal AUC: remove it (the logs then convert "
+                      f"without bayes/ metrics) or generate the logs again")
+    return p, None
+
+
 def records_of(block, truth: np.ndarray | None = None, bags=ONE_HOT) -> np.ndarray:
     """A block's examples as records of ``record_dtype(bags)``; ``truth``: the file's click probability per
     line, if it has them."""
@@ -263,7 +281,9 @@ def _convert(inputs: list[Path], out: Path, seed: int, min_count: int, max_bad_l
     for k, path in enumerate(inputs):
         reader = Reader(path, max_bad_lines, block_bytes, bags)
         truth_file = path.with_name(path.name + ".p.npy")
-        truth = np.load(truth_file, mmap_mode="r") if truth_file.exists() else None
+        truth, problem = load_truth(truth_file)
+        if problem:
+            raise PrepareError(problem)
         last_day = rule == "day" and k == len(inputs) - 1
         eval_blocks = []
         for block in reader:

@@ -15,7 +15,7 @@ import pytest
 from runner.core.feed import Feed
 from runner.errors import PreflightError, TrainingError
 from runner.tasks import make_task
-from runner.tasks.criteo.prepare import convert
+from runner.tasks.criteo.prepare import PrepareError, convert
 from runner.tasks.criteo.synthetic import CriteoSpec, write_logs
 from runner.tasks.criteo.task import CONVERT_AGAIN
 from tests.runner.support import compose_config
@@ -137,8 +137,11 @@ def test_a_damaged_click_probability_file_beside_raw_logs_is_one_message(made, t
     assert str(e.value).startswith(f"{truth}: not an array of click probabilities ({problem}")
     assert str(e.value).endswith("the true click probability of each line that generated logs come with (python -m "
                                  "runner.prepare criteo-synthetic), read only for the Bayes-optimal AUC: remove it "
-                                 "(the run trains without bayes/ metrics) or generate the logs again")
+                                 "(the logs then convert without bayes/ metrics) or generate the logs again")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    with pytest.raises(PrepareError) as converting:  # python -m runner.prepare criteo says the same
+        convert([logs / "train.txt"], tmp_path / "shards")
+    assert str(converting.value) == str(e.value) and not (tmp_path / "shards").exists()
 
 
 def test_a_data_cache_that_cannot_be_written_is_one_message(made, tmp_path, monkeypatch):
