@@ -228,6 +228,7 @@ class CriteoTask:
             ids = HashIds([fixed.get(n, min(distinct[j] + FIRST, int(cfg.data.hash_rows)))
                            for j, n in enumerate(TABLES)], bags)
         task = cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples, logs)
+        task.min_count = int(cfg.data.min_count) if CriteoIds(cfg.data.ids) is CriteoIds.vocab else None
         small = {s: len(d) for s, d in task.splits.items() if len(d) < MIN_EXAMPLES}
         if small:
             raise PreflightError(f"{folder}: too few examples to train and evaluate on ({small}; each split needs "
@@ -287,15 +288,20 @@ class CriteoTask:
 
     def warnings(self) -> list[str]:
         """What a run says about its data before it trains (runner.app prints it)."""
-        m = self.splits["train"].manifest
+        m, notes = self.splits["train"].manifest, []
+        converted_with = int(m.get("min_count", 1))
+        if not self.logs and getattr(self, "min_count", None) not in (None, converted_with):  # a user's conversion
+            notes.append(f"note: {self.folder} was converted with --min-count {converted_with}, and this run maps ids "
+                         f"with data.min_count={self.min_count} (the vocabulary is derived from the counts for any "
+                         f"threshold): set data.min_count={converted_with} for the conversion's")
         if not m.get("bad_lines"):
-            return []
+            return notes
         first = next((f["first_bad"] for f in m["files"] if f.get("first_bad")), None)
         what, setting = ((f"the Criteo logs of data.path={self.logs} were converted into {self.folder}",
                           f"data.max_bad_lines={m.get('max_bad_lines')}") if self.logs else
                          (f"{self.folder} was converted", f"--max-bad-lines {m.get('max_bad_lines')}"))
-        return [f"note: {what} skipping {m['bad_lines']:,} bad input lines ({setting} per file; counted in "
-                f"data/bad_lines); the first: {first}"]
+        return notes + [f"note: {what} skipping {m['bad_lines']:,} bad input lines ({setting} per file; counted in "
+                        f"data/bad_lines); the first: {first}"]
 
     def metric_names(self) -> list[str]:
         names = [f"{s}/{m}" for s in SPLITS for m in ("auc", "logloss", "accuracy")]

@@ -233,3 +233,16 @@ def test_a_converted_folder_that_cannot_be_written_still_trains_with_a_new_min_c
     assert sorted(os.listdir(made[1])) == before
     assert got.table_rows() == want.table_rows() and got.table_rows() != task_of(f"data.path={made[1]}").ids.table_rows()
     assert all(np.array_equal(a, b) for a, b in zip(got.values, want.values))
+
+
+def test_a_min_count_other_than_the_conversions_is_noted(made, tmp_path):
+    """python -m runner.prepare criteo --min-count 3 saves that vocabulary; a run keeps its own data.min_count
+    (the vocabulary is derived for any threshold), and says which it uses when they differ."""
+    folder = tmp_path / "mc3"
+    convert([made[0]], folder, min_count=3)
+    notes = task_of(f"data.path={folder}", "data.ids=vocab").warnings()
+    assert notes == [f"note: {folder} was converted with --min-count 3, and this run maps ids with data.min_count=1 "
+                     f"(the vocabulary is derived from the counts for any threshold): set data.min_count=3 for the "
+                     f"conversion's"]
+    assert task_of(f"data.path={folder}", "data.ids=vocab", "data.min_count=3").warnings() == []
+    assert task_of(f"data.path={folder}", "data.ids=hash").warnings() == []  # hashed ids use no vocabulary
