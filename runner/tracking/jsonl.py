@@ -33,10 +33,20 @@ class JsonlTracker:
         self._goals: dict[str, str] = {}
         self._best: dict[str, tuple[float, int]] = {}
         self._finished = False
+        # Rows already in the file (a resumed run's, carried up to its checkpoint): the summary's last and best
+        # values count them as if this tracker had logged them.
+        self._history = _rows(self.path) if append else []
+        for row in self._history:
+            self._last.update({k: v for k, v in row.items() if k != "step"})
         self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        if append and self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+            self._file.write("\n")  # a line cut short (a kill mid-write) stays a line of its own, not this run's first
 
     def define_summary(self, name: str, goal: Goal = "maximize") -> None:
         self._goals[name] = _check_goal(goal)
+        for row in self._history:
+            if name in row and isinstance(row.get("step"), int):
+                self._track_best(name, row[name], row["step"])
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         if self._finished:
@@ -53,14 +63,15 @@ class JsonlTracker:
             raise _write_failed(self.path, e) from None
         for k, v in values.items():
             self._last[k] = v
-            goal = self._goals.get(k)
-            if goal is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
-                if not math.isfinite(v):
-                    continue
-                prev = self._best.get(k)
-                better = prev is None or (v > prev[0] if goal == "maximize" else v < prev[0])
-                if better:
-                    self._best[k] = (float(v), int(step))
+            self._track_best(k, v, step)
+
+    def _track_best(self, k: str, v: Any, step: int) -> None:
+        goal = self._goals.get(k)
+        if goal is None or not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return
+        prev = self._best.get(k)
+        if prev is None or (v > prev[0] if goal == "maximize" else v < prev[0]):
+            self._best[k] = (float(v), int(step))
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         self._explicit.update(to_python(metrics))
@@ -101,6 +112,23 @@ class JsonlTracker:
         f = getattr(self, "_file", None)
         if f is not None and not f.closed:
             f.close()
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of ``path``'s whole lines (none when there is no file)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _write_failed(path: Path, e: OSError):

@@ -238,3 +238,24 @@ def test_a_full_disk_is_one_error_naming_the_file_and_leaves_whole_lines_and_the
     monkeypatch.undo()
     assert json.loads((tmp_path / "summary.json").read_text())["note"] == 1  # the one written before, whole
     assert not (tmp_path / "summary.json.tmp").exists()
+
+
+def test_rows_already_in_the_file_count_in_the_summary_as_if_logged_here(tmp_path):
+    """A resumed run's metrics.jsonl holds the rows carried up to its checkpoint: the best valid AUC may be among
+    them, and summary.json must say so, as the run that was never stopped does."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train/loss": 0.7, "valid/auc": 0.71}\n{"step": 2, "train/loss": 0.6}\n'
+                    '{"step": 3, "valid/auc": 0.75, "train/loss": "NaN"}\n{"step": 4, "vali')  # a cut last line
+    t = JsonlTracker(path)
+    t.define_summary("valid/auc", "maximize")
+    t.define_summary("train/loss", "minimize")
+    t.log({"train/loss": 0.65, "valid/auc": 0.73}, step=5)
+    t.finish(0)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["valid/auc/best"] == 0.75 and summary["valid/auc/best_step"] == 3
+    assert summary["train/loss/best"] == 0.6 and summary["train/loss/best_step"] == 2
+    assert summary["valid/auc"] == 0.73 and summary["train/loss"] == 0.65
+    assert path.read_text().splitlines()[-2:] == ['{"step": 4, "vali', '{"step": 5, "train/loss": 0.65, "valid/auc": 0.73}']
+    fresh = JsonlTracker(tmp_path / "new.jsonl", append=False)
+    fresh.define_summary("valid/auc")
+    assert fresh.summary() == {}

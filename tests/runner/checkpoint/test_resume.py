@@ -133,6 +133,9 @@ def test_resume_is_bit_identical(tmp_path, runs, mesh, mode):
     resumed = metric_rows(tmp / "second")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6, 6]  # every step once, then the final eval
     assert resumed == metric_rows(straight / "first")  # losses, grad norms, AUCs: bit-identical floats
+    best = lambda out: {k: v for k, v in json.loads((out / "summary.json").read_text()).items()  # noqa: E731
+                        if k.endswith(("/best", "/best_step"))}
+    assert best(tmp / "second") == best(straight / "first") and best(tmp / "second")  # evaluations before the stop count
 
 
 @pytest.mark.slow
