@@ -187,7 +187,11 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
         for key, label in _field_names(name).items():
             if key == "tokens_per_batch" and not program.async_emb or key == "vocab" and moved:
                 continue  # a hash table saved with other partitions has other rows: placed again (rebucket.py)
-            if ours[name][key] != theirs[name][key]:
+            if ours[name][key] != theirs[name][key] and key == "vocab" and ours[name]["kind"] == "hash":
+                problems.append(f"table '{name}' capacity (model.tables.{name}.capacity): the checkpoint has "
+                                f"{rebucket_lib.capacity(theirs[name])}, this config has "
+                                f"{rebucket_lib.capacity(ours[name])}")  # its rows: the slots and 2 a partition
+            elif ours[name][key] != theirs[name][key]:
                 problems.append(f"table '{name}' {key} ({label}): the checkpoint has {theirs[name][key]!r}, "
                                 f"this config has {ours[name][key]!r}")
         stored = theirs[name].get("stored_width", theirs[name]["width"]), ours[name]["stored_width"]

@@ -43,6 +43,12 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
                 (shape[0] == x.shape[0] or (rows is not None and min(shape[0], x.shape[0]) >= rows))
                 and (shape[1:] == tuple(x.shape[1:]) or _other_padding(meta, path, shape, tuple(x.shape)))):
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
+        elif getattr(path[0], "name", None) == "hashed" and getattr(path[-1], "name", None) == "sketch":
+            t = getattr(path[1], "key", "?")  # the admission counts: its width is a setting of the table's
+            problems.append(f"table '{t}' admission sketch (model.tables.{t}.sketch_width, model.tables.{t}."
+                            f"admit_after): the checkpoint has {shape[-1]} columns, this config {x.shape[-1]}; resume "
+                            f"with the sketch it was saved with (model.tables.{t}.sketch_width={shape[-1]})")
+            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
         else:
             problems.append(f"array {key} shape: the checkpoint has {shape}, this config has {tuple(x.shape)}")
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))

@@ -368,8 +368,13 @@ def test_a_hash_table_resumes_only_with_its_own_kind_capacity_and_window(tmp_pat
     over = ["async_emb=on", "mesh=single", *HASH, "trainer.stop_after=2"]
     launch(tmp_path, "first", over)
     for change, words in ((["model.tables.items.probes=8"], "table 'items' probes"),
-                          (["model.tables.items.capacity=70"], "table 'items' vocab"),
+                          (["model.tables.items.capacity=70"], r"table 'items' capacity \(model.tables.items."
+                                                               r"capacity\): the checkpoint has 60, this config has 70"),
                           (["model.tables.users.kind=modulo", "model.tables.users.vocab=52"], "table 'users' kind"),
+                          (["model.tables.users.sketch_width=1024"],
+                           r"table 'users' admission sketch \(model.tables.users.sketch_width, model.tables.users."
+                           r"admit_after\): the checkpoint has (\d+) columns, this config 1024; resume with the "
+                           r"sketch it was saved with \(model.tables.users.sketch_width=\1\)"),
                           (["model.tables.items.capacity=64", "model.tables.items.partitions=4"],
                            r"table 'items' capacity \(model.tables.items.capacity\): the checkpoint has 60, this "
                            r"config has 64"),
