@@ -75,6 +75,10 @@ def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
         out.append(f"warning: {settings}: no table is split on this mesh ({plan.describe()}, one table shard), so "
                    f"{'it has' if len(given) == 1 else 'they have'} no effect; shard the tables over a table axis "
                    f"(mesh=data_table) or leave {'it' if len(given) == 1 else 'them'} out")
+    elif _plain(mesh.get("routing")) == "gather" and {"route_capacity", "route_overflow"} & set(given):
+        idle = {k: v for k, v in given.items() if k.startswith("route_")}
+        out.append(f"warning: {_listed(idle, 'mesh.')}: the all_to_all routing's, and mesh.routing=gather gathers every "
+                   f"device's ids without a capacity: {'it has' if len(idle) == 1 else 'they have'} no effect")
     elif str(plan.table_layout) == str(TableLayout.column) and "routing" in given:
         out.append(f"warning: mesh.routing={given['routing'].value} applies to the row layout, and the tables use the "
                    f"column layout (mesh.table_layout=column), which exchanges each device's distinct ids its own way: "
@@ -146,6 +150,18 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
             if idle:
                 out.append(f"warning: {_listed(idle, f'model.tables.{name}.')}: hash-table settings, and table "
                            f"'{name}' is dense; set model.tables.{name}.kind=hash or leave them out")
+            continue
+        if _plain(table.get("kind")) != "hash":
+            continue
+        prefix = f"model.tables.{name}."
+        if _plain(table.get("evict") or "lru") != "ttl" and _given(table, schemas.TableConfig, ("ttl",)):
+            out.append(f"warning: {prefix}ttl={table.ttl} applies to {prefix}evict=ttl, and the table evicts by "
+                       f"{_plain(table.get('evict') or 'lru')}: it has no effect; set {prefix}evict=ttl or leave it out")
+        idle = _given(table, schemas.TableConfig, ("admit_window", "sketch_width"))
+        if int(table.get("admit_after") or 1) == 1 and idle:
+            out.append(f"warning: {_listed(idle, prefix)}: the admission sketch's, and {prefix}admit_after=1 admits "
+                       f"every id on first sight without counting: {'it has' if len(idle) == 1 else 'they have'} no "
+                       f"effect; set {prefix}admit_after above 1 or leave {'it' if len(idle) == 1 else 'them'} out")
     m, model = cfg.model, cfg.model.get("name")
     if model == "sequential":
         loss, negatives = (_plain(m.get(k)) for k in ("loss", "negatives"))

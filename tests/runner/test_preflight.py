@@ -119,6 +119,9 @@ def test_mesh_settings_the_mesh_does_not_use_are_warned_once_by_name(cfg_of):
         "warning: mesh.routing=gather applies to the row layout, and the tables use the column layout "
         "(mesh.table_layout=column), which exchanges each device's distinct ids its own way: it has no effect; use "
         "mesh.table_layout=row or leave mesh.routing out"]
+    assert warned("mesh=data_table", "mesh.routing=gather", "mesh.route_capacity=0.5", "mesh.route_overflow=stop") == [
+        "warning: mesh.route_capacity=0.5, mesh.route_overflow=stop: the all_to_all routing's, and mesh.routing=gather "
+        "gathers every device's ids without a capacity: they have no effect"]
     assert warned("mesh.cpu_devices=8") == [
         "warning: mesh.cpu_devices=8 gives 8 devices and the mesh (data=1) uses 1: the others stay idle; use "
         "mesh=data_table (its axes fill the devices) or set mesh.axes to use them"]
@@ -207,8 +210,18 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
     (["distributed.num_processes=4", "distributed.process_id=3"], 6, [
         "warning: distributed.num_processes=4, distributed.process_id=3: distributed=none runs one process, so they "
         "have no effect; pick distributed=local, manual or slurm (or python -m runner.launch) to run several"]),
+    (["model.tables.items.kind=hash", "model.tables.items.capacity=100", "model.tables.items.ttl=5",
+      "model.tables.items.sketch_width=1024"], 6, [
+        "warning: model.tables.items.ttl=5 applies to model.tables.items.evict=ttl, and the table evicts by lru: it has "
+        "no effect; set model.tables.items.evict=ttl or leave it out",
+        "warning: model.tables.items.sketch_width=1024: the admission sketch's, and model.tables.items.admit_after=1 "
+        "admits every id on first sight without counting: it has no effect; set model.tables.items.admit_after above "
+        "1 or leave it out"]),
+    (["model.tables.items.kind=hash", "model.tables.items.capacity=100", "model.tables.items.evict=ttl",
+      "model.tables.items.ttl=5", "model.tables.items.admit_after=2", "model.tables.items.sketch_width=1024"], 6, []),
 ], ids=["dc_lambda", "dc_lambda-used", "schedule", "schedule-used", "step", "step-used", "hash-on-dense",
-        "dense-warmup", "defaults", "wandb-without-wandb", "wandb-used", "processes-for-one"])
+        "dense-warmup", "defaults", "wandb-without-wandb", "wandb-used", "processes-for-one", "hash-idle",
+        "hash-used"])
 def test_settings_nothing_in_the_run_reads_are_named_in_a_warning(overrides, steps, warned):
     from runner.notices import unused_settings
 
