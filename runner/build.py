@@ -141,7 +141,9 @@ def permuted_tables(cfg: DictConfig, plan: MeshPlan | None, names: list[str]) ->
     if setting != "auto":
         return dict.fromkeys(names, setting == "true")
     split = plan is not None and plan.layout.splits_rows
-    fresh = dict.fromkeys(names, split)
+    tables = cfg.model.get("tables") or {}
+    fresh = {n: split and str((tables.get(n) or {}).get("kind", "dense")) == "dense"  # keyed kinds place ids by
+             for n in names}  # their hash: never permuted
     resumed = checkpoint_meta.resumed_tables(cfg)
     if resumed is None:
         return fresh

@@ -48,6 +48,24 @@ def test_auto_permutes_exactly_the_row_sharded_tables(layout):
         assert not table[vocab:].any()  # padding rows stay zero
 
 
+def test_auto_never_counts_a_keyed_table_as_permuted(tmp_path, monkeypatch, caplog):
+    """A hash table places its ids by their hash: a new run on a row-sharded mesh does not permute it, so the
+    resume of its checkpoint (which records it unpermuted) is no change of order and gets no note."""
+    import runner.build as build_lib
+    from runner.core.mesh import MeshPlan
+
+    cfg = compose_config([*ROW, "data.raw_ids=true", "model.tables.items.kind=hash", "model.tables.items.capacity=64",
+                          "model.tables.users.kind=hash", "model.tables.users.capacity=64"])
+    plan = MeshPlan((("data", 2), ("table", 4)), "table", "row")
+    assert build_lib.permuted_tables(cfg, plan, ["items", "users", "authors"]) == {
+        "items": False, "users": False, "authors": True}
+    recorded = {n: {"permute_ids": n == "authors"} for n in ("items", "users", "authors")}
+    monkeypatch.setattr(build_lib.checkpoint_meta, "resumed_tables", lambda cfg: ("ck/4", recorded))
+    caplog.set_level(logging.INFO, logger="runner")
+    assert build_lib.permuted_tables(cfg, plan, ["items", "users", "authors"])["authors"] is True
+    assert "mesh.permute_ids=auto" not in caplog.text
+
+
 @pytest.fixture(scope="module")
 def unpermuted_runs(tmp_path_factory):
     """On the 2x4 row mesh with mesh.permute_ids=false: (the straight 2N-step run, the run stopped at step N)."""
