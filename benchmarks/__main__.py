@@ -139,6 +139,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=4, help="--compare: alternating rounds (default 4)")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # (internal) --quick's one process
     a = p.parse_args(argv)
+    if not a.compare:
+        common.check_out(p, a.out)
     if a.compare:
         from .compare import compare  # noqa: PLC0415
 

@@ -177,7 +177,36 @@ def main(doc: str, run: Callable[[bool, Path], Any], child: Callable[[dict], Any
     if getattr(a, "child", None):
         answer(child(json.loads(a.child)))
     else:
+        check_out(p, a.out)
         run(a.quick, a.out)
+
+
+def check_sizes(parser: Any, quick: bool, given: Mapping[str, Any], devices: Sequence[int], batch: int,
+                ranges: Mapping[str, tuple[float, float, float]]) -> None:
+    """Refuse (``parser.error``) sizes a compiled plan cannot take: ``--quick`` beside sizes of one's own (it sets
+    its own), a device count outside 1..4096, a batch that does not split over every device count, and each of
+    ``ranges`` (name: value, low, high) outside its range."""
+    mine = [k for k, v in given.items() if v is not None]
+    if quick and mine:
+        parser.error(f"{', '.join(mine)}: --quick sets its own sizes; give either --quick or the sizes")
+    bad = [n for n in devices if not 1 <= n <= 4096]
+    if bad:
+        parser.error(f"--devices {bad[0]}: a device count must be in 1..4096")
+    if not quick and (batch < 1 or any(batch % n for n in devices)):
+        parser.error(f"--batch {batch}: must be a positive multiple of every device count ({', '.join(map(str, devices))})")
+    for name, (value, low, high) in ranges.items():
+        if not low <= value <= high:
+            parser.error(f"{name} {value:g}: must be in {low:g}..{high:g}")
+
+
+def check_out(parser: Any, out: Path) -> None:
+    """Refuse (``parser.error``: one line, exit 2) a results folder that cannot be made or written, before a
+    benchmark runs for minutes and then cannot save what it measured."""
+    from runner.outputs import unusable_dir  # noqa: PLC0415
+
+    why = unusable_dir(out)
+    if why:
+        parser.error(f"--out {out}: cannot be made or written ({why}); give a folder this user can write")
 
 
 # ----- output --------------------------------------------------------------------------------------------

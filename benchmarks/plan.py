@@ -177,15 +177,20 @@ def main(argv=None) -> None:
     if argv and argv[0] == "--child":
         common.answer(child(json.loads(argv[1])))
         return
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=float, default=1e9)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--batch", type=int, default=65_536)
-    p.add_argument("--devices", type=int, nargs="+", default=[64, 256])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=common.RESULTS)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.plan", description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=float, help="table rows (default 1e9)")
+    p.add_argument("--width", type=int, help="table width (default 128)")
+    p.add_argument("--batch", type=int, help="global batch (default 65,536)")
+    p.add_argument("--devices", type=int, nargs="+", help="virtual device counts to compile for (default 64 256)")
+    p.add_argument("--quick", action="store_true", help="8 devices, 10^6 x 16, batch 256 (a smoke test)")
+    p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
     a = p.parse_args(argv)
-    run(a.quick, a.out, tuple(a.devices), int(a.rows), a.width, a.batch)
+    sizes = {"--rows": a.rows, "--width": a.width, "--batch": a.batch, "--devices": a.devices}
+    rows, width, batch, devices = (v if v is not None else d for v, d in zip(sizes.values(), (1e9, 128, 65_536,
+                                                                                            [64, 256])))
+    common.check_sizes(p, a.quick, sizes, devices, batch, {"--rows": (rows, 1, 10**12), "--width": (width, 1, 65536)})
+    common.check_out(p, a.out)
+    run(a.quick, a.out, tuple(devices), int(rows), width, batch)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,7 @@ def run(quick: bool, out: Path, devices=(64, 256), batch: int = BATCH, unstacked
     return results
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     """``python -m benchmarks.plan_criteo [--devices N ...] [--batch B] [--unstacked] [--quick] [--out DIR]``."""
     import argparse
     import json
@@ -156,18 +157,26 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         common.answer(child(json.loads(argv[1])))
-        return
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--devices", type=int, nargs="+", default=[64, 256])
-    p.add_argument("--batch", type=int, default=BATCH)
+        return 0
+    p = argparse.ArgumentParser(prog="python -m benchmarks.plan_criteo", description=__doc__.splitlines()[0])
+    p.add_argument("--devices", type=int, nargs="+", help="virtual device counts to compile for (default 64 256)")
+    p.add_argument("--batch", type=int, help=f"global batch (default {BATCH:,})")
     p.add_argument("--unstacked", action="store_true",
                    help="also compile the 26 tables apart (model.stack_tables=false)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds one compile may take")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one compile may take (default 1800)")
+    p.add_argument("--quick", action="store_true", help="8 devices, tables of at most 10,000 rows, batch 256")
+    p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
     a = p.parse_args(argv)
-    run(a.quick, a.out, tuple(a.devices), a.batch, a.unstacked, a.timeout)
+    devices, batch = a.devices or [64, 256], a.batch or BATCH
+    common.check_sizes(p, a.quick, {"--devices": a.devices, "--batch": a.batch}, devices, batch,
+                       {"--timeout": (a.timeout, 1, 24 * 3600)})
+    common.check_out(p, a.out)
+    if not run(a.quick, a.out, tuple(devices), batch, a.unstacked, a.timeout):
+        print(f"error: nothing was compiled within --timeout {a.timeout:g} s, so no report was written; raise "
+              f"--timeout", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

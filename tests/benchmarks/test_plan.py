@@ -45,3 +45,44 @@ def test_scaled_down_criteo_plan_stacks_26_tables_and_reports_their_bytes(tmp_pa
     assert pd["alias"] >= r["table_bytes"] / 8 and pd["peak"] >= pd["argument"]
     assert r["collective_bytes"]["all-to-all"] > 0 and r["collective_bytes"]["all-reduce"] > 0
     assert r["dearest_step_bytes"]["total"] > r["collective_bytes"]["total"]
+
+
+@pytest.mark.parametrize("module, argv, needle", [
+    ("plan", ["--devices", "0"], "--devices 0: a device count must be in 1..4096"),
+    ("plan", ["--devices", "8", "--rows", "-1"], "--rows -1: must be in 1..1e+12"),
+    ("plan", ["--devices", "8", "--width", "0"], "--width 0: must be in 1..65536"),
+    ("plan", ["--quick", "--devices", "16"], "--devices: --quick sets its own sizes; give either --quick or the sizes"),
+    ("plan", ["--devices", "8", "--batch", "3"], "--batch 3: must be a positive multiple of every device count (8)"),
+    ("plan_criteo", ["--timeout", "-5"], "--timeout -5: must be in 1..86400"),
+    ("plan_criteo", ["--quick", "--batch", "512"], "--batch: --quick sets its own sizes"),
+])
+def test_plan_arguments_that_cannot_compile_are_refused_before_anything_runs(tmp_path, capsys, module, argv, needle):
+    import importlib
+
+    main = importlib.import_module(f"benchmarks.{module}").main
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"python -m benchmarks.{module}: error: {needle}" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_results_folder_that_cannot_be_written_is_refused_before_the_benchmark_runs(tmp_path, capsys):
+    from benchmarks.__main__ import main
+
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", "--only", "convert", "--out", str(tmp_path / "afile" / "res")])
+    assert e.value.code == 2
+    assert (f"error: --out {tmp_path / 'afile' / 'res'}: cannot be made or written (Not a directory); give a folder "
+            f"this user can write") in capsys.readouterr().err
+
+
+def test_a_criteo_plan_that_compiles_nothing_in_time_fails_and_writes_nothing(tmp_path, capsys):
+    from benchmarks.plan_criteo import main
+
+    assert main(["--quick", "--timeout", "1", "--out", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err == ("error: nothing was compiled within --timeout 1 s, so no report was written; "
+                                       "raise --timeout\n")
+    assert not (tmp_path / "out" / "plan_criteo.md").exists()
