@@ -21,6 +21,9 @@ from .tasks.criteo.synthetic import CriteoSpec, write_logs
 from .tasks.criteo.tsv import NUM_CAT, ONE_HOT, FormatError, check_bags
 
 
+INT32_MAX = 2**31 - 1
+
+
 def bag_sizes(text: str) -> tuple[int, ...]:
     """``--bag-sizes``: 26 comma-separated sizes, or one size for every feature."""
     try:
@@ -55,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--gzip", action="store_true")
     g.add_argument("--bag-sizes", **bags)
     a = p.parse_args(argv)
+    limits = {"--min-count": ("min_count", 1), "--max-bad-lines": ("max_bad_lines", 0), "--shard-lines": ("shard_lines", 1),
+              "--lines": ("lines", 1), "--days": ("days", 1)}
+    for flag, (name, low) in limits.items():  # the ranges a run takes (data.min_count, data.max_bad_lines, ...)
+        value = getattr(a, name, None)
+        if value is not None and not low <= value <= INT32_MAX:
+            p.error(f"{flag} {value}: must be an integer in {low}..{INT32_MAX:,}")
     previous = signal.signal(signal.SIGTERM, _terminated)  # stopped like Ctrl-C: the output folder as it was found
     try:
         if a.what == "criteo":

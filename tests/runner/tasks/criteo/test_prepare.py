@@ -332,6 +332,20 @@ def test_the_command_converts_and_refuses_with_one_message(tmp_path):
     assert bad.returncode == 2 and "nope: no such file" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["criteo", "x", "--max-bad-lines", "-1"], "--max-bad-lines -1: must be an integer in 0..2,147,483,647"),
+    (["criteo", "x", "--min-count", str(10**20)], f"--min-count {10**20}: must be an integer in 1..2,147,483,647"),
+    (["criteo-synthetic", "--lines", "0"], "--lines 0: must be an integer in 1..2,147,483,647"),
+])
+def test_the_commands_counts_are_refused_by_their_flags_in_a_runs_ranges(tmp_path, capsys, argv, needle):
+    from runner.prepare import main
+
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and f"python -m runner.prepare: error: {needle}" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_shards_are_streamed_to_disk_and_read_back_as_written(tmp_path):
     from runner.tasks.criteo.prepare import HEADER_BYTES, RECORD, _Writer
 
