@@ -280,7 +280,7 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
         for k, v in d.items():
             out.update(_flat(v, f"{prefix}{k}."))
         return out
-    return {prefix[:-1]: d}
+    return {prefix[:-1]: getattr(d, "value", d)}  # an Enum setting as the command line writes it (lfu, not Evict.lfu)
 
 
 # ----- settings, the checkpoint directory and the metrics history ---------------------------------------

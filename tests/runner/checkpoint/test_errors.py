@@ -308,6 +308,14 @@ def test_changed_settings_are_named_in_a_warning(saved, caplog):
                      r"[0-9.e-]+ -> 0.5$", caplog.text, re.M)
 
 
+def test_a_changed_setting_of_a_fixed_set_of_words_is_named_as_written():
+    from omegaconf import OmegaConf
+
+    old = OmegaConf.to_container(compose_config(BASE), resolve=True, enum_to_str=True)  # as a checkpoint records it
+    changes = ckpt_meta.config_changes(old, compose_config(BASE + ["async_emb.compensation=dc"]))
+    assert changes == ["async_emb.compensation: 'none' -> 'dc'"]
+
+
 @pytest.mark.slow
 def test_resume_from_an_older_step_refuses_to_collide_with_newer_ones(saved):
     with pytest.raises(PreflightError, match=rf"restores step 2, but checkpoint.dir={saved} already holds steps "
