@@ -85,9 +85,10 @@ def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
                    f"it has no effect; use mesh.table_layout=row or leave mesh.routing out")
     n = mesh.get("cpu_devices")
     if n is not None and plan.num_devices < devices:
+        fill = ("give one of mesh.axes -1 (it fills the devices)" if mesh.get("name") == "data_table" else
+                "use mesh=data_table (its axes fill the devices)")
         out.append(f"warning: mesh.cpu_devices={n} gives {devices} devices and the mesh ({plan.describe()}) uses "
-                   f"{plan.num_devices}: the others stay idle; use mesh=data_table (its axes fill the devices) or set "
-                   f"mesh.axes to use them")
+                   f"{plan.num_devices}: the others stay idle; {fill} or set mesh.axes to use them")
     return out
 
 

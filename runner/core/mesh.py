@@ -69,7 +69,9 @@ def resolve_axes(axes: Mapping[str, int], num_devices: int) -> tuple[tuple[str, 
         if num_devices % fixed:
             raise ValueError(
                 f"mesh.axes {axes}: {num_devices} devices do not divide by the fixed axes' product {fixed}; "
-                f"choose sizes whose product divides {num_devices}")
+                f"choose sizes whose product divides {num_devices}"
+                + (f", or on a CPU give it virtual devices (mesh.cpu_devices={fixed} or "
+                   f"a multiple of {fixed})" if num_devices < fixed else ""))
         axes[fills[0]] = num_devices // fixed
     return tuple(axes.items())
 

@@ -18,7 +18,11 @@ DT = ["mesh=data_table"]
     (DT + ["trainer.batch_size=30"], "trainer.batch_size=30 does not divide over the 8 devices"),
     (DT + ["mesh.axes={data:4,table:4}"], "needs 16 devices but only 8 exist"),
     (DT + ["mesh.axes={data:-1,table:-1}"], "only one axis may be -1"),
-    (DT + ["mesh.axes={data:-1,table:3}"], "8 devices do not divide by the fixed axes' product 3"),
+    (DT + ["mesh.axes={data:-1,table:3}"], "8 devices do not divide by the fixed axes' product 3; choose sizes "
+                                           "whose product divides 8"),
+    (DT + ["mesh.cpu_devices=1"], "1 devices do not divide by the fixed axes' product 2; choose sizes whose product "
+                                  "divides 1, or on a CPU give it virtual devices (mesh.cpu_devices=2 or a multiple of "
+                                  "2)"),
 ])
 def test_mesh_errors(cfg_of, overrides, needle):
     with pytest.raises(PreflightError) as e:

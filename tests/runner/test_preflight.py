@@ -122,6 +122,9 @@ def test_mesh_settings_the_mesh_does_not_use_are_warned_once_by_name(cfg_of):
     assert warned("mesh=data_table", "mesh.routing=gather", "mesh.route_capacity=0.5", "mesh.route_overflow=stop") == [
         "warning: mesh.route_capacity=0.5, mesh.route_overflow=stop: the all_to_all routing's, and mesh.routing=gather "
         "gathers every device's ids without a capacity: they have no effect"]
+    assert warned("mesh=data_table", "mesh.axes={data:2,table:2}", "mesh.cpu_devices=8") == [
+        "warning: mesh.cpu_devices=8 gives 8 devices and the mesh (data=2xtable=2) uses 4: the others stay idle; give "
+        "one of mesh.axes -1 (it fills the devices) or set mesh.axes to use them"]
     assert warned("mesh.cpu_devices=8") == [
         "warning: mesh.cpu_devices=8 gives 8 devices and the mesh (data=1) uses 1: the others stay idle; use "
         "mesh=data_table (its axes fill the devices) or set mesh.axes to use them"]
