@@ -136,15 +136,17 @@ def main(argv=None) -> int:
                    help=f"run only this benchmark (repeatable): {', '.join(names)}")
     p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
     p.add_argument("--compare", metavar="REF", help="time this tree's fused update against commit REF, alternately")
-    p.add_argument("--rounds", type=int, default=4, help="--compare: alternating rounds (default 4)")
+    p.add_argument("--rounds", type=int, help="--compare: alternating rounds (default 4)")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # (internal) --quick's one process
     a = p.parse_args(argv)
+    if a.rounds is not None and not a.compare:
+        p.error(f"--rounds {a.rounds}: it counts --compare's rounds; give --compare REF with it, or leave it out")
     if not a.compare:
         common.check_out(p, a.out)
     if a.compare:
         from .compare import compare  # noqa: PLC0415
 
-        compare(a.compare, a.rounds, a.quick)
+        compare(a.compare, 4 if a.rounds is None else a.rounds, a.quick)
         return 0
     chosen = a.only or names
     if a.in_process:

@@ -86,3 +86,12 @@ def test_a_criteo_plan_that_compiles_nothing_in_time_fails_and_writes_nothing(tm
     assert capsys.readouterr().err == ("error: nothing was compiled within --timeout 1 s, so no report was written; "
                                        "raise --timeout\n")
     assert not (tmp_path / "out" / "plan_criteo.md").exists()
+
+
+def test_rounds_without_a_comparison_is_refused(capsys):
+    from benchmarks.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--rounds", "3"])
+    assert e.value.code == 2
+    assert "error: --rounds 3: it counts --compare's rounds; give --compare REF with it" in capsys.readouterr().err
