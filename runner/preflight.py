@@ -35,10 +35,8 @@ def check_async(emb_optimizers: Mapping[str, Any], async_emb: bool) -> None:
         return
     for table, opt in emb_optimizers.items():
         if not supports_async_emb(opt):
-            cls = type(opt).__name__
-            raise PreflightError(
-                f"{no_fused_update_message(opt)} (configured for embedding table '{table}').\n"
-                + ASYNC_WAYS_OUT.format(cls=cls))
+            raise PreflightError(f"{no_fused_update_message(opt)} (configured for embedding table '{table}').\n"
+                                 + ASYNC_WAYS_OUT.format(cls=type(opt).__name__))
 
 
 def _raise(errors: list[str]) -> None:
@@ -130,8 +128,9 @@ def _logger_problems(lg: Any) -> list[str]:
                       f"without any of / \\ # ? % :")
     for key in ("entity", "group", "name"):
         v = lg.get(key)
-        if v is not None and (not str(v).strip() or len(str(v)) > 128):
-            errors.append(f"logger.{key}={v!r} must be null or a non-empty name of at most 128 characters")
+        chars = " without any of / \\ # ? % :" if key == "entity" else ""  # a W&B entity is a path component
+        if v is not None and (not str(v).strip() or len(str(v)) > 128 or chars and WANDB_BAD_CHARS & set(v)):
+            errors.append(f"logger.{key}={v!r} must be null or a non-empty name of at most 128 characters{chars}")
     for tag in lg.tags or []:
         if not str(tag).strip() or len(str(tag)) > 64:
             errors.append(f"logger.tags has {tag!r}: each tag must be non-empty and at most 64 characters")

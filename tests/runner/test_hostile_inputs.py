@@ -91,6 +91,8 @@ RANKING = [
     ("logger.project=''", "logger.project='' must be a non-empty name"),
     ("logger.tags=['']", "logger.tags has '': each tag must be non-empty and at most 64 characters"),
     ("logger.group=''", "logger.group='' must be null or a non-empty name"),
+    ("logger.entity=a/b", "logger.entity='a/b' must be null or a non-empty name of at most 128 characters without "
+                          "any of / \\ # ? % :"),
 ]
 
 
