@@ -23,12 +23,14 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from glob import glob
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ...errors import PreflightError
+from ...errors import Preempted, PreflightError
 from .prepare import DAY, FORMAT, PrepareError, convert, load_truth
 from .tsv import FormatError
 
@@ -85,6 +87,8 @@ def once(folder: Path, make: Callable[[Path], Path]) -> Path:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    main = threading.current_thread() is threading.main_thread()  # only it may handle signals
+    previous = signal.signal(signal.SIGTERM, _stopped) if main else None  # SIGTERM unwinds too: work removed
     try:
         done = make(work)
         try:
@@ -94,7 +98,14 @@ def once(folder: Path, make: Callable[[Path], Path]) -> Path:
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     return folder
+
+
+def _stopped(signum, frame):
+    raise Preempted("stopped on SIGTERM while converting the Criteo logs, before training: the partial conversion "
+                    "was removed; the same command converts them again", code=128 + signum)
 
 
 def _stat(p: Path) -> list:

@@ -219,3 +219,25 @@ def test_a_damaged_converted_folder_is_one_message_with_the_fix(lines, tmp_path)
     with pytest.raises(PreflightError, match=rf"the folder is damaged or incomplete: remove {conversion} and the run "
                                              rf"converts {log} again$"):
         task_of(cache, log)
+
+
+def test_sigterm_while_a_run_converts_removes_the_partial_conversion_and_says_so(tmp_path):
+    """A scheduler's SIGTERM before training (a run converting its logs into data.cache): the temporary folder
+    goes (a kill used to leave it, tens of MB, for no later run to remove) and the run stops in one line."""
+    import signal
+
+    from runner.errors import Preempted
+    from runner.tasks.criteo.logs import once
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    def make(work):
+        (work / "shards").mkdir()
+        (work / "shards" / "part").write_bytes(b"x" * 1000)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return work / "shards"
+
+    with pytest.raises(Preempted) as e:
+        once(tmp_path / "cache" / "logs-abc", make)
+    assert e.value.code == 143 and str(e.value).startswith("stopped on SIGTERM while converting the Criteo logs")
+    assert list((tmp_path / "cache").iterdir()) == [] and signal.getsignal(signal.SIGTERM) == before
