@@ -13,7 +13,7 @@ from typing import Any
 from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE
 from ..tasks import ReportMetrics
 from .charts import AucPanels, _plot_final, _plot_loss, _plot_metrics, auc_panels
-from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, find_trials, label_trials, load_trial,
+from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, _to_float, find_trials, label_trials, load_trial,
                      shown_metrics)
 
 CSV_COLUMNS = [
@@ -107,9 +107,11 @@ def build_report(
                           f"folder")
     trials = [load_trial(d, label=(d.relative_to(root).as_posix() if d != root else root.name)) for d in dirs]
     shown = shown_metrics(trials)
-    if metric is not None and not any(metric in t.keys() or t.summary.get(metric) is not None for t in trials):
+    if metric is not None and not any(metric in t.keys() or _to_float(t.summary.get(metric)) is not None
+                                      for t in trials):  # a number: a flag such as emb/valid_step ranks nothing
         known = sorted({k for t in trials for k in t.keys()})
-        raise ReportError(f"--metric {metric}: no trial logged it; the trials logged {', '.join(known) or 'nothing'}. "
+        raise ReportError(f"--metric {metric}: no trial logged it as a number; the trials logged "
+                          f"{', '.join(known) or 'nothing'}. "
                           f"Nothing was written")
     metric = shown.objective if metric is None else metric
     common = label_trials(trials)

@@ -133,7 +133,8 @@ def test_a_trial_without_a_status_is_unfinished_not_ok(tmp_path):
 def test_an_unknown_metric_and_an_out_that_cannot_be_made_are_refused_writing_nothing(multirun, tmp_path, capsys):
     assert main([str(multirun), "--metric", "valid/nope", "--out", str(tmp_path / "r1")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --metric valid/nope: no trial logged it; the trials logged ") and "train/loss" in err
+    assert err.startswith("error: --metric valid/nope: no trial logged it as a number; the trials logged ")
+    assert "train/loss" in err
     assert not (tmp_path / "r1").exists()
     (tmp_path / "afile").write_text("mine")
     assert main([str(multirun), "--out", str(tmp_path / "afile" / "sub")]) == 2
@@ -141,6 +142,14 @@ def test_an_unknown_metric_and_an_out_that_cannot_be_made_are_refused_writing_no
                                               f"written (Not a directory); give a folder that can be written. Nothing "
                                               f"was written")
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_metric_that_is_no_number_is_refused_like_one_no_trial_logged(multirun, tmp_path, capsys):
+    summary = json.loads((multirun / "0" / "summary.json").read_text())
+    (multirun / "0" / "summary.json").write_text(json.dumps({**summary, "emb/valid_step": True}))
+    assert main([str(multirun), "--metric", "emb/valid_step", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.startswith("error: --metric emb/valid_step: no trial logged it as a number")
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_folder_in_the_way_of_a_report_file_is_refused_and_nothing_is_written(multirun, capsys):
