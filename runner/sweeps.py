@@ -97,14 +97,17 @@ def name_trial(cfg: DictConfig, hc: Any) -> None:
 
 
 def write_run_info(tracker: Any, output_dir: str | os.PathLike) -> Path | None:
-    """``wandb_run.json`` for the W&B run inside ``tracker`` (alone or in a MultiTracker); None if none."""
+    """``wandb_run.json`` for the W&B run inside ``tracker`` (alone or in a MultiTracker); None if none (or
+    ``logger.mode=disabled``, which starts none)."""
     from .tracking import WandbTracker
 
     found = [t for t in getattr(tracker, "trackers", [tracker]) if isinstance(t, WandbTracker)]
     if not found:
         return None
     run = found[0].run
-    info = {"id": run.id, "name": run.name, "group": run.group, "tags": list(run.tags or ()),
+    if run.settings.mode == "disabled":  # no W&B run: its id and folder are placeholders that name nothing
+        return None
+    info = {"id": run.id, "name": run.name, "group": run.group or None, "tags": list(run.tags or ()),
             "project": run.project, "mode": run.settings.mode, "dir": str(found[0].run_dir)}
     path = Path(output_dir) / RUN_INFO_FILE
     path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

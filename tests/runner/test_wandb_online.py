@@ -105,6 +105,23 @@ def test_a_run_id_from_the_environment_that_wandb_refuses_is_named(monkeypatch, 
                                    "letters, digits, _ and - only): fix or unset WANDB_RUN_ID"), str(e.value)
 
 
+def test_a_disabled_wandb_run_writes_no_run_record_and_a_run_without_a_group_records_none(tmp_path):
+    import wandb
+
+    from runner.sweeps import RUN_INFO_FILE
+
+    for mode, out in (("disabled", tmp_path / "off"), ("offline", tmp_path / "on")):
+        tracker = run_tracker(compose_config(["logger=wandb", f"logger.mode={mode}"]), out, process_index=0)
+        try:
+            if mode == "disabled":  # no W&B run: nothing to name (its id and folder were placeholders)
+                assert not (out / RUN_INFO_FILE).exists()
+            else:
+                assert json.loads((out / RUN_INFO_FILE).read_text())["group"] is None
+        finally:
+            tracker.finish()
+            wandb.teardown()
+
+
 def test_an_offline_run_that_cannot_start_is_one_message(monkeypatch, tmp_path):
     import wandb
 
