@@ -35,11 +35,12 @@ class JsonlTracker:
         self._finished = False
         # Rows already in the file (a resumed run's, carried up to its checkpoint): the summary's last and best
         # values count them as if this tracker had logged them.
-        self._history = _rows(self.path) if append else []
+        text = _text(self.path) if append else ""
+        self._history = _rows(text)
         for row in self._history:
             self._last.update({k: v for k, v in row.items() if k != "step"})
         self._file = open(self.path, "a" if append else "w", encoding="utf-8")
-        if append and self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+        if text and not text.endswith("\n"):
             self._file.write("\n")  # a line cut short (a kill mid-write) stays a line of its own, not this run's first
 
     def define_summary(self, name: str, goal: Goal = "maximize") -> None:
@@ -114,12 +115,16 @@ class JsonlTracker:
             f.close()
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of ``path``'s whole lines (none when there is no file)."""
+def _text(path: Path) -> str:
+    """``path``'s text ("" when there is no file)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return []
+        return ""
+
+
+def _rows(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of ``text``'s lines (a line that is not one is passed over)."""
     rows = []
     for line in text.splitlines():
         try:

@@ -228,7 +228,6 @@ class CriteoTask:
             ids = HashIds([fixed.get(n, min(distinct[j] + FIRST, int(cfg.data.hash_rows)))
                            for j, n in enumerate(TABLES)], bags)
         task = cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples, logs)
-        task.min_count = int(cfg.data.min_count) if CriteoIds(cfg.data.ids) is CriteoIds.vocab else None
         small = {s: len(d) for s, d in task.splits.items() if len(d) < MIN_EXAMPLES}
         if small:
             raise PreflightError(f"{folder}: too few examples to train and evaluate on ({small}; each split needs "
@@ -289,10 +288,10 @@ class CriteoTask:
     def warnings(self) -> list[str]:
         """What a run says about its data before it trains (runner.app prints it)."""
         m, notes = self.splits["train"].manifest, []
-        converted_with = int(m.get("min_count", 1))
-        if not self.logs and getattr(self, "min_count", None) not in (None, converted_with):  # a user's conversion
+        converted_with, mine = int(m.get("min_count", 1)), getattr(self.ids, "min_count", None)  # None: hashed ids
+        if not self.logs and mine not in (None, converted_with):  # a folder the user converted
             notes.append(f"note: {self.folder} was converted with --min-count {converted_with}, and this run maps ids "
-                         f"with data.min_count={self.min_count} (the vocabulary is derived from the counts for any "
+                         f"with data.min_count={mine} (the vocabulary is derived from the counts for any "
                          f"threshold): set data.min_count={converted_with} for the conversion's")
         if not m.get("bad_lines"):
             return notes
