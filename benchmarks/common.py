@@ -181,6 +181,12 @@ def main(doc: str, run: Callable[[bool, Path], Any], child: Callable[[dict], Any
         run(a.quick, a.out)
 
 
+def chosen(args: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Each of ``defaults``' options as given on the command line (``None``: not given), else its default; a value
+    given as 0 stays 0, for the checks to refuse."""
+    return {k: d if getattr(args, k) is None else getattr(args, k) for k, d in defaults.items()}
+
+
 def check_sizes(parser: Any, quick: bool, given: Mapping[str, Any], devices: Sequence[int], batch: int,
                 ranges: Mapping[str, tuple[float, float, float]]) -> None:
     """Refuse (``parser.error``) sizes a compiled plan cannot take: ``--quick`` beside sizes of one's own (it sets

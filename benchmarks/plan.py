@@ -185,12 +185,11 @@ def main(argv=None) -> None:
     p.add_argument("--quick", action="store_true", help="8 devices, 10^6 x 16, batch 256 (a smoke test)")
     p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
     a = p.parse_args(argv)
-    sizes = {"--rows": a.rows, "--width": a.width, "--batch": a.batch, "--devices": a.devices}
-    rows, width, batch, devices = (v if v is not None else d for v, d in zip(sizes.values(), (1e9, 128, 65_536,
-                                                                                            [64, 256])))
-    common.check_sizes(p, a.quick, sizes, devices, batch, {"--rows": (rows, 1, 10**12), "--width": (width, 1, 65536)})
+    v = common.chosen(a, {"rows": 1e9, "width": 128, "batch": 65_536, "devices": [64, 256]})
+    common.check_sizes(p, a.quick, {f"--{k}": getattr(a, k) for k in v}, v["devices"], v["batch"],
+                       {"--rows": (v["rows"], 1, 10**12), "--width": (v["width"], 1, 65536)})
     common.check_out(p, a.out)
-    run(a.quick, a.out, tuple(devices), int(rows), width, batch)
+    run(a.quick, a.out, tuple(v["devices"]), int(v["rows"]), v["width"], v["batch"])
 
 
 if __name__ == "__main__":

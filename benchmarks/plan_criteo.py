@@ -167,11 +167,11 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="8 devices, tables of at most 10,000 rows, batch 256")
     p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
     a = p.parse_args(argv)
-    devices, batch = a.devices or [64, 256], a.batch or BATCH
-    common.check_sizes(p, a.quick, {"--devices": a.devices, "--batch": a.batch}, devices, batch,
+    v = common.chosen(a, {"devices": [64, 256], "batch": BATCH})
+    common.check_sizes(p, a.quick, {f"--{k}": getattr(a, k) for k in v}, v["devices"], v["batch"],
                        {"--timeout": (a.timeout, 1, 24 * 3600)})
     common.check_out(p, a.out)
-    if not run(a.quick, a.out, tuple(devices), batch, a.unstacked, a.timeout):
+    if not run(a.quick, a.out, tuple(v["devices"]), v["batch"], a.unstacked, a.timeout):
         print(f"error: nothing was compiled within --timeout {a.timeout:g} s, so no report was written; raise "
               f"--timeout", file=sys.stderr)
         return 1

@@ -55,6 +55,7 @@ def test_scaled_down_criteo_plan_stacks_26_tables_and_reports_their_bytes(tmp_pa
     ("plan", ["--devices", "8", "--batch", "3"], "--batch 3: must be a positive multiple of every device count (8)"),
     ("plan_criteo", ["--timeout", "-5"], "--timeout -5: must be in 1..86400"),
     ("plan_criteo", ["--quick", "--batch", "512"], "--batch: --quick sets its own sizes"),
+    ("plan_criteo", ["--batch", "0"], "--batch 0: must be a positive multiple of every device count (64, 256)"),
 ])
 def test_plan_arguments_that_cannot_compile_are_refused_before_anything_runs(tmp_path, capsys, module, argv, needle):
     import importlib
