@@ -45,22 +45,19 @@ def run_or_trial(cfg: DictConfig) -> float:
     """One run, or one trial of a sweep (a failed trial is recorded and the sweep goes on)."""
     from . import sweeps
     from .app import run, run_tracker  # imported here (with JAX) so `--help`, completion and --cfg stay fast
-    from .errors import CheckpointError, Preempted, RunnerError
+    from .errors import Preempted, RunnerError, exit_code
 
     hc = HydraConfig.get()
     tags = sweeps.trial_tags(hc)
     if hc.mode != RunMode.MULTIRUN:
         try:
             return run(cfg, hc.runtime.output_dir, tags=tags)
-        except CheckpointError as e:  # a save failed mid-run: the message names the directory and the fix
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
         except Preempted as e:  # SIGTERM or Ctrl-C: stopped at a step boundary, checkpoint written if configured
             print(f"runner: {e}", file=sys.stderr)
             sys.exit(e.code)
-        except RunnerError as e:  # a config that cannot work, training that went wrong, processes that cannot meet
+        except RunnerError as e:  # a config that cannot work, training that went wrong, a save that failed, ...
             print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(exit_code(e))
     # A sweep: one W&B run per trial in the sweep's group; a failed trial is recorded and the sweep goes on.
     sweeps.name_trial(cfg, hc)
 

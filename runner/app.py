@@ -10,13 +10,13 @@ from typing import Any
 import jax
 from omegaconf import DictConfig, OmegaConf
 
-from . import budget, distributed, notices, preflight, progress
+from . import budget, distributed, errors, notices, preflight, progress
 from .build import build_run
 from .checkpoint import open_checkpoints
 from .core import failures, memory_budget
 from .core.loop import train
 from .core.preemption import Preemption
-from .errors import CheckpointError, Preempted, PreflightError, RunnerError
+from .errors import Preempted, PreflightError, RunnerError
 from .outputs import METRICS_FILE, set_aside
 from .sweeps import write_run_info
 from .tracking import JsonlTracker, make_tracker
@@ -115,7 +115,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         exit_code = stopped_code(stopped_by) if stopped_by else 0  # stopped, not done
         distributed.finished()  # this process's exit is no longer a death that must stop the others
     except RunnerError as e:  # the exit code the process ends with (runner.__main__), recorded alike
-        exit_code = 1 if isinstance(e, CheckpointError) else 2
+        exit_code = errors.exit_code(e)
         raise
     finally:
         progress.close_open()  # a bar still on screen (the run failed): the error starts on a line of its own

@@ -30,7 +30,7 @@ from jax._src.distributed import global_state  # the settings jax.distributed ru
 
 from .core.mesh import MeshPlan
 from .core.placement import fetch
-from .errors import CheckpointError, DistributedError, RunnerError
+from .errors import DistributedError, RunnerError, exit_code
 from .launch import free_port
 
 log = logging.getLogger("runner")
@@ -259,7 +259,7 @@ def fail_fast(tracker: Any = None):
             raise
         peer = any(w in str(e) for w in ("Gloo", "Connection reset", "heartbeat", "Socket closed", "UNAVAILABLE"))
         if isinstance(e, RunnerError) and not peer:  # its own message (training diverged, ...): as one process's
-            _end(f"error: {e}", code=1 if isinstance(e, CheckpointError) else 2)
+            _end(f"error: {e}", code=exit_code(e))
         else:
             first = re.sub(r"(Error dispatching computation: )+", "", str(e).strip()).splitlines()
             why = ("a collective failed, most likely because another process died or lost its connection; see its "

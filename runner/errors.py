@@ -34,6 +34,12 @@ class CheckpointError(RunnerError, RuntimeError):
     """A checkpoint could not be written; the run stops rather than train on without one."""
 
 
+def exit_code(e: RunnerError) -> int:
+    """The exit code ``python -m runner`` ends with for ``e`` (and records in summary.json): 1 for a failed save,
+    2 for every other runner error."""
+    return 1 if isinstance(e, CheckpointError) else 2
+
+
 class Preempted(Exception):
     """Not an error: the run stopped on SIGTERM (or Ctrl-C) at a step boundary, its checkpoint written if
     checkpoints are on (``core/preemption.py``). The command line says so in one line and exits with ``code``:
@@ -44,4 +50,5 @@ class Preempted(Exception):
         self.code = code
 
 
-__all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "TrainingError"]
+__all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "TrainingError",
+           "exit_code"]
