@@ -73,12 +73,12 @@ def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
     if plan.table_shards == 1 and given:
         settings = _listed(given, "mesh.")
         out.append(f"warning: {settings}: no table is split on this mesh ({plan.describe()}, one table shard), so "
-                   f"{'it has' if len(given) == 1 else 'they have'} no effect; shard the tables over a table axis "
-                   f"(mesh=data_table) or leave {'it' if len(given) == 1 else 'them'} out")
+                   f"{_they(given, 'it has', 'they have')} no effect; shard the tables over a table axis "
+                   f"(mesh=data_table) or leave {_they(given, 'it', 'them')} out")
     elif _plain(mesh.get("routing")) == "gather" and {"route_capacity", "route_overflow"} & set(given):
         idle = {k: v for k, v in given.items() if k.startswith("route_")}
         out.append(f"warning: {_listed(idle, 'mesh.')}: the all_to_all routing's, and mesh.routing=gather gathers every "
-                   f"device's ids without a capacity: {'it has' if len(idle) == 1 else 'they have'} no effect")
+                   f"device's ids without a capacity: {_they(idle, 'it has', 'they have')} no effect")
     elif str(plan.table_layout) == str(TableLayout.column) and "routing" in given:
         out.append(f"warning: mesh.routing={given['routing'].value} applies to the row layout, and the tables use the "
                    f"column layout (mesh.table_layout=column), which exchanges each device's distinct ids its own way: "
@@ -110,6 +110,11 @@ def _given(node: Any, schema: type, keys: tuple[str, ...]) -> dict[str, Any]:
             if node.get(k) is not None and _plain(node.get(k)) != _plain(getattr(default, k))}
 
 
+def _they(given: Mapping[str, Any], one: str, many: str) -> str:
+    """``one`` for a single setting, ``many`` for several (``it has`` / ``they have``)."""
+    return one if len(given) == 1 else many
+
+
 def _listed(given: Mapping[str, Any], prefix: str) -> str:
     return ", ".join(f"{prefix}{k}={_plain(v)}" for k, v in given.items())
 
@@ -136,8 +141,8 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
                                                 if k not in SCHEDULE_USES.get(kind, ())))
         if idle:
             out.append(f"warning: {_listed(idle, prefix + 'schedule.')}: {prefix}schedule.kind={kind} does not use "
-                       f"{'it' if len(idle) == 1 else 'them'}; set the kind that does, or leave "
-                       f"{'it' if len(idle) == 1 else 'them'} out")
+                       f"{_they(idle, 'it', 'them')}; set the kind that does, or leave "
+                       f"{_they(idle, 'it', 'them')} out")
         if kind == "step" and int(schedule.step_every) >= steps:
             out.append(f"warning: {prefix}schedule.kind=step steps every {schedule.step_every} updates "
                        f"({prefix}schedule.step_every) and the run has {steps}: the learning rate never steps")
@@ -161,8 +166,8 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
         idle = _given(table, schemas.TableConfig, ("admit_window", "sketch_width"))
         if int(table.get("admit_after") or 1) == 1 and idle:
             out.append(f"warning: {_listed(idle, prefix)}: the admission sketch's, and {prefix}admit_after=1 admits "
-                       f"every id on first sight without counting: {'it has' if len(idle) == 1 else 'they have'} no "
-                       f"effect; set {prefix}admit_after above 1 or leave {'it' if len(idle) == 1 else 'them'} out")
+                       f"every id on first sight without counting: {_they(idle, 'it has', 'they have')} no "
+                       f"effect; set {prefix}admit_after above 1 or leave {_they(idle, 'it', 'them')} out")
     m, model = cfg.model, cfg.model.get("name")
     if model == "sequential":
         loss, negatives = (_plain(m.get(k)) for k in ("loss", "negatives"))
@@ -182,11 +187,11 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
     idle = _given(cfg.logger, schemas.LoggerConfig, ("project", "entity", "mode", "group", "tags", "name"))
     if _plain(cfg.logger.kind) == "none" and idle:  # debug=tiny, for one, picks logger=none
         out.append(f"warning: {_listed(idle, 'logger.')}: W&B settings, and logger=none (no W&B run): "
-                   f"{'it has' if len(idle) == 1 else 'they have'} no effect; add logger=wandb to log to W&B")
+                   f"{_they(idle, 'it has', 'they have')} no effect; add logger=wandb to log to W&B")
     idle = _given(cfg.distributed, schemas.DistributedConfig, ("coordinator_address", "num_processes", "process_id"))
     if _plain(cfg.distributed.kind) == "none" and idle:
         out.append(f"warning: {_listed(idle, 'distributed.')}: distributed=none runs one process, so "
-                   f"{'it has' if len(idle) == 1 else 'they have'} no effect; pick distributed=local, manual or "
+                   f"{_they(idle, 'it has', 'they have')} no effect; pick distributed=local, manual or "
                    f"slurm (or python -m runner.launch) to run several")
     if _given(cfg.dense_optimizer, schemas.DenseOptimizerConfig, ("warmup_steps",)) and \
             int(cfg.dense_optimizer.warmup_steps) > steps:
