@@ -31,7 +31,7 @@ from jax._src.distributed import global_state  # the settings jax.distributed ru
 from .core.mesh import MeshPlan
 from .core.placement import fetch
 from .errors import DistributedError, RunnerError, exit_code
-from .launch import free_port
+from .launch import reserved_port
 
 log = logging.getLogger("runner")
 
@@ -100,14 +100,15 @@ def initialize(d: Any) -> None:
     where = address
     log.info("jax.distributed: process %s of %s joining at %s (waiting up to %s s for every process)",
              pid, n, where, d.initialization_timeout_s)
+    own = reserved_port() if pid == 0 else contextlib.nullcontext()
     if pid == 0:
         _serve(d, address, n)
-        # JAX starts a service in process 0 as well: bound to a port of its own, nobody connects to it
-        kwargs["coordinator_bind_address"] = f"127.0.0.1:{free_port()}"
     else:
         _wait_for_coordinator(d, address, pid)
     try:
-        with _no_abort_on_errors():
+        with own as port, _no_abort_on_errors():
+            if pid == 0:  # JAX starts a service in process 0 as well: bound to a port of its own, nobody connects to it
+                kwargs["coordinator_bind_address"] = f"127.0.0.1:{port}"
             jax.distributed.initialize(**kwargs)
     except RuntimeError as e:
         if "must be called before" in str(e):

@@ -16,6 +16,7 @@ second Ctrl-C stops them at once (SIGKILL; checkpoints already committed stay us
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import math
 import os
@@ -35,9 +36,27 @@ GRACE_S = 30.0  # SIGTERM asks each runner to stop at its next step and save; SI
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now; another program may take it at any moment (``reserved_port`` keeps it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def reserved_port(host: str = "127.0.0.1"):
+    """A free port, kept from other programs until the block ends. Process 0 serves the coordinator seconds after
+    the port is picked (it imports JAX first); a port only picked, as ``free_port`` does, may meanwhile become the
+    local end of any program's outgoing connection (gloo's, a browser's), and process 0 then cannot serve on it.
+    On Linux a socket bound with SO_REUSEPORT holds it: the kernel gives a held port to no connection and to no
+    other bind, except one with SO_REUSEPORT by the same user, which is how the coordination service (gRPC) binds.
+    Elsewhere the port is only picked."""
+    if not (sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")):
+        yield free_port(host)
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind((host, 0))
+        yield s.getsockname()[1]
 
 
 def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
@@ -197,9 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{taken_over[0]}: runner.launch sets distributed=local and each process's id, their count "
                      f"and the coordinator itself (-n, --port); leave it out. Its other settings (such as "
                      f"distributed.initialization_timeout_s) may be given")
-    cmds = child_commands(args.num_processes, args.overrides, args.port or free_port())
     signal.signal(signal.SIGTERM, _terminated)  # a scheduler stopping the launcher stops the children too
-    return supervise(cmds, grace=args.grace)
+    with reserved_port() if args.port is None else contextlib.nullcontext(args.port) as port:
+        return supervise(child_commands(args.num_processes, args.overrides, port), grace=args.grace)
 
 
 def _terminated(signum, frame):

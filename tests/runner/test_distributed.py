@@ -13,11 +13,11 @@ import jax
 import numpy as np
 import pytest
 
-from runner import distributed
+from runner import coordinator, distributed
 from runner.app import run
 from runner.build import build
 from runner.checkpoint import open_checkpoints
-from runner.launch import free_port, supervise
+from runner.launch import free_port, reserved_port, supervise
 from tests.runner.support import TINY, compose_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,11 @@ class _Capture:
 
 def slurm_step(run_dir: Path, *overrides: str) -> str:
     """Two processes as `srun --ntasks=2` starts them: SLURM's variables, `distributed=slurm`, no addresses."""
-    port = free_port()
+    with reserved_port() as port:
+        return _slurm_step(run_dir, port, *overrides)
+
+
+def _slurm_step(run_dir: Path, port: int, *overrides: str) -> str:
     envs = [{"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2",
              "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "JAX_COORDINATOR_PORT": str(port)} for i in range(2)]
     cmd = [sys.executable, "-m", "runner", "distributed=slurm", f"hydra.run.dir={run_dir}", *overrides]
@@ -112,7 +116,7 @@ import sys
 import jax
 import numpy as np
 from omegaconf import OmegaConf
-from runner import distributed
+from runner import coordinator, distributed
 from runner.core import placement
 from runner.config import DistributedConfig
 from runner.tasks.ranking.synthetic import SyntheticRanking, SyntheticSpec
@@ -145,10 +149,11 @@ print("layout ok", pid)
 
 @pytest.mark.slow
 def test_each_process_feeds_its_rows_and_the_global_batch_equals_one_process():
-    port = free_port()
-    cmds = [[sys.executable, "-c", LAYOUT_CHECK, str(i), str(port)] for i in range(2)]
     out = _Capture()
-    assert supervise(cmds, out=out, env={**ENV, "PYTHONPATH": str(ROOT)}) == 0, out.text
+    with reserved_port() as port:
+        cmds = [[sys.executable, "-c", LAYOUT_CHECK, str(i), str(port)] for i in range(2)]
+        code = supervise(cmds, out=out, env={**ENV, "PYTHONPATH": str(ROOT)})
+    assert code == 0, out.text
     assert "[p0] layout ok 0" in out.text and "[p1] layout ok 1" in out.text
 
 
@@ -170,7 +175,11 @@ LONG = TINY + ["mesh=data", "trainer.steps=100000", "trainer.log_interval=5",
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_dead_process_ends_the_others_with_an_error(tmp_path, victim):
     ck = tmp_path / "ck"
-    port = free_port()
+    with reserved_port() as port:
+        _a_dead_process_ends_the_others(tmp_path, ck, port, victim)
+
+
+def _a_dead_process_ends_the_others(tmp_path, ck, port, victim):
     procs = [_runner(tmp_path, i, port, "mesh.cpu_devices=1", "distributed.heartbeat_timeout_s=6",
                      "checkpoint.interval=5", f"checkpoint.dir={ck}") for i in range(2)]
     try:
@@ -211,15 +220,33 @@ def test_an_unreachable_coordinator_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_a_peer_that_never_joins_ends_process_0(tmp_path):
-    proc = _runner(tmp_path, 0, free_port(), "mesh.cpu_devices=1", "distributed.initialization_timeout_s=1")
-    try:
-        code = proc.wait(timeout=120)  # XLA gives up after the timeout, plus ~5 s of its own (and aborts the process)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    with reserved_port() as port:
+        proc = _runner(tmp_path, 0, port, "mesh.cpu_devices=1", "distributed.initialization_timeout_s=1")
+        try:
+            code = proc.wait(timeout=120)  # XLA gives up after the timeout, plus ~5 s of its own (and aborts it)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     text = (tmp_path / "p0.out").read_text()
     assert code != 0
     assert "process 0 of 2 joining at 127.0.0.1" in text and "DEADLINE_EXCEEDED" in text, text[-3000:]
+
+
+def test_a_reserved_port_is_kept_from_other_programs_but_the_coordinator_serves_on_it():
+    """A port only picked could be taken before process 0 served on it (a test run lost one so)."""
+    import socket
+
+    with reserved_port() as port:
+        with socket.socket() as other, pytest.raises(OSError, match="in use"):
+            other.bind(("127.0.0.1", port))
+        child, watch = coordinator.start(port, 1, 10, 10, timeout_s=60.0)  # gRPC binds it, as the same user
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass
+            assert watch > 0
+        finally:
+            child.kill()
+            child.wait()
 
 
 @pytest.mark.slow
