@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from optimizers import REGISTRY, AsyncEmbContext, Schedule, ScheduleKind
+from optimizers import AsyncEmbContext, Schedule, ScheduleKind
 
 from . import budget, padding, preflight
 from . import config as schemas
@@ -55,9 +55,7 @@ def _instantiate(node: DictConfig, key: str) -> Any:
             f"class (_target_); pick one with +{group}=async_adam (or async_rowwise_adagrad, async_adagrad, "
             f"async_sgd, async_ftrl, adam, adagrad) or give {key}._target_=optimizers.AsyncAdam")
     schedule = node.get("schedule") if "schedule" in node else None
-    if schedule is not None:  # built here and given only to a class that has a schedule: a user's class need not
-        node = OmegaConf.masked_copy(node, [k for k in node if k != "schedule"])
-    node = _without_group_defaults(node)
+    node = _without_group_defaults(node, drop=("schedule",) if schedule is not None else ())
     try:
         return _with_schedule(hydra.utils.instantiate(node), schedule, key)
     except PreflightError:
@@ -73,24 +71,25 @@ def _instantiate(node: DictConfig, key: str) -> Any:
             f"such as optimizers.AsyncAdam (or optimizer=async_adam) and arguments its class accepts") from None
 
 
-def _without_group_defaults(node: DictConfig) -> DictConfig:
-    """``node`` without the fields a built-in optimizer group brings at their defaults (e.g.
-    ``weight_decay_mode``) that its ``_target_`` class does not take: ``optimizer=async_sgd
-    optimizer._target_=mypkg.MySGD`` builds ``MySGD`` with the values it has fields for. A field set to another
-    value stays, and building the class names it."""
+def _without_group_defaults(node: DictConfig, drop: tuple[str, ...] = ()) -> DictConfig:
+    """``node`` without the fields its optimizer group brings at that group's defaults (e.g. ``eps``) that its
+    ``_target_`` class does not take: ``optimizer=async_sgd optimizer._target_=mypkg.MySGD`` builds ``MySGD``
+    with the values it has fields for. A field set to another value stays, and building the class names it.
+    The fields ``drop`` (the schedule, built apart) are left out in any case."""
+    group = OmegaConf.get_type(node)  # the schema of the option chosen: its defaults, not another optimizer's
     quiet = logging.getLogger("hydra.utils")  # get_class logs an ERROR of its own before it raises
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
         params = inspect.signature(hydra.utils.get_class(node._target_)).parameters
     except Exception:  # noqa: BLE001 - not a class, or not found: instantiate names the problem
-        return node
+        params = node
     finally:
         quiet.setLevel(level)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return node
-    defaults = {f.name: f.default for cls in REGISTRY.values() if dataclasses.is_dataclass(cls)
-                for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-    drop = [k for k in node if k != "_target_" and k not in params and k in defaults and node[k] == defaults[k]]
+    if any(getattr(p, "kind", None) is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        params = node  # it takes every field
+    defaults = {f.name: f.default for f in (dataclasses.fields(group) if dataclasses.is_dataclass(group) else ())
+                if f.default is not dataclasses.MISSING}
+    drop = (*drop, *(k for k in node if k != "_target_" and k not in params and k in defaults and node[k] == defaults[k]))
     return OmegaConf.masked_copy(node, [k for k in node if k not in drop]) if drop else node
 
 

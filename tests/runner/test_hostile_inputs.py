@@ -216,6 +216,9 @@ OPTIMIZER = [
     (["+table_optimizers.items={learning_rate:0.1}"], "table_optimizers.items={'learning_rate': 0.1} names no "
                                                       "optimizer class (_target_); pick one with "
                                                       "+optimizer@table_optimizers.items=async_adam"),
+    (["optimizer._target_=optimizers.AsyncSGD", "optimizer.eps=1e-7"],  # async_adam's group, eps not its default
+     "optimizer._target_='optimizers.AsyncSGD' cannot be built: Error in call to target "
+     "'optimizers.async_sgd.AsyncSGD': TypeError(\"AsyncSGD.__init__() got an unexpected keyword argument 'eps'\")"),
     (["+table_optimizers.items={_target_:optimizers.AsyncSGD,lr:0.1}"],
      "table_optimizers.items._target_='optimizers.AsyncSGD' cannot be built: Error in call to target "
      "'optimizers.async_sgd.AsyncSGD': TypeError(\"AsyncSGD.__init__() got an unexpected keyword argument 'lr'\")"),
@@ -225,6 +228,18 @@ OPTIMIZER = [
 @pytest.mark.parametrize("overrides, needle", OPTIMIZER, ids=[" ".join(o) for o, _ in OPTIMIZER])
 def test_optimizer_hyperparameter_is_refused_by_name(overrides, needle):
     assert needle in refused(compose_config(list(overrides)))
+
+
+@pytest.mark.parametrize("group", ["async_adam", "async_rowwise_adagrad", "async_ftrl"])
+def test_another_class_in_an_optimizer_group_is_built_without_the_groups_untouched_defaults(group):
+    """The group's own defaults the class does not take are left out, whichever group it is: each group's, not
+    one merged over every optimizer (where async_adagrad's eps differs from async_adam's and was not dropped)."""
+    from optimizers import AsyncSGD
+
+    program = build(compose_config([f"optimizer={group}", "optimizer._target_=optimizers.AsyncSGD",
+                                    "optimizer.learning_rate=0.3"]))[0]
+    opt = program.emb_optimizers["users"]
+    assert type(opt) is AsyncSGD and opt.learning_rate == 0.3
 
 
 # ---- the objective: a metric the task reports, checked before compiling --------------------------------
