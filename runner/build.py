@@ -365,7 +365,7 @@ def build_run(cfg: DictConfig) -> RunParts:
     opts = {n: over_the_run(o, int(cfg.trainer.steps)) for n, o in emb_optimizers(cfg, names, configured).items()}
     preflight.check_warmups(configured, int(cfg.trainer.steps))
     preflight.check_values(cfg, opts, names)
-    preflight.check_async(opts, cfg.async_emb.enabled)
+    preflight.check_async(opts, cfg.async_emb.enabled, {n: optimizer_key(cfg, n) for n in opts})
 
     apply_cpu_devices(cfg)
     available = jax.device_count()

@@ -23,20 +23,21 @@ from .errors import PreflightError
 
 
 ASYNC_WAYS_OUT = (
-    "Ways out: (1) pick a fused optimizer for this table, e.g. optimizer=async_adam, async_rowwise_adagrad, "
+    "Ways out: (1) pick a fused optimizer for this table, e.g. {pick}=async_adam, async_rowwise_adagrad, "
     "async_adagrad or async_sgd; (2) implement gradient_update_start and gradient_update_done on {cls} "
     "(see optimizers/protocol.py); (3) turn async off with async_emb=off."
 )
 
 
-def check_async(emb_optimizers: Mapping[str, Any], async_emb: bool) -> None:
-    """With async on, every table's optimizer must implement the fused AsyncEmbOptimizer protocol."""
-    if not async_emb:
-        return
-    for table, opt in emb_optimizers.items():
+def check_async(emb_optimizers: Mapping[str, Any], async_emb: bool, keys: Mapping[str, str] | None = None) -> None:
+    """With async on, every table's optimizer must implement the fused AsyncEmbOptimizer protocol. ``keys``: each
+    table's optimizer setting (``optimizer``, or ``table_optimizers.<name>`` for one set per table)."""
+    for table, opt in emb_optimizers.items() if async_emb else ():
         if not supports_async_emb(opt):
-            raise PreflightError(f"{no_fused_update_message(opt)} (configured for embedding table '{table}').\n"
-                                 + ASYNC_WAYS_OUT.format(cls=type(opt).__name__))
+            key = (keys or {}).get(table, "optimizer")
+            by, pick = ("", key) if key == "optimizer" else (f" by {key}", f"+optimizer@{key}")
+            raise PreflightError(f"{no_fused_update_message(opt)} (configured for embedding table '{table}'{by}).\n"
+                                 + ASYNC_WAYS_OUT.format(cls=type(opt).__name__, pick=pick))
 
 
 def _raise(errors: list[str]) -> None:
