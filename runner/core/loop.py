@@ -182,7 +182,8 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     selection.update(end, final, state)
     loss = last.get("train/loss")
     diverged = loss is not None and not np.isfinite(loss)  # the model's parameters are not numbers: not saved
-    if checkpoints is not None and not diverged:
+    untrained = None if diverged else never_trained(program, trainer, flushed, end, checkpoints)  # nor an untrained table
+    if checkpoints is not None and not diverged and untrained is None:
         with progress.timed(f"checkpoint at step {end}"):
             checkpoints.save_final(state, selection, step=end)
     flushed = {k: _scalar(v) for k, v in placement.fetch(flushed).items()}
@@ -202,6 +203,8 @@ def train(program: TrainProgram, task: Any, trainer: Any, tracker: Tracker, log=
     progress.close()
     if diverged:
         raise TrainingError(diverged_message(program, loss, end, checkpoints))
+    if untrained is not None:
+        raise TrainingError(untrained)
     return {"summary": summary, "state": state, "best": selection.best}
 
 
@@ -220,6 +223,29 @@ SKIP_CAUSES = ("Likely causes: {model}a learning rate too high for this table (o
 def _model_causes(program: TrainProgram) -> str:
     """The model's own settings that can make every update non-finite (``skip_causes``), each followed by ``, ``."""
     return "".join(f"{c}, " for c in getattr(program.model, "skip_causes", list)())
+
+
+def never_trained(program: TrainProgram, trainer: Any, flushed: Mapping[str, Any], end: int,
+                  checkpoints: Any) -> str | None:
+    """Why a run that reached its end failed although its loss is a number: every one of its ``end`` updates of
+    a table was refused, in a run too short for ``trainer.max_skipped_updates`` to stop it (None: none was)."""
+    limit = int(getattr(trainer, "max_skipped_updates", 0) or 0)
+    keys = [k for k in flushed if k.startswith("emb/consecutive_skips/")]
+    got = placement.fetch({k: flushed[k] for k in keys}) if limit > 0 and end > 0 else {}
+    names = [k.rsplit("/", 1)[1] for k in sorted(got) if end <= int(got[k]) < limit]
+    if not names:
+        return None
+    last = getattr(checkpoints, "last_step", None) if checkpoints is not None else None
+    saved = (f" No checkpoint of this state was saved; the newest is step {last} in {checkpoints.directory}."
+             if last is not None and last >= 0 else " No checkpoint of this state was saved.")
+    opt = program.emb_optimizers[names[0]]
+    return (f"training ended without training table '{names[0]}': every one of the run's {end} embedding updates of "
+            f"it was skipped (a longer run would have stopped at trainer.max_skipped_updates={limit}), each with a "
+            f"non-finite gradient or writing non-finite rows or optimizer state, so the table and its optimizer state "
+            f"are as initialised{'; so were ' + ', '.join(repr(n) for n in names[1:]) if names[1:] else ''}. The "
+            f"metrics and summary are written.{saved} Its optimizer: {opt!r}. "
+            + SKIP_CAUSES.format(table=names[0], model=_model_causes(program)) + ". trainer.max_skipped_updates=0 "
+            "lets such a run end as a success")
 
 
 def diverged_message(program: TrainProgram, loss: float, end: int, checkpoints: Any) -> str:

@@ -42,3 +42,13 @@ class HostCheckedSGD(AsyncSGD):
     def update_rows(self, rows, state, grad, rc):
         jax.debug.callback(functools.partial(_host_check, fail_at=self.fail_at), rc.step)
         return super().update_rows(rows, state, grad, rc)
+
+
+@dataclasses.dataclass(frozen=True)
+class OverflowingSGD(AsyncSGD):
+    """Its per-row rule writes inf into every row it updates: every update is refused by the gate, and, since the
+    tables stay as they were, the loss stays a number."""
+
+    def update_rows(self, rows, state, grad, rc):
+        new, state = super().update_rows(rows, state, grad, rc)
+        return new * float("inf"), state

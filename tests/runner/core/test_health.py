@@ -99,6 +99,27 @@ def test_without_checkpoints_the_run_stops_too(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_a_run_too_short_for_the_limit_whose_every_update_was_skipped_fails(tmp_path, mode):
+    """6 steps, all refused: too few for max_skipped_updates=10, but the tables never trained; it used to end ok."""
+    ck = tmp_path / "ck"
+    cfg = compose_config(["optimizer=async_sgd", "optimizer._target_=tests.runner.custom_optimizers.OverflowingSGD",
+                          f"async_emb={mode}", "checkpoint.interval=3", f"checkpoint.dir={ck}"])
+    with pytest.raises(TrainingError) as e:
+        run(cfg, tmp_path / "out")
+    assert str(e.value).startswith(
+        "training ended without training table 'authors': every one of the run's 6 embedding updates of it was "
+        "skipped (a longer run would have stopped at trainer.max_skipped_updates=10), each with a non-finite gradient "
+        "or writing non-finite rows or optimizer state, so the table and its optimizer state are as initialised; so "
+        "were 'items', 'users'. The metrics and summary are written. No checkpoint of this state was saved; the "
+        f"newest is step 3 in {ck}. Its optimizer: OverflowingSGD(learning_rate=0.5"), str(e.value)
+    assert sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) == [3]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["emb/skipped_updates/users"] == 6
+    assert np.isfinite(summary["final/train_loss"])
+
+
+@pytest.mark.slow
 def test_a_run_whose_loss_ends_not_a_number_fails_and_saves_no_checkpoint_of_that_state(tmp_path):
     ck = tmp_path / "ck"  # 6 steps: too few for max_skipped_updates=10 to stop it first
     cfg = compose_config(["dense_optimizer.learning_rate=1e30", "dense_optimizer.warmup_steps=0",
