@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from optimizers.row_update import EmbOptState
+
 from .embeddings import normal_block
 from .hash_tables import Assigned, HashSpec, is_pad, key_hash
 
@@ -55,7 +57,8 @@ def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: 
                seed: jax.Array, init_scale: float, row0: int | jax.Array = 0, width: int | None = None):
     """The table and optimizer state with each slot given to a new id reset: its row drawn afresh, each per-row
     leaf of its optimizer state (leading dim = the table's rows) set to ``initial_state``'s row 0 (the
-    optimizer's state of a row never trained). ``row0``: the global row of ``table``'s first (a row shard's).
+    optimizer's state of a row never trained); under ``weight_decay_mode=decoupled_global`` its last touch is
+    now, so its first update does not decay the fresh row for the steps before it held the slot. ``row0``: the global row of ``table``'s first (a row shard's).
     ``width``: the row's width when the table is stored wider (``stored_width``): the padding columns get zeros.
 
     The new ids are packed to the front and reset ``RESET_CHUNK`` at a time, as many chunks as there are new
@@ -80,7 +83,10 @@ def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: 
         vals = fresh_rows(spec, seed, lax.dynamic_slice_in_dim(keys, start, k), width or tab.shape[1], init_scale)
         vals = jnp.pad(vals, ((0, 0), (0, tab.shape[1] - vals.shape[1])))  # padding columns (stored_width): zeros
         tab = tab.at[r].set(vals.astype(tab.dtype), mode="drop")
-        return tab, jax.tree.map(lambda leaf, init: reset(r, leaf, init), st, initial_state)
+        st = jax.tree.map(lambda leaf, init: reset(r, leaf, init), st, initial_state)
+        if isinstance(st, EmbOptState) and st.decay is not None:  # decoupled_global: nothing missed so far
+            st = st._replace(decay=st.decay._replace(touch=st.decay.touch.at[r].set(st.decay.total, mode="drop")))
+        return tab, st
 
     return lax.fori_loop(0, (jnp.sum(new) + k - 1) // k, chunk, (table, opt_state))
 

@@ -145,6 +145,28 @@ def test_a_new_id_gets_fresh_values_and_optimizer_state(cfg_of):
 
 
 @pytest.mark.slow
+def test_a_new_ids_row_does_not_catch_up_on_decay_from_before_it_held_the_slot(cfg_of):
+    """weight_decay_mode=decoupled_global: a reset row's last touch is the table's running decay now, so its first
+    update decays it once, as a row never trained (its touch used to be reset to 0: a fresh row shrank to ~0)."""
+    program, data, _ = build(cfg_of(["optimizer=async_sgd", "async_emb=off", "optimizer.weight_decay=0.1",
+                                     "optimizer.weight_decay_mode=decoupled_global", *HASHED]))
+    _, state, _, _ = run_steps(program, data, 4, flush=False)
+    before = numpy_tree(state.emb_states["users"].decay)
+    assert before.total < -0.1  # four updates of log(1 - lr * wd) each: what a reset to 0 would make a row miss
+    spec = program.tables["users"]
+    raw = {n: jnp.asarray(v) for n, v in program.model.table_ids(
+        {k: jnp.asarray(v) for k, v in data.batch(99, 32).items()}).items()}
+    raw["users"] = jnp.asarray(ht.fingerprint(np.arange(10**12, 10**12 + spec.hash.capacity, dtype=np.int64)))[:, None]
+    after, _, moved, _ = jax.jit(lambda st, r: hash_step.map_batch(program, st, r))(state, raw)
+    changed = (np.asarray(moved["users"].before) != np.asarray(moved["users"].after)).any(-1)
+    rows = np.zeros(spec.rows, bool)
+    rows[np.asarray(hr.slot_rows(spec.hash, jnp.asarray(np.flatnonzero(changed))))] = True
+    touch = np.asarray(after.emb_states["users"].decay.touch)
+    assert rows.sum() > 0 and (touch[rows] == before.total).all()
+    np.testing.assert_array_equal(touch[~rows], before.touch[~rows])
+
+
+@pytest.mark.slow
 def test_evaluation_reads_without_changing_the_table(cfg_of):
     """predict maps ids read-only: an id the table holds reads its row; one it does not, zeros (default=zeros)
     or the shared row (default=shared)."""
