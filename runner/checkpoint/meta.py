@@ -193,7 +193,7 @@ def check_compatible(meta: Mapping[str, Any], program: Any, where: str) -> None:
                                 f"{rebucket_lib.capacity(ours[name])}")  # its rows: the slots and 2 a partition
             elif ours[name][key] != theirs[name][key]:
                 problems.append(f"table '{name}' {key} ({label}): the checkpoint has {theirs[name][key]!r}, "
-                                f"this config has {ours[name][key]!r}")
+                                f"this config has {getattr(ours[name][key], 'value', ours[name][key])!r}")
         stored = theirs[name].get("stored_width", theirs[name]["width"]), ours[name]["stored_width"]
         if moved and stored[0] != stored[1]:  # its rows are placed again as stored: one change at a time
             problems.append(f"table '{name}' stored_width (model.tables.{name}.stored_width): the checkpoint has "

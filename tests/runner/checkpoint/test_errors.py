@@ -57,7 +57,9 @@ def open_with(ckpt_dir: Path, overrides=(), out: Path | None = None):
     ("model.hidden=[32]", r"array .*params.* shape: the checkpoint has \(\d+, 16\), this config has \(\d+, 32\)"),
     ("mesh.permute_ids=true", r"table 'items' permute_ids \(mesh.permute_ids\): the checkpoint has False, this config "
                               r"has True; its rows are stored in that order, so resume it with mesh.permute_ids=false"),
-], ids=["vocab", "width", "optimizer", "async_emb", "hidden", "permute_ids"])
+    ("model.tables.items.dtype=bfloat16", r"table 'items' dtype \(model.tables.items.dtype\): the checkpoint has "
+                                          r"'float32', this config has 'bfloat16'\n"),
+], ids=["vocab", "width", "optimizer", "async_emb", "hidden", "permute_ids", "dtype"])
 @pytest.mark.slow
 def test_incompatible_config_is_refused_by_name(saved, override, message):
     with pytest.raises(PreflightError, match=message) as e:
