@@ -1,6 +1,7 @@
 """Entry point: ``python -m runner [overrides]`` or the ``runner`` console script (Hydra tab completion)."""
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def run_or_trial(cfg: DictConfig) -> float:
     """One run, or one trial of a sweep (a failed trial is recorded and the sweep goes on)."""
     from . import sweeps
     from .app import run, run_tracker  # imported here (with JAX) so `--help`, completion and --cfg stay fast
+    from .core.preemption import unanswered
     from .errors import Preempted, RunnerError, exit_code
 
     hc = HydraConfig.get()
@@ -71,6 +73,11 @@ def run_or_trial(cfg: DictConfig) -> float:
         sys.exit(e.code)
     except Exception as e:  # noqa: BLE001 - any failure of one trial, bad input included
         return sweeps.trial_failed(cfg, hc, e, record)
+    late = unanswered()  # it came after the last step: the trial finished; the sweep still stops
+    if late is not None:
+        print(f"runner: {late} came as trial #{hc.job.num} was ending: it finished and is recorded; the sweep stops "
+              f"here", file=sys.stderr)
+        sys.exit(128 + getattr(signal, late))
     return sweeps.checked_objective(cfg, hc, objective, record)
 
 
@@ -80,13 +87,25 @@ def entry() -> None:
     from hydra.errors import HydraException
 
     _hide_schema_groups()
+    signal.signal(signal.SIGTERM, _terminated)  # the train loop answers it at a step boundary; elsewhere: this
     try:
         main()
+    except KeyboardInterrupt:  # Ctrl-C outside a run: between a sweep's trials, in Hydra's launcher
+        print("\nrunner: interrupted (Ctrl-C): stopped at once; checkpoints already committed stay usable",
+              file=sys.stderr)
+        sys.exit(130)
     except HydraException as e:  # a run's own are reported by Hydra before they get here
         cause = e.__cause__ or e.__context__
         lines = [str(e).strip()] + ([str(cause).strip()] if cause is not None and str(cause).strip() else [])
         print("error: " + "\n".join(lines), file=sys.stderr)
         sys.exit(2)
+
+
+def _terminated(signum, frame) -> None:
+    """SIGTERM outside the train loop (starting up, compiling, between a sweep's trials): one line, exit 143."""
+    print("\nrunner: SIGTERM: stopped at once (the train loop would have stopped at a step boundary); checkpoints "
+          "already committed stay usable", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signal.SIGTERM)
 
 
 def _hide_schema_groups() -> None:

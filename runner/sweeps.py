@@ -16,7 +16,8 @@ What a trial gets (``runner.__main__`` calls these; ``python -m runner -m a=1,2`
   so a trial whose objective is not finite is failed the same way for Optuna).
 
 :class:`SweepSummary` (a Hydra callback, ``conf/hydra/callbacks/sweep_summary.yaml``) prints, when the sweep
-ends, ``sweep: N trials, M ok, K failed`` and one line per failed trial. The process
+ends, ``sweep: N trials, M ok, K failed`` and one line per failed trial, of the trials this sweep launched (not
+those an earlier sweep into the same folder left there). The process
 exits non-zero only when every trial failed or none ran (an empty range). Before an Optuna search it refuses
 settings that cannot work (``n_trials`` or ``n_jobs`` below 1, a direction other than minimize or maximize,
 several directions for the one objective a run returns, a storage Optuna cannot open), exit code 2, and runs
@@ -39,7 +40,8 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from .outputs import FAILED_MARKER, OVERRIDES_FILE, RUN_INFO_FILE, SUMMARY_FILE, read_overrides
+from .outputs import (FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, RUN_INFO_FILE, SUMMARY_FILE, read_overrides,
+                      set_aside)
 
 log = logging.getLogger("runner.sweeps")
 
@@ -87,13 +89,26 @@ def sweep_group(hc: Any) -> str:
 def name_trial(cfg: DictConfig, hc: Any) -> None:
     """In a multirun, fill in ``logger.group`` (the sweep) and ``logger.name`` (the trial) unless set; and drop a
     ``FAILED`` record an earlier sweep into the same directory left in this trial's (it would mark this trial
-    failed in the summary and the report)."""
+    failed in the summary and the report), and note its summary.json, if any, as it was: if this trial fails
+    before its run sets that record aside, ``record_failure`` does (its numbers are not this trial's)."""
     if cfg.logger.group is None:
         cfg.logger.group = sweep_group(hc)
     if cfg.logger.name is None:
         cfg.logger.name = fit_name(" ".join([f"#{hc.job.num}", *map(str, hc.overrides.task)]))
     if _lead_process(cfg):
         (Path(hc.runtime.output_dir) / FAILED_MARKER).unlink(missing_ok=True)
+        summary = Path(hc.runtime.output_dir) / SUMMARY_FILE
+        _FOUND[str(summary)] = summary.stat().st_mtime_ns if summary.is_file() else None
+
+
+_FOUND: dict[str, int | None] = {}  # a trial's summary.json as it started: an earlier sweep's, if any (its time)
+
+
+def _earlier_record(out: Path) -> bool:
+    """Whether ``out``'s summary.json is the one an earlier sweep's trial left there, untouched by this trial."""
+    summary = out / SUMMARY_FILE
+    found = _FOUND.get(str(summary))
+    return found is not None and summary.is_file() and summary.stat().st_mtime_ns == found
 
 
 def write_run_info(tracker: Any, output_dir: str | os.PathLike) -> Path | None:
@@ -135,6 +150,8 @@ def record_failure(cfg: DictConfig, output_dir: str | os.PathLike, error: BaseEx
     message = f"{type(error).__name__}: {error}"
     trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     (out / FAILED_MARKER).write_text(f"{message}\n\n{trace}", encoding="utf-8")
+    if _earlier_record(out):  # failed before its run set an earlier sweep's record aside: its numbers are not ours
+        set_aside(out, (METRICS_FILE, SUMMARY_FILE, RUN_INFO_FILE))
     if not (out / SUMMARY_FILE).is_file():  # failed before the run's tracker existed
         tracker = make_tracker()
         try:
@@ -182,11 +199,31 @@ def _first_line(path: Path) -> str:
     return lines[0]
 
 
+_EARLIER: dict[str, int] = {}  # trial dir -> its overrides file's mtime when this sweep started (an earlier sweep's)
+
+
+def _trial_dirs(root: Path) -> list[Path]:
+    return sorted((d for d in root.iterdir() if (d / OVERRIDES_FILE).is_file()),
+                  key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+
+
+def note_earlier_trials(sweep_dir: str | os.PathLike) -> None:
+    """Remember the trials an earlier sweep into ``sweep_dir`` left there: Hydra writes a trial's overrides file
+    when it launches it, so one this sweep has not launched keeps its time, and the summary leaves it out."""
+    _EARLIER.clear()
+    root = Path(sweep_dir) if str(sweep_dir) else None
+    if root is not None and root.is_dir():
+        _EARLIER.update({str(d): (d / OVERRIDES_FILE).stat().st_mtime_ns for d in _trial_dirs(root)})
+
+
+def _earlier(d: Path) -> bool:
+    return _EARLIER.get(str(d)) == (d / OVERRIDES_FILE).stat().st_mtime_ns
+
+
 def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str, str]]]:
-    """(trial dirs, [(dir, overrides, first line of FAILED)]) for the trials directly under ``sweep_dir``."""
-    root = Path(sweep_dir)
-    trials = sorted((d for d in root.iterdir() if (d / OVERRIDES_FILE).is_file()),
-                    key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+    """(trial dirs, [(dir, overrides, first line of FAILED)]) for the trials directly under ``sweep_dir`` that this
+    sweep launched (``note_earlier_trials``)."""
+    trials = [d for d in _trial_dirs(Path(sweep_dir)) if not _earlier(d)]
     failed = []
     for d in trials:
         if (d / FAILED_MARKER).is_file():
@@ -198,10 +235,13 @@ def summary_lines(sweep_dir: str | os.PathLike, found: tuple[list, list] | None 
     """The lines to print at the end of a sweep, and whether the sweep failed: every trial failed, or none ran.
     ``found``: ``sweep_failures(sweep_dir)`` when the caller has read it already."""
     trials, failed = found or (sweep_failures(sweep_dir) if Path(sweep_dir).is_dir() else ([], []))
+    earlier = sum(1 for d in _trial_dirs(Path(sweep_dir)) if _earlier(d)) if Path(sweep_dir).is_dir() else 0
+    left = (f"; {earlier} more trial folders there are an earlier sweep's, left as they were, not counted"
+            if earlier else "")
     if not trials:
-        return [f"sweep: no trial ran ({sweep_dir}): the sweep's overrides gave none (e.g. an empty range or "
+        return [f"sweep: no trial ran ({sweep_dir}{left}): the sweep's overrides gave none (e.g. an empty range or "
                 f"choice); give each swept key at least one value"], True
-    lines = [f"sweep: {len(trials)} trials, {len(trials) - len(failed)} ok, {len(failed)} failed ({sweep_dir})"]
+    lines = [f"sweep: {len(trials)} trials, {len(trials) - len(failed)} ok, {len(failed)} failed ({sweep_dir}{left})"]
     lines += [f"  FAILED #{d.name} [{overrides}]: {msg}" for d, overrides, msg in failed]
     return lines, len(failed) == len(trials)
 
@@ -312,6 +352,7 @@ class SweepSummary(Callback):
     failed and why, and exits 1 if every trial failed or the sweep had none."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        note_earlier_trials(str(OmegaConf.select(config, "hydra.sweep.dir", default="")))
         sweeper = config.hydra.get("sweeper") or {}
         overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
         optuna = "optuna" in str(sweeper.get("_target_", "")).lower()

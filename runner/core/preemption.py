@@ -22,11 +22,22 @@ import threading
 import jax
 
 
+_UNANSWERED: list[str] = []  # the signal that asked the last run to stop after its last step was checked
+
+
+def unanswered() -> str | None:
+    """The signal (``SIGTERM``/``SIGINT``) that asked the last finished run to stop too late for it to stop early:
+    after its last step boundary, during the final flush, evaluation or save (None: none did). A sweep stops
+    before its next trial on it."""
+    return _UNANSWERED[-1] if _UNANSWERED else None
+
+
 class Preemption:
     """Whether a SIGTERM (or on one process a Ctrl-C) asked this run to stop; ``requested(step)`` once per step,
     in step order; ``signal`` names the signal that asked."""
 
     def __init__(self):
+        _UNANSWERED.clear()
         self.multi = jax.process_count() > 1
         self.flag = threading.Event()
         self.signal = "SIGTERM"  # what the message and the exit code name: SIGINT once a Ctrl-C asked first
@@ -62,7 +73,10 @@ class Preemption:
         self.close()
 
     def close(self) -> None:
-        """Put back the SIGTERM and SIGINT handlers that were there before (one process)."""
+        """Put back the SIGTERM and SIGINT handlers that were there before (one process), noting a signal that
+        asked to stop (``unanswered``: a run that stopped on it raised ``Preempted`` instead of finishing)."""
+        if self.flag.is_set():
+            _UNANSWERED[:] = [self.signal]
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         self.previous = {}

@@ -100,6 +100,64 @@ def test_a_ctrl_c_that_cannot_wait_is_one_line_and_exit_code_130(monkeypatch, ca
                                        "stay usable\n")
 
 
+def test_a_signal_after_a_trials_last_step_stops_the_sweep_once_the_trial_is_recorded(monkeypatch, capsys):
+    """The loop checks for a stop request after each step; one that comes later (the final flush, evaluation or
+    save) finishes the trial, and the sweep used to go on to the next trial as if none came."""
+    from types import SimpleNamespace
+
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    import runner.__main__ as cli
+    from runner import app, sweeps
+    from runner.core.preemption import Preemption
+
+    def trial(cfg, out, tags):
+        with Preemption():
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only asks; the run goes on to its end
+        return 0.75
+
+    hc = OmegaConf.create({"mode": RunMode.MULTIRUN, "job": {"num": 4}, "runtime": {"output_dir": "x"},
+                           "sweeper": {"_target_": sweeps.BASIC}})
+    monkeypatch.setattr(cli, "HydraConfig", SimpleNamespace(get=lambda: hc))
+    monkeypatch.setattr(sweeps, "trial_tags", lambda hc: [])
+    monkeypatch.setattr(sweeps, "name_trial", lambda cfg, hc: None)
+    monkeypatch.setattr(app, "run", trial)
+    with pytest.raises(SystemExit) as e:
+        cli.run_or_trial(None)
+    assert e.value.code == 143
+    assert capsys.readouterr().err == ("runner: SIGTERM came as trial #4 was ending: it finished and is recorded; the "
+                                       "sweep stops here\n")
+    monkeypatch.setattr(app, "run", lambda cfg, out, tags: Preemption().close() or 0.5)  # no signal: the sweep goes on
+    assert cli.run_or_trial(None) == 0.5
+
+
+def test_outside_the_train_loop_ctrl_c_and_sigterm_are_one_line(monkeypatch, capsys):
+    """Between a sweep's trials (Hydra's launcher) a Ctrl-C used to end in a KeyboardInterrupt traceback, and a
+    SIGTERM in Python's default: the process killed without a word."""
+    import runner.__main__ as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.entry()
+        assert signal.getsignal(signal.SIGTERM) is cli._terminated
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert e.value.code == 130
+    assert capsys.readouterr().err == ("\nrunner: interrupted (Ctrl-C): stopped at once; checkpoints already "
+                                       "committed stay usable\n")
+    with pytest.raises(SystemExit) as e:
+        cli._terminated(signal.SIGTERM, None)
+    assert e.value.code == 143
+    assert capsys.readouterr().err == ("\nrunner: SIGTERM: stopped at once (the train loop would have stopped at a "
+                                       "step boundary); checkpoints already committed stay usable\n")
+
+
 @pytest.mark.slow
 def test_sigterm_without_checkpoints_says_the_progress_is_lost(tmp_path):
     code, out, _ = _terminate(_runner(tmp_path), r"step +\d+/100000 +loss")

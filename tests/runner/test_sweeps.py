@@ -452,11 +452,11 @@ def test_multirun_one_wandb_run_per_trial_in_one_group_and_a_report(tmp_path):
 
 @pytest.mark.slow
 def test_a_bad_trial_is_recorded_and_the_next_one_still_completes(tmp_path):
-    proc = runner_cli("-m", "optimizer=adam,async_sgd", "async_emb=on", f"hydra.sweep.dir={tmp_path}")
+    proc = runner_cli("-m", "optimizer=async_sgd,adam", "async_emb=on", f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sweep: 2 trials, 1 ok, 1 failed" in proc.stdout
-    assert "FAILED #0 [optimizer=adam async_emb=on" in proc.stdout
-    bad, good = trial_dirs(tmp_path)
+    assert "FAILED #1 [optimizer=adam async_emb=on" in proc.stdout
+    good, bad = trial_dirs(tmp_path)
     assert "PreflightError: use_async_emb requires an embedding optimizer" in (bad / "FAILED").read_text()
     assert json.loads((bad / "summary.json").read_text())["status"] == "failed"
     assert (bad / "metrics.jsonl").read_text() == ""  # refused before training
@@ -468,6 +468,16 @@ def test_a_bad_trial_is_recorded_and_the_next_one_still_completes(tmp_path):
     rep = subprocess.run([sys.executable, "-m", "runner.report", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert rep.returncode == 0 and "- trials: 2 (1 ok, 1 failed)" in (tmp_path / "report.md").read_text()
+    # the same folder again, its one trial refused where the earlier sweep's #0 trained and #1 failed: it counts
+    # alone (it used to count #1 with it and report 2 trials) and carries none of #0's numbers
+    again = runner_cli("-m", "optimizer=async_sgd", "trainer.batch_size=0", f"hydra.sweep.dir={tmp_path}")
+    assert again.returncode == 1, again.stderr[-3000:]
+    assert (f"sweep: 1 trials, 0 ok, 1 failed ({tmp_path}; 1 more trial folders there are an earlier sweep's, left "
+            f"as they were, not counted)") in again.stderr
+    assert json.loads((good / "summary.json.before-restart").read_text())["status"] == "ok"
+    summary = json.loads((good / "summary.json").read_text())
+    assert summary["status"] == "failed" and "final/train_loss" not in summary and "trainer.batch_size=0" in (
+        good / "FAILED").read_text()
 
 
 @pytest.mark.slow
