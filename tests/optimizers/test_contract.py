@@ -124,7 +124,9 @@ def updater(layout: str = "single"):
 
 @functools.lru_cache(maxsize=None)
 def _library(name: str, hp: tuple, layout: str):
-    opt = optimizers.create(name, **dict(hp))
+    # The class itself, which checks no range: POISON's values are out of range on purpose (optimizers.create
+    # refuses them); test_every_case_passes_create checks that the other cases are valid.
+    opt = optimizers.REGISTRY[name](**dict(hp))
     return opt, fused_step(opt, context(layout))
 
 
@@ -235,6 +237,14 @@ def finite_steps(n, seed=1, **kw):
 def test_every_fused_optimizer_has_a_case_and_a_reference():
     assert {name for name, _ in CASES} == set(optimizers.FUSED)
     assert set(optimizers.FUSED) <= set(REFERENCES)
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_every_case_passes_create(case):
+    """Every case is a valid configuration: ``optimizers.create`` builds it (its range checks refuse none) as
+    the class does."""
+    name, hp = case
+    assert optimizers.create(name, **hp) == optimizers.REGISTRY[name](**hp)
 
 
 @pytest.mark.parametrize("case, layout", PAIRS)
