@@ -13,9 +13,11 @@ from .schedules import Schedule
 
 
 def schedule_field() -> Any:
-    """``schedule: Schedule``: constant by default (``optimizers.schedules``)."""
+    """``schedule: Schedule``: constant by default (``optimizers.schedules``); ``hparams.problems`` names a value
+    that is not a ``Schedule`` (``instance_of``)."""
     return dataclasses.field(default_factory=Schedule, metadata={
-        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)"})
+        "doc": "the learning rate's schedule over this table's updates (optimizers.schedules)",
+        "instance_of": Schedule})
 
 
 def weight_decay_mode_field() -> Any:

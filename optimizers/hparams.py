@@ -19,16 +19,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any, NamedTuple
 
 INF = math.inf
 FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: the precision an update's arithmetic runs in
 
 
+def is_number(x: Any) -> bool:
+    """Whether ``x`` is a real number a hyperparameter can take: an int or a float (numpy's too), not a bool,
+    not a string that spells one."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _finite(x: numbers.Real) -> bool:
+    return isinstance(x, numbers.Integral) or math.isfinite(x)  # an int of any size is finite
+
+
 def float32_problem(name: str, value: Any) -> str | None:
     """``<name>=<value> ...`` when ``value`` is a number float32 cannot hold (it would be inf in the update)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-            and abs(value) > FLOAT32_MAX:
+    if is_number(value) and _finite(value) and abs(value) > FLOAT32_MAX:
         return (f"{name}={value!r} is beyond float32's largest number ({FLOAT32_MAX:.3g}), the precision the "
                 f"update runs in: it would be inf there")
     return None
@@ -44,7 +54,7 @@ class Range(NamedTuple):
 
     def contains(self, x: float) -> bool:
         """Whether ``x`` is a real number (not a bool, not NaN) inside the interval."""
-        if not isinstance(x, (int, float)) or isinstance(x, bool) or math.isnan(x):
+        if not is_number(x) or not isinstance(x, numbers.Integral) and math.isnan(x):
             return False
         above = x > self.low if self.low_open else x >= self.low
         below = x < self.high if self.high_open else x <= self.high
@@ -76,21 +86,29 @@ def ranges(obj_or_cls: Any) -> dict[str, Range]:
 
 
 def problems(obj: Any, prefix: str = "") -> list[str]:
-    """One line per hyperparameter outside its range: ``<prefix><name>=<value> is outside <range>: <doc>``;
-    a field that is itself such a dataclass (an optimizer's ``schedule``) is checked the same way under
-    ``<prefix><name>.``; then, if all of that holds, the lines of the object's own ``problems()`` method, if
-    it has one (checks across fields)."""
+    """One line per hyperparameter that is not a number (``<prefix><name>='0.1' is not a number (<doc>)``), is
+    outside its range (``<prefix><name>=<value> is outside <range> (<doc>)``) or is a number float32 cannot
+    hold (:func:`float32_problem`). A field that is itself such a dataclass (an optimizer's ``schedule``) is
+    checked the same way under ``<prefix><name>.``, and one that holds something else than the class its
+    field declares (``metadata["instance_of"]``: a dict or a word given for a ``Schedule``) is named with the
+    class it needs. Then, if all of that holds, the lines of the object's own ``problems()`` method, if it has
+    one (checks across fields)."""
     out = []
     fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
     for name, rng in ranges(obj).items():
-        value = getattr(obj, name)
-        if not rng.contains(value):
-            out.append(f"{prefix}{name}={value!r} is outside {rng} ({fields[name].metadata['doc']})")
+        value, doc = getattr(obj, name), fields[name].metadata["doc"]
+        if not is_number(value):
+            out.append(f"{prefix}{name}={value!r} is not a number ({doc})")
+        elif not rng.contains(value):
+            out.append(f"{prefix}{name}={value!r} is outside {rng} ({doc})")
         elif too_big := float32_problem(f"{prefix}{name}", value):
             out.append(too_big)
-    for name in fields:
-        value = getattr(obj, name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    for name, f in fields.items():
+        value, cls = getattr(obj, name), f.metadata.get("instance_of")
+        if cls is not None and not isinstance(value, cls):
+            out.append(f"{prefix}{name}={value!r} is a {type(value).__name__}, not a {cls.__name__} "
+                       f"({f.metadata['doc']})")
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             out += problems(value, f"{prefix}{name}.")
     own = getattr(obj, "problems", None)  # checks across fields, once every field is in its range
     if not out and callable(own):

@@ -3,10 +3,13 @@ what it finds, while building the class itself checks no range (the runner repor
 own config keys)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import optimizers
 from optimizers import problems
+
+SCHEDULE_DOC = "the learning rate's schedule over this table's updates (optimizers.schedules)"
 
 
 def refused(name: str, **hparams) -> str:
@@ -43,6 +46,11 @@ def test_create_builds_valid_hyperparameters_unchanged(name):
     assert opt == optimizers.REGISTRY[name](learning_rate=0.25) and opt.learning_rate == 0.25
 
 
+def test_a_numpy_number_is_a_number():
+    opt = optimizers.create("async_sgd", learning_rate=np.float32(0.5), weight_decay=np.int64(0))
+    assert opt.learning_rate == 0.5 and problems(opt) == []
+
+
 # ---- an unknown hyperparameter -------------------------------------------------------------------------------
 def test_an_unknown_hyperparameter_is_named_with_the_ones_the_optimizer_has():
     assert refused("async_sgd", momentum=0.9) == (
@@ -51,3 +59,31 @@ def test_an_unknown_hyperparameter_is_named_with_the_ones_the_optimizer_has():
     assert refused("async_adam", learnig_rate=0.1, beta1=0.9) == (
         "async_adam has no hyperparameters 'learnig_rate' (did you mean learning_rate?), 'beta1'; its "
         "hyperparameters: learning_rate, b1, b2, eps, weight_decay, bias_correction, weight_decay_mode, schedule")
+
+
+# ---- values that are not numbers, and a schedule that is not a Schedule -------------------------------------
+@pytest.mark.parametrize("name", optimizers.FUSED)
+@pytest.mark.parametrize("value", ["0.1", None, True, [0.1]], ids=["str", "None", "bool", "list"])
+def test_a_learning_rate_that_is_not_a_number_is_named(name, value):
+    """Not "outside": the value is no number at all (it used to fail at the first update, naming nothing)."""
+    assert refused(name, learning_rate=value).startswith(f"learning_rate={value!r} is not a number (step size")
+
+
+def test_a_weight_decay_given_as_a_word_is_not_a_number():
+    assert refused("async_adam", weight_decay="0.1") == (
+        "weight_decay='0.1' is not a number (decoupled (AdamW) decay of a row, times the learning rate, applied "
+        "lazily: only to the rows an update touches, once per update (untouched rows do not decay))")
+
+
+@pytest.mark.parametrize("name", optimizers.FUSED)
+@pytest.mark.parametrize("value, kind", [({"kind": "cosine", "decay_steps": 10}, "dict"), ("cosine", "str")],
+                         ids=["dict", "word"])
+def test_a_schedule_that_is_not_a_schedule_is_named(name, value, kind):
+    assert refused(name, schedule=value) == f"schedule={value!r} is a {kind}, not a Schedule ({SCHEDULE_DOC})"
+
+
+def test_a_step_count_that_is_not_a_number_is_named_under_schedule():
+    schedule = optimizers.Schedule("cosine", decay_steps="100")
+    assert refused("async_sgd", schedule=schedule) == (
+        "schedule.decay_steps='100' is not a number (updates the cosine takes from 1 to end_ratio (cosine, "
+        "warmup_cosine); 0 = the whole run)")
