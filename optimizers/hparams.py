@@ -24,6 +24,9 @@ from typing import Any, NamedTuple
 
 INF = math.inf
 FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: the precision an update's arithmetic runs in
+# The smallest normal float32. A nonzero number below it is 0 in float32, or a denormal, which XLA flushes to 0 on
+# CPUs and TPUs alike: a learning rate of 1e-50 would leave every row as it is.
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def is_number(x: Any) -> bool:
@@ -37,10 +40,16 @@ def _finite(x: numbers.Real) -> bool:
 
 
 def float32_problem(name: str, value: Any) -> str | None:
-    """``<name>=<value> ...`` when ``value`` is a number float32 cannot hold (it would be inf in the update)."""
-    if is_number(value) and _finite(value) and abs(value) > FLOAT32_MAX:
+    """``<name>=<value> ...`` when ``value`` is a number float32 cannot hold: beyond its largest (it would be inf
+    in the update) or, nonzero, below its smallest normal number (it would be 0 there)."""
+    if not is_number(value) or not _finite(value):
+        return None
+    if abs(value) > FLOAT32_MAX:
         return (f"{name}={value!r} is beyond float32's largest number ({FLOAT32_MAX:.3g}), the precision the "
                 f"update runs in: it would be inf there")
+    if 0 < abs(value) < FLOAT32_TINY:
+        return (f"{name}={value!r} is below float32's smallest normal number ({FLOAT32_TINY:.3g}), the precision "
+                f"the update runs in: it would be 0 there")
     return None
 
 

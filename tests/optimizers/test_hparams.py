@@ -10,6 +10,7 @@ import optimizers
 from optimizers import problems
 
 SCHEDULE_DOC = "the learning rate's schedule over this table's updates (optimizers.schedules)"
+TINY = "is below float32's smallest normal number (1.18e-38), the precision the update runs in: it would be 0 there"
 
 
 def refused(name: str, **hparams) -> str:
@@ -87,3 +88,20 @@ def test_a_step_count_that_is_not_a_number_is_named_under_schedule():
     assert refused("async_sgd", schedule=schedule) == (
         "schedule.decay_steps='100' is not a number (updates the cosine takes from 1 to end_ratio (cosine, "
         "warmup_cosine); 0 = the whole run)")
+
+
+# ---- numbers float32 cannot hold ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(optimizers.REGISTRY))
+def test_a_learning_rate_below_float32s_smallest_normal_is_refused(name):
+    """1e-50 is 0 in float32 (and a denormal is flushed to 0): the rows would never move."""
+    assert problems(optimizers.REGISTRY[name](learning_rate=1e-50)) == [f"learning_rate=1e-50 {TINY}"]
+    assert refused(name, learning_rate=1e-50) == f"learning_rate=1e-50 {TINY}"
+
+
+def test_the_smallest_normal_float32_and_zero_are_not_below_it():
+    assert problems(optimizers.AsyncSGD(learning_rate=1.1754943508222875e-38)) == []
+    assert problems(optimizers.AsyncSGD(weight_decay=1e-45)) == [f"weight_decay=1e-45 {TINY}"]  # any hparam
+    assert problems(optimizers.AsyncSGD(weight_decay=0.0)) == []  # 0 itself is exact in float32
+    assert problems(optimizers.AsyncSGD(learning_rate=1e39)) == [
+        "learning_rate=1e+39 is beyond float32's largest number (3.4e+38), the precision the update runs in: it "
+        "would be inf there"]
