@@ -76,7 +76,9 @@ class Range(NamedTuple):
 
 
 def _num(x: float) -> str:
-    return "inf" if x == INF else "-inf" if x == -INF else f"{x:g}"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"  # 2147483647, not 2.14748e+09
 
 
 def hparam(default: Any, doc: str, *, low: float = -INF, high: float = INF, low_open: bool = False,

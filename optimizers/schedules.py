@@ -35,6 +35,9 @@ class ScheduleKind(str, enum.Enum):
     warmup_cosine = "warmup_cosine"
 
 
+# The longest warmup, cosine or step, in updates: the largest int32. The multiplier is computed in the compiled
+# step from the traced update count, where a Python int beyond int32 cannot enter (an OverflowError as it compiles).
+MAX_STEPS = 2**31 - 1
 DECAYING = (ScheduleKind.cosine, ScheduleKind.warmup_cosine)
 WARMING = (ScheduleKind.warmup, ScheduleKind.warmup_cosine)
 
@@ -45,11 +48,11 @@ class Schedule:
 
     kind: ScheduleKind = dataclasses.field(default=ScheduleKind.constant, metadata={
         "doc": "constant, warmup, cosine, step or warmup_cosine"})
-    warmup_steps: int = hparam(0, "updates of linear warmup (warmup, warmup_cosine)", low=0)
+    warmup_steps: int = hparam(0, "updates of linear warmup (warmup, warmup_cosine)", low=0, high=MAX_STEPS)
     decay_steps: int = hparam(0, "updates the cosine takes from 1 to end_ratio (cosine, warmup_cosine); 0 = the "
-                                 "whole run", low=0)
+                                 "whole run", low=0, high=MAX_STEPS)
     end_ratio: float = hparam(0.0, "the multiplier at the end of the cosine", low=0.0, high=1.0)
-    step_every: int = hparam(1000, "updates between two steps of the step schedule", low=1)
+    step_every: int = hparam(1000, "updates between two steps of the step schedule", low=1, high=MAX_STEPS)
     step_factor: float = hparam(0.5, "the step schedule's multiplier per step", low=0.0, high=1.0, low_open=True)
 
     def __post_init__(self):
