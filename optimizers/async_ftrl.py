@@ -37,6 +37,14 @@ from .hparams import hparam
 from .schedules import Schedule
 
 
+# The lowest lr_power. The rule raises each accumulator n (a sum of squared gradients, which only grows) to
+# -lr_power in float32, whose largest number is about 2**128: n**(-lr_power) is finite for n below
+# 2**(128 / -lr_power) (a little less once the denominator divides it by a learning rate below 1). At -4 that is
+# 2**32, about 4e9: four billion touches of a unit gradient. At -10 it would be 2**12.8, about 7000, which a
+# frequent id's element reaches, and from then on every update touching it would be refused as non-finite.
+LR_POWER_LOW = -4.0
+
+
 class FtrlRows(NamedTuple):
     """Per-element FTRL state and the row's own update count."""
 
@@ -51,7 +59,8 @@ class AsyncFtrl(FusedEmbOptimizer):
 
     learning_rate: float = hparam(0.05, "step size (alpha)", low=0.0, low_open=True)
     lr_power: float = hparam(-0.5, "the per-coordinate step is learning_rate / n**(-lr_power); -0.5 is "
-                                   "the paper's 1/sqrt(n), 0 a constant step", high=0.0)
+                                   "the paper's 1/sqrt(n), 0 a constant step; at least -4, where n**4 stays finite "
+                                   "in float32 for every accumulator n below 2**32", low=LR_POWER_LOW, high=0.0)
     l1: float = hparam(0.0, "L1 strength: a weight is exactly 0 while |z| <= l1", low=0.0)
     l2: float = hparam(0.0, "L2 strength (doubled in the denominator with tensorflow_l2)", low=0.0)
     beta: float = hparam(0.0, "added to n**(-lr_power) in the denominator: damps the first steps", low=0.0)

@@ -18,8 +18,9 @@ import optimizers
 WIDTH = 4
 
 
-def one_update(opt, table: np.ndarray, grads: np.ndarray, state=None):
-    """Apply one update that touches rows 1..len(grads) with ``grads`` (one token each); returns (table, state)."""
+def one_update(opt, table: np.ndarray, grads: np.ndarray, state=None, valid_as: bool = True):
+    """Apply one update that touches rows 1..len(grads) with ``grads`` (one token each); returns (table, state).
+    ``valid_as``: whether the update must be written (false: refused, its result not finite)."""
     vocab = table.shape[0]
     ctx = optimizers.AsyncEmbContext(vocab, WIDTH, len(grads))
     ids = np.arange(1, len(grads) + 1, dtype=np.int32)
@@ -29,7 +30,7 @@ def one_update(opt, table: np.ndarray, grads: np.ndarray, state=None):
     _, new_table, new_state = opt.gradient_update_start(c, update, jnp.asarray(table, jnp.float32), state,
                                                         jnp.zeros((), jnp.int32))
     _, valid, _ = opt.gradient_update_done(c, jnp.zeros((), jnp.int32))
-    assert bool(valid)
+    assert bool(valid) == valid_as
     return np.asarray(new_table), new_state
 
 
@@ -79,6 +80,23 @@ def test_the_first_update_steps_from_the_initial_embedding(multiply):
     z1 = -(w0[1] * np.sqrt(n0) / alpha) + g[0] - (np.sqrt(n1[0]) - np.sqrt(n0)) / alpha * w0[1]
     z2 = z1 + g[0] - (np.sqrt(n2[0]) - np.sqrt(n1[0])) / alpha * table[1].astype(np.float64)
     np.testing.assert_allclose(table2[1], -z2 / (np.sqrt(n2[0]) / alpha), rtol=1e-5)
+
+
+def test_lr_power_stops_at_minus_4_where_n_to_the_4_is_finite_below_2_to_the_32():
+    """The rule raises each accumulator to -lr_power in float32 (largest about 2**128). At the lowest lr_power
+    allowed, -4, an accumulator just below 2**32 still updates; past it the update is refused as non-finite,
+    and a lower lr_power would be refused far sooner, so ``problems`` names it."""
+    assert optimizers.problems(optimizers.AsyncFtrl(lr_power=-100.0))[0].startswith(
+        "lr_power=-100.0 is outside [-4, 0] (the per-coordinate step is learning_rate / n**(-lr_power)")
+    assert optimizers.problems(optimizers.AsyncFtrl(lr_power=-4.0)) == []
+    g = np.ones((1, WIDTH))
+    kept = optimizers.AsyncFtrl(learning_rate=1.0, lr_power=-4.0, initial_accumulator=2.0**31)
+    table, state = one_update(kept, np.ones((2, WIDTH)), g)  # written: the row counts its update
+    assert np.isfinite(table).all() and np.asarray(state.rows.count).tolist() == [0, 1]
+    beyond = optimizers.AsyncFtrl(learning_rate=1.0, lr_power=-4.0, initial_accumulator=2.0**33)
+    table, state = one_update(beyond, np.ones((2, WIDTH)), g, valid_as=False)  # refused: nothing moves
+    np.testing.assert_array_equal(table, 1.0)
+    assert np.asarray(state.rows.count).tolist() == [0, 0]
 
 
 def test_is_registered_fused_and_async_capable():

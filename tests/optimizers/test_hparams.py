@@ -25,6 +25,10 @@ def refused(name: str, **hparams) -> str:
     ("async_sgd", dict(learning_rate=-1.0), "learning_rate=-1.0 is outside (0, inf) (step size)"),
     ("async_rowwise_adagrad_momentum", dict(momentum=1.5),
      "momentum=1.5 is outside [0, 1) (decay of the momentum buffer per touch; 0 = row-wise Adagrad)"),
+    ("async_ftrl", dict(lr_power=0.5), "lr_power=0.5 is outside [-4, 0] (the per-coordinate step is learning_rate "
+                                       "/ n**(-lr_power); -0.5 is the paper's 1/sqrt(n), 0 a constant step; at "
+                                       "least -4, where n**4 stays finite in float32 for every accumulator n below "
+                                       "2**32)"),
     ("async_sgd", dict(schedule=optimizers.Schedule("step", step_factor=2.0)),
      "schedule.step_factor=2.0 is outside (0, 1] (the step schedule's multiplier per step)"),
     ("async_adam", dict(b1=1.0, eps=0.0), "b1=1.0 is outside [0, 1) (decay of the first-moment (mean) estimate); "
@@ -34,7 +38,7 @@ def refused(name: str, **hparams) -> str:
      "weight_decay=4.0 with learning_rate=0.5 decays a row by 1 - 2 per update under "
      "weight_decay_mode=decoupled_global: their product must be below 1"),
     ("adam", dict(learning_rate=float("nan")), "learning_rate=nan is outside (0, inf) (step size)"),
-], ids=["negative-lr", "momentum", "step_factor", "two-at-once", "across-fields", "dense"])
+], ids=["negative-lr", "momentum", "lr_power", "step_factor", "two-at-once", "across-fields", "dense"])
 def test_create_refuses_the_lines_of_problems(name, hparams, message):
     assert refused(name, **hparams) == message
     opt = optimizers.REGISTRY[name](**hparams)  # the class itself builds it: its caller reports the problems

@@ -177,8 +177,9 @@ OPTIMIZER = [
     (["optimizer.b2=1.0"], "optimizer.b2=1.0 is outside [0, 1)"),
     (["optimizer.weight_decay=-1"], "optimizer.weight_decay=-1.0 is outside [0, inf)"),
     (["optimizer=async_rowwise_adagrad", "optimizer.learning_rate=0"], "optimizer.learning_rate=0.0 is outside"),
-    (["optimizer=async_ftrl", "optimizer.lr_power=0.5"], "optimizer.lr_power=0.5 is outside (-inf, 0] (the "
+    (["optimizer=async_ftrl", "optimizer.lr_power=0.5"], "optimizer.lr_power=0.5 is outside [-4, 0] (the "
                                                              "per-coordinate step is learning_rate / n**(-lr_power)"),
+    (["optimizer=async_ftrl", "optimizer.lr_power=-100"], "optimizer.lr_power=-100.0 is outside [-4, 0]"),
     (["optimizer=async_ftrl", "optimizer.initial_accumulator=0"], "optimizer.initial_accumulator=0.0 is outside "
                                                                   "(0, inf)"),
     (["optimizer=async_ftrl", "optimizer.l1=-0.1"], "optimizer.l1=-0.1 is outside [0, inf) (L1 strength"),
