@@ -33,12 +33,23 @@ BiasCorrection = enum.Enum("BiasCorrection", [("per_row", "per_row"), ("global",
                            module=__name__)
 
 
+def as_choice(kind: type[enum.Enum], value: Any, name: str) -> Any:
+    """``value`` (a word or a member) as a member of ``kind``; a ValueError naming the field ``name``, the value
+    and the words ``kind`` takes otherwise."""
+    try:
+        return kind(getattr(value, "value", value))
+    except ValueError:
+        raise ValueError(f"{name} {value!r} is not one of {', '.join(m.value for m in kind)}") from None
+
+
 def as_bias_correction(value) -> BiasCorrection:
     """``value`` (a word or the Enum) as a :data:`BiasCorrection`; a ValueError naming the choices otherwise."""
-    try:
-        return BiasCorrection(getattr(value, "value", value))
-    except ValueError:
-        raise ValueError(f"bias_correction {value!r} is not one of per_row, global") from None
+    return as_choice(BiasCorrection, value, "bias_correction")
+
+
+def as_weight_decay_mode(value) -> WeightDecayMode:
+    """``value`` (a word or the Enum) as a :class:`WeightDecayMode`; a ValueError naming the choices otherwise."""
+    return as_choice(WeightDecayMode, value, "weight_decay_mode")
 
 
 def bias_correction_field(global_means: str) -> Any:

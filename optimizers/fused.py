@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import jnp, lax
-from .fields import as_bias_correction
+from .fields import as_bias_correction, as_weight_decay_mode
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 from .row_update import EmbOptState, GlobalDecay, RowContext, WeightDecayMode, decay_mode
 from .schedules import ScheduleKind
@@ -50,7 +50,7 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
     def __post_init__(self):
         """A word given for ``weight_decay_mode`` or ``bias_correction`` (``optimizers.fields``) as the Enum."""
         if hasattr(self, "weight_decay_mode"):
-            object.__setattr__(self, "weight_decay_mode", WeightDecayMode(self.weight_decay_mode))
+            object.__setattr__(self, "weight_decay_mode", as_weight_decay_mode(self.weight_decay_mode))
         if hasattr(self, "bias_correction"):
             object.__setattr__(self, "bias_correction", as_bias_correction(self.bias_correction))
 

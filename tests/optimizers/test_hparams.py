@@ -3,6 +3,8 @@ what it finds, while building the class itself checks no range (the runner repor
 own config keys)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -109,3 +111,12 @@ def test_the_smallest_normal_float32_and_zero_are_not_below_it():
     assert problems(optimizers.AsyncSGD(learning_rate=1e39)) == [
         "learning_rate=1e+39 is beyond float32's largest number (3.4e+38), the precision the update runs in: it "
         "would be inf there"]
+
+
+# ---- words ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", [n for n in optimizers.FUSED if "weight_decay_mode" in
+                                  {f.name for f in dataclasses.fields(optimizers.REGISTRY[n])}])
+def test_an_unknown_weight_decay_mode_lists_the_modes(name):
+    assert refused(name, weight_decay_mode="bogus") == (
+        "weight_decay_mode 'bogus' is not one of decoupled, l2, decoupled_global")
+    assert optimizers.create(name, weight_decay_mode="l2").weight_decay_mode is optimizers.WeightDecayMode.l2
