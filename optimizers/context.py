@@ -15,6 +15,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import P, jax
+from .hparams import INF, Range, float32_problem, is_number
 from .layouts import ROUTE_CAPACITY, ROUTE_MIN_SLOTS, Layout, RouteOverflow, Routing, TableLayout, coerce, select
 from .record import num_unique_for
 
@@ -22,6 +23,20 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 __all__ = ["AsyncEmbContext", "num_unique_for"]
+
+
+DC_LAMBDA_RANGE = Range(0.0, INF, high_open=True)
+
+
+def dc_lambda_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a context's ``dc_lambda`` (not a number, outside ``[0, inf)``, or a number float32
+    does not hold), or None."""
+    doc = "delay compensation's strength: a finite number >= 0, or None for no compensation"
+    if not is_number(value):
+        return f"dc_lambda={value!r} is not a number ({doc})"
+    if not DC_LAMBDA_RANGE.contains(value):
+        return f"dc_lambda={value!r} is outside {DC_LAMBDA_RANGE} ({doc})"
+    return float32_problem("dc_lambda", value)
 
 
 @dataclasses.dataclass(eq=False)
@@ -50,7 +65,8 @@ class AsyncEmbContext:
         dc_lambda: delay compensation (DC-ASGD, Zheng et al. 2017): None = off; else every update record
             carries the rows its gradient was computed on (``AsyncEmbGradientUpdate.rows``, ``w_then``) and
             each touched row's summed gradient becomes ``g + dc_lambda * g * g * (w_now - w_then)`` before the
-            optimizer's rule, ``w_now`` the row as the update finds it.
+            optimizer's rule, ``w_now`` the row as the update finds it. A finite number >= 0 (0: the records
+            carry the rows and nothing is corrected); a negative, NaN or infinite one is a ValueError.
         layout: the ``Layout`` the words select (not an argument).
     """
 
@@ -71,6 +87,8 @@ class AsyncEmbContext:
     layout: Layout = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self):
+        if self.dc_lambda is not None and (bad := dc_lambda_problem(self.dc_lambda)):
+            raise ValueError(bad)
         self.table_layout = coerce(TableLayout, self.table_layout)
         self.routing = coerce(Routing, self.routing)
         self.route_overflow = coerce(RouteOverflow, self.route_overflow)

@@ -100,3 +100,21 @@ def test_a_record_without_rows_is_refused_on_a_compensating_context():
     with pytest.raises(ValueError, match="without rows .* with delay compensation"):
         fused_step(opt, comp)(jnp.asarray(initial_table()), opt.init(VOCAB, WIDTH), record)
     assert optimizers.empty_update(comp).rows.shape == (BATCH * SEQ, WIDTH)
+
+
+@pytest.mark.parametrize("value, message", [
+    (-5.0, "dc_lambda=-5.0 is outside [0, inf)"), (float("nan"), "dc_lambda=nan is outside [0, inf)"),
+    (float("inf"), "dc_lambda=inf is outside [0, inf)"), ("100", "dc_lambda='100' is not a number"),
+    (1e39, "dc_lambda=1e+39 is beyond float32's largest number (3.4e+38), the precision the update runs in: it would "
+           "be inf there"),
+], ids=["negative", "nan", "inf", "word", "beyond-float32"])
+def test_a_dc_lambda_that_is_not_a_finite_number_at_least_0_is_refused(value, message):
+    with pytest.raises(ValueError) as err:
+        optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, dc_lambda=value)
+    doc = " (delay compensation's strength: a finite number >= 0, or None for no compensation)"
+    assert str(err.value) == message + ("" if "float32" in message else doc)
+
+
+def test_dc_lambda_0_carries_rows_and_none_turns_compensation_off():
+    assert optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, dc_lambda=0.0).compensates
+    assert not optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, dc_lambda=None).compensates
