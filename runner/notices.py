@@ -3,6 +3,7 @@ they may not expect (each line starts with ``warning:``; ``runner.app`` prints t
 budget lines). Refusals are ``runner.preflight``'s."""
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from optimizers import OptaxEmbOptimizer, TableLayout
@@ -146,6 +147,15 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
         if kind == "step" and int(schedule.step_every) >= steps:
             out.append(f"warning: {prefix}schedule.kind=step steps every {schedule.step_every} updates "
                        f"({prefix}schedule.step_every) and the run has {steps}: the learning rate never steps")
+        warm = int(schedule.warmup_steps) if kind == "warmup_cosine" else 0
+        if kind in ("cosine", "warmup_cosine") and 0 < steps < warm + int(schedule.decay_steps):
+            frac = max(0, steps - warm) / int(schedule.decay_steps)
+            r = float(schedule.end_ratio)
+            at = r + (1 - r) * (1 + math.cos(math.pi * frac)) / 2
+            out.append(f"warning: {prefix}schedule.decay_steps={schedule.decay_steps}"
+                       f"{f' after {warm} warmup updates' if warm else ''} outlasts the run's {steps} updates: its "
+                       f"learning rate ends at {at:.3g} of {prefix}learning_rate, not at end_ratio={r:g}; "
+                       f"{prefix}schedule.decay_steps=0 decays over the run")
     a = cfg.async_emb
     if _given(a, schemas.AsyncEmbConfig, ("dc_lambda",)) and not (a.enabled and _plain(a.compensation) == "dc"):
         out.append(f"warning: async_emb.dc_lambda={a.dc_lambda} is delay compensation's, and it is off (it needs "

@@ -202,6 +202,15 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
                                            "(optimizer.schedule.step_every) and the run has 6: the learning rate never "
                                            "steps"]),
     (["optimizer.schedule.kind=step", "optimizer.schedule.step_every=2"], 6, []),
+    (["optimizer.schedule.kind=cosine", "optimizer.schedule.decay_steps=12", "optimizer.schedule.end_ratio=0.1"], 6, [
+        "warning: optimizer.schedule.decay_steps=12 outlasts the run's 6 updates: its learning rate ends at 0.55 of "
+        "optimizer.learning_rate, not at end_ratio=0.1; optimizer.schedule.decay_steps=0 decays over the run"]),
+    (["+optimizer@table_optimizers.users=async_sgd", "table_optimizers.users.schedule.kind=warmup_cosine",
+      "table_optimizers.users.schedule.warmup_steps=2", "table_optimizers.users.schedule.decay_steps=8"], 6, [
+        "warning: table_optimizers.users.schedule.decay_steps=8 after 2 warmup updates outlasts the run's 6 updates: "
+        "its learning rate ends at 0.5 of table_optimizers.users.learning_rate, not at end_ratio=0; "
+        "table_optimizers.users.schedule.decay_steps=0 decays over the run"]),
+    (["optimizer.schedule.kind=cosine", "optimizer.schedule.decay_steps=6"], 6, []),
     (["model.tables.users.capacity=100", "model.tables.users.evict=lfu"], 6, [
         "warning: model.tables.users.capacity=100, model.tables.users.evict=lfu: hash-table settings, and table "
         "'users' is dense; set model.tables.users.kind=hash or leave them out"]),
@@ -225,7 +234,8 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
         "1 or leave it out"]),
     (["model.tables.items.kind=hash", "model.tables.items.capacity=100", "model.tables.items.evict=ttl",
       "model.tables.items.ttl=5", "model.tables.items.admit_after=2", "model.tables.items.sketch_width=1024"], 6, []),
-], ids=["dc_lambda", "dc_lambda-used", "schedule", "schedule-used", "step", "step-used", "hash-on-dense",
+], ids=["dc_lambda", "dc_lambda-used", "schedule", "schedule-used", "step", "step-used", "cosine-longer",
+        "warmup-cosine-longer", "cosine-used", "hash-on-dense",
         "dense-warmup", "defaults", "wandb-without-wandb", "wandb-used", "processes-for-one", "hash-idle",
         "hash-used"])
 def test_settings_nothing_in_the_run_reads_are_named_in_a_warning(overrides, steps, warned):
