@@ -248,18 +248,17 @@ def summary_lines(sweep_dir: str | os.PathLike, found: tuple[list, list] | None 
 
 def optuna_problems(sweeper: Any) -> list[str]:
     """The Optuna sweeper's settings that cannot work, each named with its valid values (a run's objective is
-    one number, so one direction)."""
+    one number, so one direction: ``sweep_checks.direction_problem``)."""
+    from .sweep_checks import direction_problem
+
     out = []
     for key in ("n_trials", "n_jobs"):
         v = sweeper.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             out.append(f"hydra.sweeper.{key}={v} must be an integer >= 1")
-    direction = sweeper.get("direction")
-    if direction is not None and str(direction).lower() not in DIRECTIONS:
-        multi = OmegaConf.is_list(direction) or isinstance(direction, (list, tuple))
-        out.append(f"hydra.sweeper.direction={direction} must be minimize or maximize" +
-                   (": a run's objective (trainer.objective) is one number, so a search has one direction"
-                    if multi else ""))
+    direction = direction_problem(sweeper)
+    if direction:
+        out.append(direction)
     rate = sweeper.get("max_failure_rate")
     if rate is not None and not (isinstance(rate, (int, float)) and 0 <= rate <= 1):
         out.append(f"hydra.sweeper.max_failure_rate={rate} must be in [0, 1]")
@@ -273,9 +272,12 @@ def _first(error: BaseException) -> str:
 def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic: bool = False) -> list[str]:
     """The sweep overrides that cannot make trials, each named with the reason: one Hydra cannot expand (e.g.
     ``range(1, 2, 0)``); for Hydra's basic sweeper an ``interval`` (a search range: it lists values only); for
-    Optuna an ``interval`` over an integer key (Optuna then draws real numbers, which the key refuses in every
-    trial), with the integer form to use instead."""
+    Optuna a range it would search otherwise than meant (``sweep_checks.search_range_problem``) and an
+    ``interval`` over an integer key (Optuna then draws real numbers, which the key refuses in every trial), with
+    the form to use instead. ``config``: the composed config (with its ``hydra`` node, for the sampler)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .sweep_checks import search_range_problem
 
     parser, out = OverridesParser.create(), []
     for text in overrides:
@@ -290,6 +292,10 @@ def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic:
             out.append(f"{text}: an interval is a range to search, and the basic sweeper (-m) runs listed values "
                        f"only: list them (a,b,c), or use range(...) or choice(...), or search it with Optuna "
                        f"(hydra/sweeper=optuna, as the hparams_search configs do)")
+            continue
+        problem = search_range_problem(override, config) if optuna else None
+        if problem:
+            out.append(f"{text}: {problem}")
             continue
         if not (optuna and override.is_interval_sweep()):
             continue

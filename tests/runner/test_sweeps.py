@@ -285,6 +285,55 @@ def test_an_optuna_search_runs_with_the_runners_sweeper_and_a_storage_is_opened_
     assert e.value.code == 2 and capsys.readouterr().err.startswith(f"error: invalid sweep:\n  - hydra.sweeper.storage={missing}")
 
 
+def test_optuna_directions_are_minimize_or_maximize_as_optuna_takes_them():
+    """The plugin's own default (its enum ``Direction.minimize``) and a one-item list are one direction; another
+    spelling, which Optuna refuses with a traceback, and null are named with the fix."""
+    plain = compose_with_hydra(["hydra/sweeper=optuna"]).hydra.sweeper  # no direction given: the plugin's enum
+    assert type(plain.direction).__name__ == "Direction" and sweeps.optuna_problems(plain) == []
+    for fine in ("minimize", "maximize", ["maximize"]):
+        assert sweeps.optuna_problems(OmegaConf.create({"direction": fine})) == [], fine
+    assert sweeps.optuna_problems(OmegaConf.create({"direction": "MAXIMIZE"})) == [
+        "hydra.sweeper.direction=MAXIMIZE must be minimize or maximize, in lower case: write "
+        "hydra.sweeper.direction=maximize"]
+    assert sweeps.optuna_problems(OmegaConf.create({"direction": None})) == [
+        "hydra.sweeper.direction=null must be minimize or maximize: a search needs one (maximize for an objective "
+        "such as an AUC, minimize for a loss)"]
+
+
+def test_optuna_search_ranges_it_would_take_otherwise_than_meant_are_named():
+    cfg = compose_config()
+    texts = ["optimizer.learning_rate=interval(0.3,0.002)", "model.emb_width=int(interval(32,8))",
+             "optimizer.learning_rate=tag(log,interval(0.0,0.1))", "model.emb_width=range(8,10)",
+             "model.emb_width=range(8,16,4)", "optimizer.learning_rate=range(0.1,0.3,0.1)",
+             "model.emb_width=range(10,8,-1)", "model.emb_width=range(8,8)",
+             "model.emb_width=range(8,15,4)", "model.emb_width=shuffle(range(8,10))",  # Optuna's values are -m's
+             "optimizer.learning_rate=tag(log,interval(0.002,0.3))", "model.emb_width=int(interval(8,10))"]
+    assert sweeps.override_problems(texts, cfg, optuna=True) == [
+        "optimizer.learning_rate=interval(0.3,0.002): the interval starts above its end (0.3 > 0.002): give the "
+        "lower bound first (0.002, 0.3)",
+        "model.emb_width=int(interval(32,8)): the interval starts above its end (32 > 8): give the lower bound "
+        "first (8, 32)",
+        "optimizer.learning_rate=tag(log,interval(0.0,0.1)): a log-scale interval must start above 0, and this one "
+        "starts at 0: give a start above 0, or drop tag(log, ...) for a linear scale",
+        "model.emb_width=range(8,10): Optuna searches a range with its end 10 included (under -m it is left out): "
+        "write model.emb_width=int(interval(8, 9)) or model.emb_width=choice(8, 9)",
+        "model.emb_width=range(8,16,4): Optuna searches a range with its end 16 included (under -m it is left "
+        "out): write model.emb_width=choice(8, 12)",
+        "optimizer.learning_rate=range(0.1,0.3,0.1): Optuna makes its own steps over a range of real numbers, "
+        "which can gain or lose a value to rounding: write optimizer.learning_rate=choice(0.1, 0.2)",
+        "model.emb_width=range(10,8,-1): Optuna searches a range upwards only, and this one counts down: write "
+        "model.emb_width=choice(10, 9)",
+        "model.emb_width=range(8,8): a range with no value: give the values to search, e.g. choice(a, b)"]
+    grid = OmegaConf.create({"hydra": {"sweeper": {"sampler": {"_target_": "optuna.samplers.GridSampler"}}}})
+    assert sweeps.override_problems(["model.emb_width=range(8,10)", "optimizer.learning_rate=interval(0.002,0.3)",
+                                     "model.emb_width=int(interval(8,10))"], grid, optuna=True) == [
+        "optimizer.learning_rate=interval(0.002,0.3): the grid sampler tries listed values only, and an interval "
+        "lists none: write optimizer.learning_rate=choice(...) with the values to try, or use another sampler "
+        "(hydra/sweeper/sampler=tpe)",
+        "model.emb_width=int(interval(8,10)): the grid sampler tries listed values, and the plugin's list of an "
+        "integer interval leaves out its end 10: write model.emb_width=choice(8, 9, 10)"]  # its range(8,10) is 8, 9
+
+
 def test_an_optuna_search_the_plugin_stops_ends_with_the_summary_and_the_cause(tmp_path, capsys):
     _fake_trial(tmp_path, 0, ["optimizer=adam"], "PreflightError: no fused update")
     _fake_trial(tmp_path, 1, ["optimizer=adagrad"], "PreflightError: no fused update")
