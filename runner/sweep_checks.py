@@ -1,21 +1,44 @@
 """Checks of an Optuna search before its first trial, so that a search that cannot do what was asked stops with
 exit code 2 and one line per bad setting (``error: invalid sweep:``), not a traceback some trials in.
 
-``runner.sweeps`` calls these from ``SweepSummary.on_multirun_start`` (the composed config): the ``direction``
-(``minimize`` or ``maximize``, as written or the plugin's ``Direction`` default; a one-item list is that
-direction) and the search ranges Optuna would take otherwise than meant: ``range(...)`` (searched with its end
-included), an interval whose start is above its end, a log-scale interval starting at or below 0, and an interval
-under the grid sampler (it tries listed values only).
+``runner.sweeps`` calls the first group from ``SweepSummary.on_multirun_start`` (the composed config, no config
+loader): the ``direction`` (``minimize`` or ``maximize``, as written or the plugin's ``Direction`` default; a
+one-item list is that direction) and the search ranges Optuna would take otherwise than meant: ``range(...)``
+(searched with its end included), an interval whose start is above its end, a log-scale interval starting at or
+below 0, and an interval under the grid sampler (it tries listed values only). The plugin subclass
+(``hydra_plugins/runner_optuna``) calls the second group from its ``sweep``, which has Hydra's config loader:
+each value a trial could be given (every ``choice`` value, both ends of an interval) composed into the config as
+that trial would compose it, and a stored study of the same name searched in another direction or over other
+values of a parameter. It also marks the trials a search leaves unfinished (Ctrl-C, SIGTERM, a crash) failed in
+a stored study, which Optuna would keep ``RUNNING`` for good.
 """
 from __future__ import annotations
 
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from omegaconf import OmegaConf
 
+log = logging.getLogger("runner.sweeps")
+
 DIRECTIONS = ("minimize", "maximize")
 GRID = "GridSampler"  # the end of the grid sampler's _target_ (hydra/sweeper/sampler=grid)
 LISTED = 20  # a fix that lists the values to try lists at most this many
+
+
+def refuse(problems: list[str]) -> None:
+    """Exit code 2 with ``error: invalid sweep:`` and one line per problem, if there is any."""
+    if problems:
+        print("error: invalid sweep:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
+        raise SystemExit(2)  # not an Exception: Hydra would print it with a traceback
+
+
+def mask_password(text: str) -> str:
+    """``text`` with the password of any database URL in it shown as ``***`` (``mysql://u:***@host/db``)."""
+    return re.sub(r"(://[^:/@\s]*:)[^@/\s]*@", r"\1***@", text)
 
 
 def _direction_name(item: Any) -> Any:
@@ -100,3 +123,146 @@ def search_range_problem(override: Any, config: Any) -> str | None:
     return (f"the grid sampler tries listed values only, and an interval{' on a log scale' if log_scale else ''} "
             f"lists none: write {key}=choice(...) with the values to try, or use another sampler "
             f"(hydra/sweeper/sampler=tpe)")
+
+
+# --------------------------------------------------------------------------- checks with the config loader
+
+
+def search_space(impl: Any, arguments: list[str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """(the Optuna distribution of each searched key, the fixed overrides, each searched key's override as
+    written), built by the plugin's own ``create_params_from_overrides`` from ``hydra.sweeper.params`` and the
+    command line, as ``OptunaSweeperImpl.sweep`` builds them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+
+    params = [f"{k!s}={v}" for k, v in (impl.params or {}).items()] + list(arguments)
+    space, fixed = create_params_from_overrides(params)
+    texts = {o.get_key_element(): o.input_line for o in OverridesParser.create().parse_overrides(params)}
+    return {k: d for k, d in space.items() if k not in fixed}, fixed, texts
+
+
+def _reason(error: BaseException) -> str:
+    """Hydra's reason a config did not compose, in one line: its cause's first line for an override it could not
+    merge, with the options of a config group it found no option of."""
+    text = str(error).strip()
+    if text.startswith("Error merging override") and error.__cause__ is not None:
+        text = str(error.__cause__).strip()
+    lines = text.splitlines() or [type(error).__name__]
+    first = re.sub(r"^In '[^']*': ", "", lines[0])
+    listed = [i for i, ln in enumerate(lines) if ln.startswith("Available options")]
+    if listed:  # a missing group option: Hydra lists the group's options one per line, tab-indented
+        options = []
+        for ln in lines[listed[0] + 1:]:
+            if not ln.startswith("\t"):
+                break  # the search path Hydra lists next
+            options.append(ln.strip())
+        first += f" (options: {', '.join(options)})"
+    return first
+
+
+def trial_values(distribution: Any) -> list[Any]:
+    """The values of ``distribution`` to try composing: every choice, or both ends of a range."""
+    choices = getattr(distribution, "choices", None)
+    return list(choices) if choices is not None else [distribution.low, distribution.high]
+
+
+def value_problems(space: dict[str, Any], fixed: dict[str, Any], texts: dict[str, str],
+                   compose: Callable[[list[str]], Any]) -> list[str]:
+    """Each value a trial could be given that its config cannot take, named with Hydra's reason.
+
+    ``compose(overrides)`` composes a trial's config (Hydra's ``load_sweep_config``) and raises if it cannot;
+    each value is composed with the fixed overrides, as a trial's would be (the other searched keys keep the
+    config's values)."""
+    out, rest = [], [f"{k}={v}" for k, v in fixed.items()]
+    for key, distribution in space.items():
+        for value in dict.fromkeys(trial_values(distribution)):
+            try:
+                compose([f"{key}={value}", *rest])
+            except Exception as e:  # noqa: BLE001 - Hydra's composition errors are of several kinds
+                out.append(f"{texts.get(key, key)}: {key}={value} cannot be applied ({_reason(e)}): drop it from "
+                           f"the search, or search values {key} takes")
+    return out
+
+
+def _shown(distribution: Any) -> str:
+    """A distribution as the override that makes it (``choice(a, b)``, ``tag(log, interval(0.1, 1))``)."""
+    name = type(distribution).__name__
+    if hasattr(distribution, "choices"):
+        return f"choice({', '.join(map(str, distribution.choices))})"
+    if name in ("UniformDistribution", "LogUniformDistribution", "IntUniformDistribution", "IntLogUniformDistribution"):
+        text = f"interval({distribution.low}, {distribution.high})"
+        text = f"int({text})" if name.startswith("Int") else text
+        return f"tag(log, {text})" if "Log" in name else text
+    return repr(distribution)
+
+
+def stored_study_problems(storage: Any, study_name: Any, directions: list[str], space: dict[str, Any]) -> list[str]:
+    """How this search clashes with the study of the same name already in ``storage``, if there is one: another
+    direction, or a searched key whose values are not the ones the study searched (Optuna refuses both)."""
+    if storage is None or study_name is None:
+        return []
+    import optuna
+
+    kept = optuna.storages.get_storage(storage)
+    try:
+        study_id = kept.get_study_id_from_name(study_name)
+    except KeyError:
+        return []  # a new study
+    where = f"hydra.sweeper.study_name={study_name} (in {mask_password(str(storage))})"
+    fix = "give another hydra.sweeper.study_name for a new study, or"
+    out, searched = [], {}
+    for trial in kept.get_all_trials(study_id, deepcopy=False):  # before the directions: optuna 2's cached
+        for key, distribution in trial.distributions.items():  # storage reads no trial of a study it has those of
+            searched.setdefault(key, distribution)
+    stored = [d.name.lower() for d in kept.get_study_directions(study_id)]
+    if stored != [d.lower() for d in directions]:
+        out.append(f"{where} is a study that searched to {', '.join(stored)}, and this search would "
+                   f"{', '.join(directions)}: {fix} hydra.sweeper.direction={stored[0]} to resume it")
+    for key, distribution in space.items():
+        if key in searched:
+            try:
+                optuna.distributions.check_distribution_compatibility(searched[key], distribution)
+            except ValueError:
+                out.append(f"{where} searched {key}={_shown(searched[key])}, and this search gives it "
+                           f"{_shown(distribution)}: {fix} search {key}={_shown(searched[key])} to resume it")
+    return out
+
+
+# --------------------------------------------------------------------------- trials left unfinished
+
+
+def track_asked(impl: Any) -> list[Any]:
+    """The list that will hold every trial ``impl`` (the plugin's ``OptunaSweeperImpl``) asks its study for: it
+    hands each batch to its ``_configure_trials``, wrapped here to note them."""
+    asked: list[Any] = []
+    configure = getattr(impl, "_configure_trials", None)
+    if configure is None:  # another version of the plugin: nothing is noted, nothing marked
+        return asked
+
+    def configure_noted(trials: list[Any], *args: Any, **kwargs: Any) -> Any:
+        asked.extend(trials)
+        return configure(trials, *args, **kwargs)
+
+    impl._configure_trials = configure_noted
+    return asked
+
+
+def fail_unfinished(trials: Iterable[Any]) -> int:
+    """Mark ``FAIL`` those of ``trials`` (Optuna trials of one search) their study still holds as ``RUNNING``, as a
+    search stopped mid-batch leaves them; return how many. A storage that cannot be written is logged, not
+    raised: this runs while another error or exit is on its way out."""
+    from optuna.trial import TrialState
+
+    trials, failed = list(trials), 0
+    if not trials:
+        return 0
+    try:
+        study = trials[0].study
+        running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        for trial in trials:
+            if trial.number in running:
+                study.tell(trial, state=TrialState.FAIL)
+                failed += 1
+    except Exception as e:  # noqa: BLE001 - a storage gone away must not hide why the search stopped
+        log.warning("could not mark the search's unfinished trials failed: %s: %s", type(e).__name__, e)
+    return failed

@@ -1,12 +1,18 @@
-"""``hydra-optuna-sweeper``'s sweeper, ending the searches it would end in a traceback with one message.
+"""``hydra-optuna-sweeper``'s sweeper, refusing before the first trial what the plugin would stop on some trials
+in, and ending the searches it would end in a traceback with one message.
 
 The plugin's own sweeper stops with a Python traceback when a search cannot go on: every trial failed (Optuna's
 "No trials are completed yet"), a batch of trials failed more often than ``hydra.sweeper.max_failure_rate``
-allows (the first failed trial's exception, re-raised), or ``hydra.sweeper.storage`` names a database Optuna
-cannot open. This subclass checks the storage before the first trial (exit code 2) and turns the other two
-into the end-of-sweep summary (one line per failed trial) plus one line naming the cause and the fix (exit code
-1). The runner's ``sweep_summary`` callback (``runner.sweeps.SweepSummary``) swaps it in for the plugin's class,
-so ``hydra/sweeper=optuna`` gets it too.
+allows (the first failed trial's exception, re-raised), ``hydra.sweeper.storage`` names a database Optuna
+cannot open, a stored study of the same ``study_name`` was searched in another direction or over other values
+of a parameter, or a trial is given a value its config cannot take (Hydra composes each trial's config as it
+launches it, so one bad ``choice`` value ends the whole search there). This subclass checks the storage, the
+stored study and every value a trial could be given (``runner.sweep_checks``) before the first trial (exit code
+2, one line each), and turns the first two into the end-of-sweep summary (one line per failed trial) plus one
+line naming the cause and the fix (exit code 1). Trials a search leaves unfinished (Ctrl-C, SIGTERM, a crash)
+are marked failed in the stored study, where Optuna would keep them running for good. The runner's
+``sweep_summary`` callback (``runner.sweeps.SweepSummary``) swaps it in for the plugin's class, so
+``hydra/sweeper=optuna`` gets it too.
 """
 from __future__ import annotations
 
@@ -16,14 +22,27 @@ from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 
 
 class RunnerOptunaSweeper(OptunaSweeper):
-    """The Optuna sweeper, with a bad storage refused before the first trial and a failed search summarised."""
+    """The Optuna sweeper, with a search that cannot work refused before the first trial, a failed search
+    summarised and the trials it leaves unfinished marked failed."""
 
     def sweep(self, arguments: List[str]) -> Any:
-        from runner import sweeps
+        from runner import sweep_checks, sweeps
 
         impl = self.sweeper
         sweeps.refuse_bad_storage(impl.storage)
+        space, fixed, texts = sweep_checks.search_space(impl, arguments)
+        loader = impl.hydra_context.config_loader
+
+        def compose(overrides: list[str]) -> Any:  # a trial's config, as the launcher will compose it
+            return loader.load_sweep_config(impl.config, overrides)
+
+        sweep_checks.refuse(sweep_checks.value_problems(space, fixed, texts, compose) +
+                            sweep_checks.stored_study_problems(impl.storage, impl.study_name,
+                                                               impl._get_directions(), space))
+        asked = sweep_checks.track_asked(impl)
         try:
             return super().sweep(arguments)
         except Exception as error:  # noqa: BLE001 - sorted out (or re-raised) by sweeps.optuna_stopped
             sweeps.optuna_stopped(impl.config.hydra.sweep.dir, error, impl.max_failure_rate)
+        finally:  # normally a no-op: every trial asked for was told its end
+            sweep_checks.fail_unfinished(asked)

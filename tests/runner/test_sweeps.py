@@ -334,6 +334,88 @@ def test_optuna_search_ranges_it_would_take_otherwise_than_meant_are_named():
         "integer interval leaves out its end 10: write model.emb_width=choice(8, 9, 10)"]  # its range(8,10) is 8, 9
 
 
+class _Launcher:
+    """Stands in for Hydra's launcher: notes each batch it is handed, then stops as ``stop`` says."""
+
+    def __init__(self, stop: BaseException):
+        self.batches, self.stop = [], stop
+
+    def launch(self, overrides, initial_job_idx):
+        self.batches.append(list(overrides))
+        raise self.stop
+
+
+def optuna_search(tmp_path, arguments, launcher, **settings):
+    """Run the runner's Optuna sweeper in this process over ``arguments`` with Hydra's own config loader."""
+    import optuna
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext
+
+    from hydra_plugins.runner_optuna.sweeper import RunnerOptunaSweeper
+    from runner.config import register
+
+    register()
+    sweeper = RunnerOptunaSweeper(**{"sampler": optuna.samplers.RandomSampler(seed=0), "direction": "maximize",
+                                     "storage": None, "study_name": "s", "n_trials": 2, "n_jobs": 1,
+                                     "max_failure_rate": 1.0, "search_space": None, "custom_search_space": None,
+                                     "params": None, **settings})
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="runner"):
+        impl = sweeper.sweeper
+        impl.config = compose("config", overrides=[*TINY, f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
+        impl.hydra_context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=Callbacks())
+        impl.launcher = launcher
+        return sweeper.sweep(arguments)
+
+
+def test_optuna_values_a_trial_cannot_take_are_refused_before_the_first(tmp_path, capsys):
+    """Hydra composes an Optuna trial's config only when it launches it, so a bad ``choice`` value would end the
+    search there; every value a trial could get is composed first, each named with Hydra's reason."""
+    launcher = _Launcher(AssertionError("no trial is launched"))
+    with pytest.raises(SystemExit) as e:
+        optuna_search(tmp_path, ["model.emb_width=choice(8,abc)", "optimizer=choice(async_adam,async_sgdd)",
+                                 "optimizer.learning_rate=tag(log,interval(0.002,0.3))", *TINY], launcher)
+    assert e.value.code == 2 and launcher.batches == []
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == ["error: invalid sweep:", "  - model.emb_width=choice(8,abc): model.emb_width=abc cannot be "
+                       "applied (Value 'abc' of type 'str' could not be converted to Integer): drop it from the "
+                       "search, or search values model.emb_width takes"]
+    assert err[2].startswith("  - optimizer=choice(async_adam,async_sgdd): optimizer=async_sgdd cannot be applied "
+                             "(Could not find 'optimizer/async_sgdd' (options: adagrad, adam, async_adagrad, async_adam,")
+    assert err[2].endswith(")): drop it from the search, or search values optimizer takes") and len(err) == 3
+
+
+def test_a_stored_study_searched_otherwise_is_refused_and_unfinished_trials_are_failed(tmp_path, capsys):
+    import optuna
+    from optuna.trial import TrialState
+
+    url = f"sqlite:///{tmp_path}/study.db"
+    study = optuna.create_study(storage=url, study_name="s", direction="maximize")
+    trial = study.ask()
+    trial.suggest_categorical("optimizer", ["async_adam", "async_rowwise_adagrad"])
+    study.tell(trial, 0.7)
+    with pytest.raises(SystemExit) as e:
+        optuna_search(tmp_path, ["optimizer=choice(async_adam,async_sgd)"], _Launcher(AssertionError("launched")),
+                      storage=url, direction="minimize")
+    assert e.value.code == 2
+    where = f"hydra.sweeper.study_name=s (in {url})"
+    refused = capsys.readouterr().err.split("error: invalid sweep:\n")  # after optuna's own log lines
+    assert len(refused) == 2 and refused[1].splitlines() == [
+        f"  - {where} is a study that searched to maximize, and this search would minimize: give another "
+        f"hydra.sweeper.study_name for a new study, or hydra.sweeper.direction=maximize to resume it",
+        f"  - {where} searched optimizer=choice(async_adam, async_rowwise_adagrad), and this search gives it "
+        f"choice(async_adam, async_sgd): give another hydra.sweeper.study_name for a new study, or search "
+        f"optimizer=choice(async_adam, async_rowwise_adagrad) to resume it"]
+    launcher = _Launcher(SystemExit(143))  # SIGTERM (or Ctrl-C) in a trial: the runner exits, the sweep with it
+    with pytest.raises(SystemExit) as e:
+        optuna_search(tmp_path, ["optimizer=choice(async_adam,async_rowwise_adagrad)"], launcher, storage=url)
+    assert e.value.code == 143 and len(launcher.batches) == 1
+    kept = optuna.load_study(storage=url, study_name="s").trials
+    assert [t.state for t in kept] == [TrialState.COMPLETE, TrialState.FAIL]  # not RUNNING for good
+    assert kept[1].params["optimizer"] in launcher.batches[0][0][0]
+
+
 def test_an_optuna_search_the_plugin_stops_ends_with_the_summary_and_the_cause(tmp_path, capsys):
     _fake_trial(tmp_path, 0, ["optimizer=adam"], "PreflightError: no fused update")
     _fake_trial(tmp_path, 1, ["optimizer=adagrad"], "PreflightError: no fused update")
@@ -576,3 +658,16 @@ def test_optuna_goes_on_after_failed_trials_and_fails_if_none_completed(tmp_path
     for d in trials:
         assert "PreflightError: use_async_emb requires" in (d / "FAILED").read_text()
     assert not (tmp_path / "optimization_results.yaml").exists()
+
+
+@pytest.mark.slow
+def test_a_plain_optuna_search_with_a_value_hydra_cannot_apply_stops_before_its_first_trial(tmp_path):
+    """``hydra/sweeper=optuna`` as the plugin configures it (its own default direction) runs, and a ``choice`` value
+    no trial could compose stops it before the first trial instead of ending it in a traceback trials in."""
+    proc = runner_cli("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "logger=none",
+                      "optimizer=choice(async_adam,async_sgdd)", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-2:][0] == "error: invalid sweep:"
+    assert proc.stderr.splitlines()[-1].startswith("  - optimizer=choice(async_adam,async_sgdd): optimizer=async_sgdd "
+                                                   "cannot be applied (Could not find 'optimizer/async_sgdd'")
+    assert trial_dirs(tmp_path) == []
