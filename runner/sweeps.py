@@ -319,19 +319,22 @@ def storage_problem(storage: Any) -> str | None:
         return f"hydra.sweeper.storage={storage!r} is not a database URL: {fix}"
     import optuna
 
+    from .sweep_checks import mask_password
+
     try:
         optuna.storages.get_storage(storage)
     except Exception as e:  # noqa: BLE001 - SQLAlchemy's and the database drivers' errors vary
-        return f"hydra.sweeper.storage={storage} cannot be opened ({type(e).__name__}: {_first(e)}): {fix}"
+        return mask_password(  # the URL's password is not for the terminal or a log
+            f"hydra.sweeper.storage={storage} cannot be opened ({type(e).__name__}: {_first(e)}): {fix}")
     return None
 
 
 def refuse_bad_storage(storage: Any) -> None:
     """Exit code 2 with one message before the first trial if the study's storage cannot be opened."""
+    from .sweep_checks import refuse
+
     problem = storage_problem(storage)
-    if problem:
-        print(f"error: invalid sweep:\n  - {problem}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+    refuse([problem] if problem else [])
 
 
 def optuna_stopped(sweep_dir: str | os.PathLike, error: Exception, max_failure_rate: float) -> NoReturn:

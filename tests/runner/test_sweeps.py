@@ -416,6 +416,11 @@ def test_a_stored_study_searched_otherwise_is_refused_and_unfinished_trials_are_
     assert kept[1].params["optimizer"] in launcher.batches[0][0][0]
 
 
+def test_a_storage_refused_does_not_show_its_password():
+    problem = sweeps.storage_problem("mysql://u:secret@host/db")
+    assert problem.startswith("hydra.sweeper.storage=mysql://u:***@host/db cannot be opened (") and "secret" not in problem
+
+
 def test_an_optuna_search_the_plugin_stops_ends_with_the_summary_and_the_cause(tmp_path, capsys):
     _fake_trial(tmp_path, 0, ["optimizer=adam"], "PreflightError: no fused update")
     _fake_trial(tmp_path, 1, ["optimizer=adagrad"], "PreflightError: no fused update")
