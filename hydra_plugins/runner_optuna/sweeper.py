@@ -26,6 +26,9 @@ class RunnerOptunaSweeper(OptunaSweeper):
     summarised and the trials it leaves unfinished marked failed."""
 
     def sweep(self, arguments: List[str]) -> Any:
+        """The plugin's search over ``arguments`` (the command line's overrides), after the checks that refuse one
+        that cannot work (exit code 2); a search it stops is summarised (exit code 1), and the trials it leaves
+        unfinished are marked failed."""
         from runner import sweep_checks, sweeps
 
         impl = self.sweeper
