@@ -266,3 +266,21 @@ def fail_unfinished(trials: Iterable[Any]) -> int:
     except Exception as e:  # noqa: BLE001 - a storage gone away must not hide why the search stopped
         log.warning("could not mark the search's unfinished trials failed: %s: %s", type(e).__name__, e)
     return failed
+
+
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"  # trials in the sweep's process
+
+
+def processes_problems(config: Any, optuna: bool) -> list[str]:
+    """A search whose trials run over several processes (``runner.launch``, SLURM) in the sweep's own processes:
+    each process runs the sweep itself, so their trials must be drawn alike, which an unseeded sampler does not
+    (the processes' trials would differ and fail in their first collective)."""
+    kind = str(getattr(OmegaConf.select(config, "distributed.kind", default="none"), "value",
+                       OmegaConf.select(config, "distributed.kind", default="none")))
+    launcher = OmegaConf.select(config, "hydra.launcher._target_", default=BASIC_LAUNCHER)
+    seeded = OmegaConf.select(config, "hydra.sweeper.sampler.seed", default=None) is not None
+    if not optuna or kind == "none" or launcher != BASIC_LAUNCHER or seeded:
+        return []
+    return [f"hydra.sweeper.sampler.seed=null with distributed={kind}: every process runs this search itself, and "
+            f"unseeded samplers would give their trials other values; set hydra.sweeper.sampler.seed=0 (the "
+            f"processes then draw alike), or search with one process (distributed=none)"]

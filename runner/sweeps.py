@@ -20,10 +20,13 @@ ends, ``sweep: N trials, M ok, K failed`` and one line per failed trial, of the 
 those an earlier sweep into the same folder left there). The process
 exits non-zero only when every trial failed or none ran (an empty range). Before an Optuna search it refuses
 settings that cannot work (``n_trials`` or ``n_jobs`` below 1, a direction other than minimize or maximize,
-several directions for the one objective a run returns, a storage Optuna cannot open), exit code 2, and runs
-the search with the runner's subclass of the plugin's sweeper (``hydra_plugins/runner_optuna``), which ends a
-search that cannot go on (no trial completed; a batch failed beyond ``max_failure_rate``) with the same
-summary and one line naming the cause, exit code 1, where the plugin's own would end in a traceback.
+several directions for the one objective a run returns, a search range Optuna would read otherwise than
+meant, an unseeded search run by several processes; ``runner.sweep_checks``), exit code 2, and runs the search
+with the runner's subclass of the plugin's sweeper (``hydra_plugins/runner_optuna``), which refuses what only
+composing a trial's config shows and a stored study of other settings, ends a search that cannot go on (no
+trial completed; a batch failed beyond ``max_failure_rate``) with the same summary and one line naming the
+cause, exit code 1, where the plugin's own would end in a traceback, and marks the trials a stopped search
+leaves unfinished failed.
 """
 from __future__ import annotations
 
@@ -47,7 +50,6 @@ log = logging.getLogger("runner.sweeps")
 
 MAX_TAG = 64  # W&B rejects longer tags
 MAX_NAME = 128  # the longest logger.group / logger.name the preflight takes (runner.preflight)
-DIRECTIONS = ("minimize", "maximize")
 PLUGIN_OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 RUNNER_OPTUNA = "hydra_plugins.runner_optuna.sweeper.RunnerOptunaSweeper"
 BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"  # Hydra's default sweeper
@@ -361,6 +363,8 @@ class SweepSummary(Callback):
     failed and why, and exits 1 if every trial failed or the sweep had none."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from . import sweep_checks
+
         note_earlier_trials(str(OmegaConf.select(config, "hydra.sweep.dir", default="")))
         sweeper = config.hydra.get("sweeper") or {}
         overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
@@ -369,6 +373,7 @@ class SweepSummary(Callback):
         if optuna:
             overrides += [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
         problems += override_problems(overrides, config, optuna=optuna, basic=sweeper.get("_target_") == BASIC)
+        problems += sweep_checks.processes_problems(config, optuna)
         if problems:
             print("error: invalid sweep:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
             raise SystemExit(2)  # not an Exception: Hydra's callback runner would only warn about one

@@ -228,6 +228,26 @@ def test_sweep_summary_names_failed_trials_and_exits_only_if_all_failed(tmp_path
     assert f"sweep: 3 trials, 0 ok, 3 failed ({tmp_path})" in err and "FAILED #2 [optimizer=async_sgd" in err
 
 
+def test_an_unseeded_search_over_several_processes_is_refused():
+    """Each process runs the search itself (runner.launch -n 2 -- hparams_search=...): unseeded, their trials drew
+    other values and failed in their first collective with a traceback."""
+    from runner.sweep_checks import BASIC_LAUNCHER, processes_problems
+
+    def cfg(kind="local", seed=None, launcher=BASIC_LAUNCHER):
+        return OmegaConf.create({"distributed": {"kind": kind}, "hydra": {"launcher": {"_target_": launcher},
+                                                                         "sweeper": {"sampler": {"seed": seed}}}})
+
+    assert processes_problems(cfg(), optuna=True) == [
+        "hydra.sweeper.sampler.seed=null with distributed=local: every process runs this search itself, and unseeded "
+        "samplers would give their trials other values; set hydra.sweeper.sampler.seed=0 (the processes then draw "
+        "alike), or search with one process (distributed=none)"]
+    assert processes_problems(cfg(seed=0), optuna=True) == []
+    assert processes_problems(cfg(kind="none"), optuna=True) == []
+    assert processes_problems(cfg(), optuna=False) == []  # the basic sweeper lists the same trials in every process
+    assert processes_problems(cfg(launcher="hydra_plugins.hydra_submitit_launcher.submitit_launcher."
+                                           "SlurmLauncher"), optuna=True) == []  # trials are jobs of their own
+
+
 def test_sweep_overrides_that_cannot_make_trials_are_named_before_the_first(capsys):
     cfg = compose_config()
     assert isinstance(cfg.model.emb_width, int) and isinstance(cfg.optimizer.learning_rate, float)
