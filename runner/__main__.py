@@ -61,7 +61,10 @@ def run_or_trial(cfg: DictConfig) -> float:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(exit_code(e))
     # A sweep: one W&B run per trial in the sweep's group; a failed trial is recorded and the sweep goes on.
-    sweeps.name_trial(cfg, hc)
+    clash = sweeps.name_trial(cfg, hc)
+    if clash is not None:  # the sweep's own setting: every further trial would meet it too
+        print(f"error: {clash}; the sweep stops here", file=sys.stderr)
+        sys.exit(2)
 
     def record():  # a tracker to record a trial that failed before its own existed
         return run_tracker(cfg, Path(hc.runtime.output_dir), tags, process_index=0)

@@ -284,3 +284,28 @@ def processes_problems(config: Any, optuna: bool) -> list[str]:
     return [f"hydra.sweeper.sampler.seed=null with distributed={kind}: every process runs this search itself, and "
             f"unseeded samplers would give their trials other values; set hydra.sweeper.sampler.seed=0 (the "
             f"processes then draw alike), or search with one process (distributed=none)"]
+
+
+def storage_problem(storage: Any) -> str | None:
+    """Why Optuna cannot open ``hydra.sweeper.storage`` (None: it can, or the study is kept in memory).
+
+    Opening an RDB URL creates its database (``sqlite:///optuna.db``: the file), as the search itself would."""
+    if storage is None:
+        return None
+    fix = "give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a study kept in memory"
+    if not isinstance(storage, str) or not storage.strip():
+        return f"hydra.sweeper.storage={storage!r} is not a database URL: {fix}"
+    import optuna
+
+    try:
+        optuna.storages.get_storage(storage)
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy's and the database drivers' errors vary
+        return mask_password(  # the URL's password is not for the terminal or a log
+            f"hydra.sweeper.storage={storage} cannot be opened ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}): {fix}")
+    return None
+
+
+def refuse_bad_storage(storage: Any) -> None:
+    """Exit code 2 with one message before the first trial if the study's storage cannot be opened."""
+    problem = storage_problem(storage)
+    refuse([problem] if problem else [])

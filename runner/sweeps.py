@@ -88,11 +88,21 @@ def sweep_group(hc: Any) -> str:
     return fit_name("-".join(str(p) for p in (hc.job.name, named, stamp) if p))
 
 
-def name_trial(cfg: DictConfig, hc: Any) -> None:
+_LAUNCHED: dict[str, int] = {}  # this sweep's trial folders (this process's): folder -> the trial that had it
+
+
+def name_trial(cfg: DictConfig, hc: Any) -> str | None:
     """In a multirun, fill in ``logger.group`` (the sweep) and ``logger.name`` (the trial) unless set; and drop a
     ``FAILED`` record an earlier sweep into the same directory left in this trial's (it would mark this trial
     failed in the summary and the report), and note its summary.json, if any, as it was: if this trial fails
-    before its run sets that record aside, ``record_failure`` does (its numbers are not this trial's)."""
+    before its run sets that record aside, ``record_failure`` does (its numbers are not this trial's). Returns
+    why the trial cannot run (its folder is an earlier trial's of this sweep), or None."""
+    out, num = str(hc.runtime.output_dir), int(hc.job.num)
+    if _LAUNCHED.setdefault(out, num) != num:
+        raw = OmegaConf.to_container(hc.sweep, resolve=False).get("subdir") if OmegaConf.is_config(hc.sweep) else None
+        return (f"hydra.sweep.subdir={raw or hc.sweep.subdir} gives trials #{_LAUNCHED[out]} and #{num} the same "
+                f"folder {out}: #{num} would write over #{_LAUNCHED[out]}'s record; name each trial's folder apart, "
+                f"e.g. with ${{hydra.job.num}} (Hydra's default subdir)")
     if cfg.logger.group is None:
         cfg.logger.group = sweep_group(hc)
     if cfg.logger.name is None:
@@ -101,6 +111,7 @@ def name_trial(cfg: DictConfig, hc: Any) -> None:
         (Path(hc.runtime.output_dir) / FAILED_MARKER).unlink(missing_ok=True)
         summary = Path(hc.runtime.output_dir) / SUMMARY_FILE
         _FOUND[str(summary)] = summary.stat().st_mtime_ns if summary.is_file() else None
+    return None
 
 
 _FOUND: dict[str, int | None] = {}  # a trial's summary.json as it started: an earlier sweep's, if any (its time)
@@ -205,14 +216,18 @@ _EARLIER: dict[str, int] = {}  # trial dir -> its overrides file's mtime when th
 
 
 def _trial_dirs(root: Path) -> list[Path]:
-    return sorted((d for d in root.iterdir() if (d / OVERRIDES_FILE).is_file()),
-                  key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+    """The trial folders under ``root``: those holding Hydra's overrides file, at any depth (``hydra.sweep.subdir``
+    may nest them, e.g. ``t/${hydra.job.num}``), in trial-number order."""
+    found = {p.parent.parent for p in root.rglob(OVERRIDES_FILE.name) if p.parent.name == OVERRIDES_FILE.parent.name}
+    return sorted(found, key=lambda d: [(not x.isdigit(), int(x) if x.isdigit() else 0, x)
+                                        for x in d.relative_to(root).parts])
 
 
 def note_earlier_trials(sweep_dir: str | os.PathLike) -> None:
     """Remember the trials an earlier sweep into ``sweep_dir`` left there: Hydra writes a trial's overrides file
     when it launches it, so one this sweep has not launched keeps its time, and the summary leaves it out."""
     _EARLIER.clear()
+    _LAUNCHED.clear()
     root = Path(sweep_dir) if str(sweep_dir) else None
     if root is not None and root.is_dir():
         _EARLIER.update({str(d): (d / OVERRIDES_FILE).stat().st_mtime_ns for d in _trial_dirs(root)})
@@ -308,35 +323,6 @@ def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic:
             out.append(f"{text}: an interval of real numbers, but {key} is an integer (now {current}): use "
                        f"{key}=int(interval({bounds})) (tag(log, int(interval({bounds}))) on a log scale)")
     return out
-
-
-def storage_problem(storage: Any) -> str | None:
-    """Why Optuna cannot open ``hydra.sweeper.storage`` (None: it can, or the study is kept in memory).
-
-    Opening an RDB URL creates its database (``sqlite:///optuna.db``: the file), as the search itself would."""
-    if storage is None:
-        return None
-    fix = "give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a study kept in memory"
-    if not isinstance(storage, str) or not storage.strip():
-        return f"hydra.sweeper.storage={storage!r} is not a database URL: {fix}"
-    import optuna
-
-    from .sweep_checks import mask_password
-
-    try:
-        optuna.storages.get_storage(storage)
-    except Exception as e:  # noqa: BLE001 - SQLAlchemy's and the database drivers' errors vary
-        return mask_password(  # the URL's password is not for the terminal or a log
-            f"hydra.sweeper.storage={storage} cannot be opened ({type(e).__name__}: {_first(e)}): {fix}")
-    return None
-
-
-def refuse_bad_storage(storage: Any) -> None:
-    """Exit code 2 with one message before the first trial if the study's storage cannot be opened."""
-    from .sweep_checks import refuse
-
-    problem = storage_problem(storage)
-    refuse([problem] if problem else [])
 
 
 def optuna_stopped(sweep_dir: str | os.PathLike, error: Exception, max_failure_rate: float) -> NoReturn:

@@ -32,7 +32,7 @@ class RunnerOptunaSweeper(OptunaSweeper):
         from runner import sweep_checks, sweeps
 
         impl = self.sweeper
-        sweeps.refuse_bad_storage(impl.storage)
+        sweep_checks.refuse_bad_storage(impl.storage)
         space, fixed, texts = sweep_checks.search_space(impl, arguments)
         loader = impl.hydra_context.config_loader
 

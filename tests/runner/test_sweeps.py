@@ -17,7 +17,7 @@ import yaml
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from runner import sweeps
+from runner import sweep_checks, sweeps
 from runner.errors import PreflightError
 from tests.runner.support import CONF, TINY, compose_config
 
@@ -204,6 +204,25 @@ def _fake_trial(root: Path, num: int, overrides: list[str], error: str | None = 
         (d / "FAILED").write_text(f"{error}\n\nTraceback (most recent call last): ...\n")
 
 
+def test_a_subdir_that_gives_two_trials_one_folder_stops_the_sweep_and_nested_trials_are_counted(tmp_path, capsys):
+    """hydra.sweep.subdir=same: trial #1 wrote over #0's record, and the summary counted one trial; with a nested
+    subdir (t/${hydra.job.num}) the summary found none and said no trial ran."""
+    sweeps.note_earlier_trials(tmp_path)  # a sweep starts
+    hc = fake_hydra(out=tmp_path / "same")
+    hc.sweep.subdir = "same"
+    assert sweeps.name_trial(compose_config(), hc) is None
+    hc.job.num = 4
+    assert sweeps.name_trial(compose_config(), hc) == (
+        f"hydra.sweep.subdir=same gives trials #3 and #4 the same folder {tmp_path / 'same'}: #4 would write over "
+        f"#3's record; name each trial's folder apart, e.g. with ${{hydra.job.num}} (Hydra's default subdir)")
+    for i in range(3):
+        _fake_trial(tmp_path / "t", i, [f"trainer.seed={i}"], "RuntimeError: diverged" if i == 1 else None)
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    sweeps.SweepSummary().on_multirun_end(cfg)
+    assert capsys.readouterr().out.splitlines() == [f"sweep: 3 trials, 2 ok, 1 failed ({tmp_path})",
+                                                    "  FAILED #1 [trainer.seed=1]: RuntimeError: diverged"]
+
+
 def test_sweep_summary_names_failed_trials_and_exits_only_if_all_failed(tmp_path, capsys):
     cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
     for i, opt in enumerate(["async_adam", "adam", "async_sgd"]):
@@ -286,22 +305,24 @@ def test_an_optuna_search_runs_with_the_runners_sweeper_and_a_storage_is_opened_
     assert sweeps.RUNNER_OPTUNA in {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
 
     fix = "give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a study kept in memory"
-    assert sweeps.storage_problem(None) is None
+    assert sweep_checks.storage_problem(None) is None
     url = f"sqlite:///{tmp_path}/study.db"  # a study kept in a file (SQLAlchemy 2 breaks optuna 2's; pyproject.toml)
-    assert sweeps.storage_problem(url) is None and (tmp_path / "study.db").is_file()
+    assert sweep_checks.storage_problem(url) is None and (tmp_path / "study.db").is_file()
     import optuna
 
     study = optuna.create_study(storage=url, study_name="s", direction="maximize", load_if_exists=True)
     study.tell(study.ask(), 0.75)
     assert optuna.load_study(storage=url, study_name="s").best_value == 0.75  # what a resumed search reads
     missing = f"sqlite:///{tmp_path}/no/such/folder/study.db"
-    assert sweeps.storage_problem(missing) == (f"hydra.sweeper.storage={missing} cannot be opened (OperationalError: "
-                                               f"(sqlite3.OperationalError) unable to open database file): {fix}")
-    assert sweeps.storage_problem("optuna.db").startswith("hydra.sweeper.storage=optuna.db cannot be opened (Argument")
-    assert sweeps.storage_problem("  ") == f"hydra.sweeper.storage='  ' is not a database URL: {fix}"
+    assert sweep_checks.storage_problem(missing) == (
+        f"hydra.sweeper.storage={missing} cannot be opened (OperationalError: (sqlite3.OperationalError) unable to "
+        f"open database file): {fix}")
+    assert sweep_checks.storage_problem("optuna.db").startswith(
+        "hydra.sweeper.storage=optuna.db cannot be opened (Argument")
+    assert sweep_checks.storage_problem("  ") == f"hydra.sweeper.storage='  ' is not a database URL: {fix}"
     capsys.readouterr()  # optuna's own log lines
     with pytest.raises(SystemExit) as e:
-        sweeps.refuse_bad_storage(missing)
+        sweep_checks.refuse_bad_storage(missing)
     assert e.value.code == 2 and capsys.readouterr().err.startswith(f"error: invalid sweep:\n  - hydra.sweeper.storage={missing}")
 
 
@@ -437,7 +458,7 @@ def test_a_stored_study_searched_otherwise_is_refused_and_unfinished_trials_are_
 
 
 def test_a_storage_refused_does_not_show_its_password():
-    problem = sweeps.storage_problem("mysql://u:secret@host/db")
+    problem = sweep_checks.storage_problem("mysql://u:secret@host/db")
     assert problem.startswith("hydra.sweeper.storage=mysql://u:***@host/db cannot be opened (") and "secret" not in problem
 
 
