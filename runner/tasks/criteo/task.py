@@ -91,6 +91,21 @@ def _spec(d: DictConfig) -> CriteoSpec:
     return CriteoSpec(lines=int(d.lines), days=int(d.days), seed=int(d.seed), bags=bags)
 
 
+def _check_rank(m: DictConfig) -> None:
+    """DCN's ``low_rank`` must be below its cross layers' input width: a rank that reaches it is full rank, in two
+    matrices holding more than the full-rank one."""
+    if m.name != "dcn" or m.get("low_rank") is None or int(m.cross_layers) == 0:
+        return
+    w = int(m.emb_width)
+    dense = 13 if m.get("bottom") is None else w  # the 13 dense features, or the bottom MLP's embedding-wide vector
+    width = dense + len(TABLES) * w
+    if int(m.low_rank) >= width:
+        raise PreflightError(f"model.low_rank={m.low_rank} is not below the cross layers' input width {width} "
+                             f"({dense} dense + {len(TABLES)} x model.emb_width={w}): such a rank is full rank, in "
+                             f"two matrices larger than the full-rank one; use a rank below {width} (DCNv2's "
+                             f"paper uses about a quarter of it), or model.low_rank=null for full rank")
+
+
 def check(cfg: DictConfig) -> list[Path] | None:
     """The settings refused before any data is read or converted; returns the raw log files ``data.path``
     names (None: a converted folder, or generated logs)."""
@@ -98,6 +113,7 @@ def check(cfg: DictConfig) -> list[Path] | None:
         raise PreflightError(f"data=criteo is a click-log source, but model={cfg.model.name}; use model=dlrm or "
                              f"model=dcn")
     refuse_own_widths(cfg, "its features meet in dot products or one stacked input")
+    _check_rank(cfg.model)
     d = cfg.data
     for key, fix in (("path", "give the Criteo logs or a converted folder, or leave data.path out (null) to train "
                               "on generated logs"),

@@ -148,6 +148,10 @@ BAD = [
     (["model=dlrm", "data.hash_rows=1"], "data.hash_rows=1"),
     (["model=dcn", "model.cross_layers=-1"], "model.cross_layers=-1"),
     (["model=dcn", "model.low_rank=0"], "model.low_rank=0"),
+    (["model=dcn", "model.emb_width=8", "model.low_rank=221"],
+     "model.low_rank=221 is not below the cross layers' input width 221 (13 dense + 26 x model.emb_width=8): such a "
+     "rank is full rank, in two matrices larger than the full-rank one; use a rank below 221"),
+    (["model=dcn", "model.emb_width=8", "model.bottom=[16]", "model.low_rank=216"], "input width 216 (8 dense + 26"),
     (["model=dcn", "model.bottom=[0]"], "model.bottom=[0] must list integers in [1, 65536], e.g. model.bottom=[64]"),
     (["model=dlrm", "model.top=[0]"], "model.top"),
     (["model=dlrm", "data.lines=10"], "data.lines=10"),
