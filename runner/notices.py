@@ -191,6 +191,7 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
     if model == "dcn" and m.get("low_rank") is not None and int(m.get("cross_layers", 1)) == 0:
         out.append(f"warning: model.low_rank={m.low_rank} sets the cross layers' rank, and model.cross_layers=0: "
                    f"it has no effect")
+    out += _data_settings(cfg, model)
     if model != "ranking" and _given(cfg.trainer, schemas.TrainerConfig, ("eval_batches",)):
         out.append(f"warning: trainer.eval_batches={cfg.trainer.eval_batches} sizes the ranking task's evaluation; "
                    f"model={model} evaluates its whole held-out split, so it has no effect")
@@ -207,4 +208,32 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
             int(cfg.dense_optimizer.warmup_steps) > steps:
         out.append(f"warning: dense_optimizer.warmup_steps={cfg.dense_optimizer.warmup_steps} is longer than the "
                    f"run ({steps} steps): the dense learning rate never reaches dense_optimizer.learning_rate")
+    return out
+
+
+def _data_settings(cfg: Any, model: Any) -> list[str]:
+    """The data source's settings another of its settings leaves unread: the Criteo generator's with logs in
+    ``data.path``, one id mode's with the other, mean pooling of one-hot logs; generated sequences' duplicates."""
+    from . import config as schemas
+    from .tasks.criteo.config import CriteoDataConfig
+
+    d, out = cfg.data, []
+    if model in ("dlrm", "dcn") and d.get("name") == "criteo":
+        idle = _given(d, CriteoDataConfig, ("lines", "days")) if d.get("path") else {}
+        if idle:
+            out.append(f"warning: {_listed(idle, 'data.')}: the generated logs' size, and data.path={d.path} names "
+                       f"logs to read: {_they(idle, 'it has', 'they have')} no effect; leave "
+                       f"{_they(idle, 'it', 'them')} out, or unset data.path to train on generated logs")
+        ids = _plain(d.get("ids"))
+        idle = _given(d, CriteoDataConfig, ("hash_rows",) if ids == "vocab" else ("min_count",))
+        if idle:
+            other = "hash" if ids == "vocab" else "vocab"
+            out.append(f"warning: {_listed(idle, 'data.')}: data.ids={other}'s, and the run maps ids by "
+                       f"data.ids={ids}: it has no effect; set data.ids={other} or leave it out")
+        if _plain(cfg.model.get("pooling")) == "mean" and not d.get("path") and d.get("bags") is None:
+            out.append("warning: model.pooling=mean pools a multi-hot feature's bag, and the generated logs are "
+                       "one-hot (data.bags unset): it has no effect; set data.bags to write bags, or leave it out")
+    if d.get("name") == "synthetic_sequences" and _given(d, schemas.SyntheticSequencesDataConfig, ("duplicates",)):
+        out.append(f"warning: data.duplicates={_plain(d.duplicates)} applies to a file's exact duplicate rows, and "
+                   f"data=synthetic_sequences generates its sequences without any: it has no effect")
     return out

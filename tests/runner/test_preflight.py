@@ -258,3 +258,25 @@ def test_settings_of_another_loss_or_task_are_named_in_a_warning():
     dcn = compose_config(["data=criteo", "model=dcn", "model.cross_layers=0", "model.low_rank=4"], tiny=False)
     assert unused_settings(dcn, 6) == ["warning: model.low_rank=4 sets the cross layers' rank, and model.cross_layers=0: "
                                        "it has no effect"]
+
+
+@pytest.mark.parametrize("overrides, warned", [
+    (["data.path=/logs", "data.lines=50000", "data.days=3"],
+     "warning: data.lines=50000, data.days=3: the generated logs' size, and data.path=/logs names logs to read: they "
+     "have no effect; leave them out, or unset data.path to train on generated logs"),
+    (["data.hash_rows=1000"], "warning: data.hash_rows=1000: data.ids=hash's, and the run maps ids by data.ids=vocab: "
+                              "it has no effect; set data.ids=hash or leave it out"),
+    (["data.ids=hash", "data.min_count=5"], "warning: data.min_count=5: data.ids=vocab's, and the run maps ids by "
+                                            "data.ids=hash: it has no effect; set data.ids=vocab or leave it out"),
+    (["model.pooling=mean"], "warning: model.pooling=mean pools a multi-hot feature's bag, and the generated logs are "
+                             "one-hot (data.bags unset): it has no effect; set data.bags to write bags, or leave it out"),
+    (["data.ids=hash", "data.hash_rows=1000", "model.pooling=mean", "data.bags=[2]"], None),  # each one read
+], ids=["generator-with-path", "hash-rows-with-vocab", "min-count-with-hash", "mean-of-one-hot", "used"])
+def test_criteo_data_settings_another_one_leaves_unread_are_named(overrides, warned):
+    from runner.notices import unused_settings
+
+    got = unused_settings(compose_config(["debug=tiny_criteo", *overrides], tiny=False), 6)
+    assert got == ([warned] if warned else [])
+    assert unused_settings(seq_config("data.duplicates=refuse"), 6) == [
+        "warning: data.duplicates=refuse applies to a file's exact duplicate rows, and data=synthetic_sequences "
+        "generates its sequences without any: it has no effect"]
