@@ -331,10 +331,6 @@ def check_values(cfg: Any, emb_optimizers: Mapping[str, Any], table_names: list[
 def check_hash_tables(cfg: DictConfig, plan: MeshPlan, tables: Mapping[str, Any]) -> None:
     """What a hash table (``model.tables.<name>.kind=hash``) cannot do yet, refused by name with the way out."""
     hashed = sorted(n for n, s in tables.items() if s.kind == "hash")
-    keyed = sorted(n for n, s in tables.items() if s.kind != "dense")
-    if keyed and cfg.model.get("name") == "sequential":
-        raise PreflightError(f"model=sequential scores whole item catalogues by row, which tables of kind hash or "
-                             f"modulo ({', '.join(keyed)}) do not have; use kind=dense for its tables")
     if not hashed:
         return
     name = hashed[0]

@@ -48,10 +48,15 @@ def test_bad_hash_table_settings_are_refused_by_name(over, words):
         assert w in str(e.value), str(e.value)
 
 
-def test_the_sequential_model_refuses_hash_tables():
-    with pytest.raises(PreflightError, match="model=sequential scores whole item catalogues by row"):
-        build(compose_config(["debug=tiny_sequences", "model.tables.items.kind=hash",
-                              "model.tables.items.capacity=100"], tiny=False))
+@pytest.mark.parametrize("table", [["kind=hash", "capacity=100"], ["kind=hash"], ["kind=modulo"], ["kind=modulo",
+                                                                                                 "vocab=101"]])
+def test_the_sequential_model_refuses_hash_tables(table):
+    """First, whatever else the table lacks: asking for its capacity or vocab first led to this refusal after the
+    user gave it."""
+    with pytest.raises(PreflightError) as e:
+        build(compose_config(["debug=tiny_sequences", *(f"model.tables.items.{t}" for t in table)], tiny=False))
+    assert str(e.value) == ("invalid config:\n  - model=sequential scores whole item catalogues by row, which tables of "
+                            "kind hash or modulo (items) do not have; use kind=dense for its tables")
 
 
 def test_hash_tables_on_the_data_ids_and_a_sharded_modulo_table_run():

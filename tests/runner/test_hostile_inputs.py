@@ -120,6 +120,7 @@ SEQUENTIAL = [
     ("data.min_interactions=2", "data.min_interactions=2 is outside [3, inf)"),
     ("data.ks=[0]", "data.ks=[0] must list one or more integers in [1, 65536], e.g. data.ks=[10]"),
     ("data.ks=[]", "data.ks=[] must list one or more integers"),
+    ("data.ks=[10,5,10]", "data.ks=[10, 5, 10] lists a cutoff twice: list each once, e.g. [5, 10]"),
     ("data.num_users=0", "data.num_users=0 is outside [1, 100000000]"),
     ("data.num_items=0", "data.num_items=0 is outside [1, 100000000]"),
     ("data.num_clusters=0", "data.num_clusters=0 is outside [1, 100000000]"),
@@ -136,6 +137,23 @@ SEQUENTIAL = [
 @pytest.mark.parametrize("override, needle", SEQUENTIAL, ids=[o for o, _ in SEQUENTIAL])
 def test_sequential_config_value_is_refused_by_name(override, needle):
     assert needle in refused(seq_config(override))
+
+
+def test_a_cutoff_that_reaches_the_whole_catalogue_is_warned_about():
+    """HR@k is 1 for every model and baseline when k reaches the number of items (NDCG@k still ranks them)."""
+    _, task, _ = build(seq_config("data.ks=[500,10]"))
+    assert task.warnings() == [
+        "warning: data.ks=[500, 10]: a cutoff of 500 reaches every one of the data's 200 items, so HR@500 is 1 for "
+        "every model and baseline (NDCG and MRR still rank them); cutoffs below 200 tell them apart"]
+    assert build(seq_config())[1].warnings() == []
+
+
+def test_in_batch_negatives_over_one_training_sequence_are_refused():
+    """Every row of a batch is then the same sequence, masked as a hit: the run trained nothing and ended ok."""
+    assert ("model.negatives=in_batch takes the other sequences of a batch as negatives, and the data has 1 training "
+            "sequence (a batch holds copies of it, masked as hits: the loss would be 0 and nothing trained): use "
+            "model.negatives=uniform, or data with more users") in refused(
+        seq_config("data.num_users=1", "model.negatives=in_batch"))
 
 
 @pytest.mark.parametrize("overrides, needle", [

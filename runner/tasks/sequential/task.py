@@ -51,6 +51,8 @@ def check(cfg: DictConfig) -> None:
                       f"validation target and one training item)")
     if not d.ks or min(d.ks) < 1:
         errors.append(f"data.ks={list(d.ks)} must list positive cutoffs, e.g. [10]")
+    elif len(set(d.ks)) < len(d.ks):
+        errors.append(f"data.ks={list(d.ks)} lists a cutoff twice: list each once, e.g. {sorted(set(d.ks))}")
     if d.get("random_crop") and str(d.get("train_windows", "last")) == "all":
         errors.append("data.random_crop=true crops the one window per user of data.train_windows=last; with "
                       "data.train_windows=all every target is trained on already: set one of them back")
@@ -67,7 +69,12 @@ def check(cfg: DictConfig) -> None:
         errors.append(f"model.dropout={m.dropout} must be in [0, 1)")
     if not m.temperature > 0:
         errors.append(f"model.temperature={m.temperature} must be positive")
-    if sorted(m.tables) != ["items"] or m.tables["items"].vocab is not None:
+    keyed = sorted(n for n, t in m.tables.items() if str(getattr(t.get("kind"), "value", t.get("kind"))) not in
+                   ("dense", "None"))
+    if keyed:  # before what a hash or modulo table itself needs (a capacity, a vocab): none would make it usable here
+        errors.append(f"model=sequential scores whole item catalogues by row, which tables of kind hash or modulo "
+                      f"({', '.join(keyed)}) do not have; use kind=dense for its tables")
+    elif sorted(m.tables) != ["items"] or m.tables["items"].vocab is not None:
         errors.append("model.tables must only configure 'items', without a vocab: full ranking needs one row "
                       "per item (the vocab is the number of items + 1)")
     if d.name == "synthetic_sequences":
@@ -157,11 +164,25 @@ class SequentialTask:
         extra = {"full": (), "uniform": ("negatives",), "popularity": ("negatives", "negatives_logq"),
                  "in_batch": ("targets_logq",)}[negatives]
         keys = ("inputs", "targets") + extra + (("seed",) if m.dropout > 0 else ())
-        return cls(data, world, cfg.trainer.seed, 0 if negatives in ("full", "in_batch") else m.num_negatives,
+        task = cls(data, world, cfg.trainer.seed, 0 if negatives in ("full", "in_batch") else m.num_negatives,
                    -(-data.num_items // cfg.trainer.batch_size) if full else 0, d.random_crop, d.exclude_seen,
                    tuple(d.ks), keys, objective=f"valid/ndcg@{d.ks[0]}", negatives=negatives,
                    windows=str(d.get("train_windows", "last")),
                    data_file=None if world is not None else data.source, duplicate_rows=dropped)
+        task.check_loaded()
+        return task
+
+    def check_loaded(self) -> None:
+        """What only the data shows and no run could use: in-batch negatives with fewer than two training
+        sequences (no other to contrast with)."""
+        errors = []
+        if self.negatives == "in_batch" and self.num_train_examples < 2:
+            errors.append(f"model.negatives=in_batch takes the other sequences of a batch as negatives, and the data "
+                          f"has {self.num_train_examples} training sequence (a batch holds copies of it, masked as "
+                          f"hits: the loss would be 0 and nothing trained): use model.negatives=uniform, or data "
+                          f"with more users")
+        if errors:
+            raise PreflightError("invalid config:\n  - " + "\n  - ".join(errors))
 
     # ----- what the trainer needs --------------------------------------------------------------------
     @property
@@ -276,12 +297,19 @@ class SequentialTask:
         return out
 
     def warnings(self) -> list[str]:
-        """What a run says about its data before it trains (runner.app prints it)."""
-        if not self.duplicate_rows:
-            return []
-        return [f"note: {self.data_file}: dropped {self.duplicate_rows:,} rows that repeat an earlier row exactly "
-                f"(the same user, item and timestamp; data.duplicates=drop, counted in data/duplicate_rows); "
-                f"data.duplicates=refuse stops on them instead"]
+        """What a run says about its data before it trains (runner.app prints it): duplicate rows it dropped, and
+        cutoffs that reach the whole catalogue (HR is 1 there for every model and baseline; NDCG still ranks)."""
+        out, n = [], self.data.num_items
+        if self.duplicate_rows:
+            out.append(f"note: {self.data_file}: dropped {self.duplicate_rows:,} rows that repeat an earlier row "
+                       f"exactly (the same user, item and timestamp; data.duplicates=drop, counted in "
+                       f"data/duplicate_rows); data.duplicates=refuse stops on them instead")
+        whole = [k for k in self.ks if k >= n]
+        if whole:
+            out.append(f"warning: data.ks={list(self.ks)}: a cutoff of {whole[0]} reaches every one of the data's {n} "
+                       f"items, so HR@{whole[0]} is 1 for every model and baseline (NDCG and MRR still rank them); "
+                       f"cutoffs below {n} tell them apart")
+        return out
 
     def summary_lines(self, s: Mapping[str, Any]) -> list[str]:
         k = self.ks[0]
