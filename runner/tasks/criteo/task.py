@@ -47,6 +47,10 @@ SPLITS = ("valid", "test")
 MODELS = ("dlrm", "dcn")
 PRESET_FILES = {CriteoLogs.kaggle: ("train.txt", "train.txt"),
                 CriteoLogs.terabyte: ("a folder of day_0.gz ... day_23.gz", "day_{0..23}.gz")}
+PRESET_SOURCES = {CriteoLogs.kaggle: "the Display Advertising Challenge's train.txt, from "
+                                     "https://www.kaggle.com/c/criteo-display-ad-challenge",
+                  CriteoLogs.terabyte: "the 24 day files of Criteo's 1TB Click Logs, from "
+                                       "https://huggingface.co/datasets/criteo/CriteoClickLogs"}
 MIN_EXAMPLES = 100  # per split: fewer gives an evaluation without both labels (AUC undefined)
 LABEL_CHUNK = 1 << 16  # records read at a time looking for both labels in an evaluation split
 CONVERT_AGAIN = ("convert the logs again into a new folder (python -m runner.prepare criteo <files> --out <folder>), "
@@ -127,7 +131,8 @@ def check(cfg: DictConfig) -> list[Path] | None:
         raw, files = PRESET_FILES[logs]
         raise PreflightError(f"data.logs={logs.value} trains on the real Criteo {logs.value} logs, and data.path is "
                              f"unset: set data.path to them ({raw}; converted on first use into data.cache), or to a "
-                             f"folder converted ahead of time (python -m runner.prepare criteo {files} --out DIR)")
+                             f"folder converted ahead of time (python -m runner.prepare criteo {files} --out DIR). The logs: "
+                             f"{PRESET_SOURCES[logs]}")
     if not d.path:
         bad = _spec(d).problems()
         if bad:

@@ -43,7 +43,8 @@ def check(cfg: DictConfig) -> None:
     errors = []
     if d.name == "movielens" and not d.path:
         errors.append("data.path is not set: point it at an interaction file or the folder holding one, "
-                      "e.g. data.path=$HOME/data/ml-1m (ratings.dat), $HOME/data/ml-100k/u.data or a .csv/.parquet")
+                      "e.g. data.path=$HOME/data/ml-1m (ratings.dat), $HOME/data/ml-100k/u.data or a .csv/.parquet "
+                      "(MovieLens: ml-100k.zip and ml-1m.zip from https://grouplens.org/datasets/movielens/, unzipped)")
     if d.max_len < 1:
         errors.append(f"data.max_len={d.max_len} must be >= 1")
     if d.min_interactions < 3:

@@ -333,7 +333,9 @@ def test_the_real_log_presets_need_their_logs(tmp_path):
     with pytest.raises(PreflightError, match=r"data.logs=kaggle trains on the real Criteo kaggle logs, and data.path "
                                              r"is unset: set data.path to them \(train.txt; converted on first use "
                                              r"into data.cache\), or to a folder converted ahead of time \(python -m "
-                                             r"runner.prepare criteo train.txt --out DIR\)"):
+                                             r"runner.prepare criteo train.txt --out DIR\). The logs: the Display "
+                                             r"Advertising Challenge's train.txt, from https://www.kaggle.com/c/"
+                                             r"criteo-display-ad-challenge$"):
         make_task(kaggle)
     task = make_task(compose_config(["experiment=criteo_kaggle", f"data.path={folder}"], tiny=False))
     assert task.num_train_examples == json.loads((folder / "manifest.json").read_text())["splits"]["train"]["examples"]

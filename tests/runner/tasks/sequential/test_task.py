@@ -87,6 +87,8 @@ def test_batches_are_deterministic_and_shard_the_global_batch():
 
 @pytest.mark.parametrize("data, overrides, needle", [
     (["data=movielens"], [], "data.path is not set"),
+    (["data=movielens"], [], "(MovieLens: ml-100k.zip and ml-1m.zip from https://grouplens.org/datasets/movielens/, "
+                             "unzipped)"),
     (["data=movielens"], ["data.path=/nonexistent/ml-1m"], "data.path='/nonexistent/ml-1m' cannot be used: "
                                                            "interaction data not found: /nonexistent/ml-1m"),
     (None, ["model.num_heads=3"], "model.num_heads=3 must divide model.emb_width=16"),
