@@ -74,8 +74,8 @@ def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
     if plan.table_shards == 1 and given:
         settings = _listed(given, "mesh.")
         out.append(f"warning: {settings}: no table is split on this mesh ({plan.describe()}, one table shard), so "
-                   f"{_they(given, 'it has', 'they have')} no effect; shard the tables over a table axis "
-                   f"(mesh=data_table) or leave {_they(given, 'it', 'them')} out")
+                   f"{_they(given, 'it has', 'they have')} no effect; shard the tables over a table axis of 2 or "
+                   f"more devices (mesh=data_table, mesh.axes.table) or leave {_they(given, 'it', 'them')} out")
     elif _plain(mesh.get("routing")) == "gather" and {"route_capacity", "route_overflow"} & set(given):
         idle = {k: v for k, v in given.items() if k.startswith("route_")}
         out.append(f"warning: {_listed(idle, 'mesh.')}: the all_to_all routing's, and mesh.routing=gather gathers every "

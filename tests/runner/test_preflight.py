@@ -117,7 +117,8 @@ def test_mesh_settings_the_mesh_does_not_use_are_warned_once_by_name(cfg_of):
     assert warned() == warned("mesh=data_table", "mesh.routing=gather") == warned("mesh=data") == []
     assert warned("mesh.routing=gather", "mesh.route_capacity=5") == [
         "warning: mesh.routing=gather, mesh.route_capacity=5.0: no table is split on this mesh (data=1, one table "
-        "shard), so they have no effect; shard the tables over a table axis (mesh=data_table) or leave them out"]
+        "shard), so they have no effect; shard the tables over a table axis of 2 or more devices (mesh=data_table, "
+        "mesh.axes.table) or leave them out"]
     assert warned("mesh=data_table", "mesh.table_layout=column", "mesh.routing=gather") == [
         "warning: mesh.routing=gather applies to the row layout, and the tables use the column layout "
         "(mesh.table_layout=column), which exchanges each device's distinct ids its own way: it has no effect; use "
