@@ -134,6 +134,10 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
     optimizers = [("optimizer.", cfg.optimizer)] + [(f"table_optimizers.{n}.", o)
                                                     for n, o in (cfg.get("table_optimizers") or {}).items()]
     for prefix, opt in optimizers:
+        mode = opt.get("weight_decay_mode") if hasattr(opt, "get") else None
+        if mode is not None and _plain(mode) != "decoupled" and not opt.get("weight_decay"):
+            out.append(f"warning: {prefix}weight_decay_mode={_plain(mode)} says how {prefix}weight_decay decays rows, "
+                       f"and it is 0: it has no effect; set {prefix}weight_decay above 0 or leave it out")
         schedule = opt.get("schedule") if hasattr(opt, "get") else None
         if not schedule:
             continue

@@ -212,6 +212,10 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
         "its learning rate ends at 0.5 of table_optimizers.users.learning_rate, not at end_ratio=0; "
         "table_optimizers.users.schedule.decay_steps=0 decays over the run"]),
     (["optimizer.schedule.kind=cosine", "optimizer.schedule.decay_steps=6"], 6, []),
+    (["optimizer.weight_decay_mode=l2"], 6, [
+        "warning: optimizer.weight_decay_mode=l2 says how optimizer.weight_decay decays rows, and it is 0: it has no "
+        "effect; set optimizer.weight_decay above 0 or leave it out"]),
+    (["optimizer.weight_decay_mode=l2", "optimizer.weight_decay=0.01"], 6, []),
     (["model.tables.users.capacity=100", "model.tables.users.evict=lfu"], 6, [
         "warning: model.tables.users.capacity=100, model.tables.users.evict=lfu: hash-table settings, and table "
         "'users' is dense; set model.tables.users.kind=hash or leave them out"]),
@@ -236,7 +240,7 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
     (["model.tables.items.kind=hash", "model.tables.items.capacity=100", "model.tables.items.evict=ttl",
       "model.tables.items.ttl=5", "model.tables.items.admit_after=2", "model.tables.items.sketch_width=1024"], 6, []),
 ], ids=["dc_lambda", "dc_lambda-used", "schedule", "schedule-used", "step", "step-used", "cosine-longer",
-        "warmup-cosine-longer", "cosine-used", "hash-on-dense",
+        "warmup-cosine-longer", "cosine-used", "decay-mode-without-decay", "decay-mode-used", "hash-on-dense",
         "dense-warmup", "defaults", "wandb-without-wandb", "wandb-used", "processes-for-one", "hash-idle",
         "hash-used"])
 def test_settings_nothing_in_the_run_reads_are_named_in_a_warning(overrides, steps, warned):
