@@ -228,6 +228,26 @@ def stored_study_problems(storage: Any, study_name: Any, directions: list[str], 
     return out
 
 
+def resumed_seed_note(storage: Any, study_name: Any, seed: Any) -> str | None:
+    """A warning when a seeded search resumes a stored study that already holds trials: the sampler's random draws
+    start again from the seed, so the new trials' first random draws are the earlier session's again."""
+    if storage is None or study_name is None or seed is None:
+        return None
+    import optuna
+
+    kept = optuna.storages.get_storage(storage)
+    try:
+        held = len(kept.get_all_trials(kept.get_study_id_from_name(study_name), deepcopy=False))
+    except KeyError:
+        return None
+    if not held:
+        return None
+    return (f"warning: hydra.sweeper.study_name={study_name} resumes a study of {held} trials, and "
+            f"hydra.sweeper.sampler.seed={seed} starts the sampler's random draws again: the new trials' first "
+            f"random draws repeat the earlier session's; give another seed (e.g. hydra.sweeper.sampler.seed={held}) "
+            f"to draw new ones")
+
+
 # --------------------------------------------------------------------------- trials left unfinished
 
 

@@ -16,7 +16,10 @@ are marked failed in the stored study, where Optuna would keep them running for 
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, List
+
+from omegaconf import OmegaConf
 
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 
@@ -42,6 +45,10 @@ class RunnerOptunaSweeper(OptunaSweeper):
         sweep_checks.refuse(sweep_checks.value_problems(space, fixed, texts, compose) +
                             sweep_checks.stored_study_problems(impl.storage, impl.study_name,
                                                                impl._get_directions(), space))
+        seed = OmegaConf.select(impl.config, "hydra.sweeper.sampler.seed", default=None)
+        note = sweep_checks.resumed_seed_note(impl.storage, impl.study_name, seed)
+        if note:
+            print(note, file=sys.stderr, flush=True)
         asked = sweep_checks.track_asked(impl)
         try:
             return super().sweep(arguments)

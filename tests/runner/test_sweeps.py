@@ -457,6 +457,25 @@ def test_a_stored_study_searched_otherwise_is_refused_and_unfinished_trials_are_
     assert kept[1].params["optimizer"] in launcher.batches[0][0][0]
 
 
+def test_a_seeded_search_resuming_a_stored_study_is_told_its_draws_repeat(tmp_path):
+    """The sampler's random draws restart from the seed: a resumed search drew the earlier session's values again."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path}/study.db"
+    assert sweep_checks.resumed_seed_note(url, "s", 0) is None  # no such study yet: a new one
+    study = optuna.create_study(storage=url, study_name="s", direction="maximize")
+    assert sweep_checks.resumed_seed_note(url, "s", 0) is None  # no trial in it
+    for value in (0.7, 0.8):
+        trial = study.ask()
+        trial.suggest_float("lr", 0.01, 0.1)
+        study.tell(trial, value)
+    assert sweep_checks.resumed_seed_note(url, "s", 0) == (
+        "warning: hydra.sweeper.study_name=s resumes a study of 2 trials, and hydra.sweeper.sampler.seed=0 starts the "
+        "sampler's random draws again: the new trials' first random draws repeat the earlier session's; give another "
+        "seed (e.g. hydra.sweeper.sampler.seed=2) to draw new ones")
+    assert sweep_checks.resumed_seed_note(url, "s", None) is None and sweep_checks.resumed_seed_note(None, "s", 0) is None
+
+
 def test_a_storage_refused_does_not_show_its_password():
     problem = sweep_checks.storage_problem("mysql://u:secret@host/db")
     assert problem.startswith("hydra.sweeper.storage=mysql://u:***@host/db cannot be opened (") and "secret" not in problem
