@@ -23,10 +23,12 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
     sh = jax.tree_util.tree_leaves(shardings)
     out = []
+    decay_problems(stored, [jax.tree_util.keystr(p) for p, _ in flat], problems)
     for (path, x), s in zip(flat, sh):
         key = jax.tree_util.keystr(path)
         if key not in stored:
-            problems.append(f"array {key}: missing from the checkpoint (this config has shape {tuple(x.shape)})")
+            if ".decay." not in key:  # named by decay_problems
+                problems.append(f"array {key}: missing from the checkpoint (this config has shape {tuple(x.shape)})")
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
             continue
         shape, dtype, rows = tuple(stored[key]["shape"]), stored[key]["dtype"], stored[key]["rows"]
@@ -52,7 +54,7 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
         else:
             problems.append(f"array {key} shape: the checkpoint has {shape}, this config has {tuple(x.shape)}")
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
-    extra = sorted(set(stored) - {jax.tree_util.keystr(p) for p, _ in flat})
+    extra = sorted(k for k in set(stored) - {jax.tree_util.keystr(p) for p, _ in flat} if ".decay." not in k)
     if extra:
         problems.append(f"arrays {extra}: in the checkpoint but not in this config's state")
     if problems:
@@ -65,3 +67,19 @@ def _other_padding(meta: Mapping[str, Any], path: tuple, shape: tuple, now: tupl
     both at least the table's width: Orbax pads the columns with zeros or cuts the padding off."""
     t = table_record(path, meta.get("tables", {}))
     return t is not None and len(shape) == len(now) == 2 and min(shape[1], now[1]) >= t["width"]
+
+
+def decay_problems(stored: Mapping[str, Any], ours: list[str], problems: list[str]) -> None:
+    """A table whose ``weight_decay_mode=decoupled_global`` bookkeeping (``decay.touch``, ``decay.total``: kept only
+    in that mode, with a weight decay above 0) is in the checkpoint or in this config but not both: one line naming
+    the setting, not the arrays."""
+    def tables(keys):
+        return {k.split("'")[1] for k in keys if k.startswith(".emb_states['") and ".decay." in k}
+
+    theirs, now = tables(stored), tables(ours)
+    for t in sorted(theirs ^ now):
+        saved = "with" if t in theirs else "without"
+        problems.append(f"table '{t}' weight decay (optimizer.weight_decay_mode / table_optimizers.{t}.weight_decay_mode"
+                        f"): the checkpoint was saved {saved} the decay bookkeeping of weight_decay_mode="
+                        f"decoupled_global (with a weight_decay above 0), and this config "
+                        f"{'does not keep it' if t in theirs else 'keeps it'}; resume with the mode it was saved with")
