@@ -175,12 +175,19 @@ def value_problems(space: dict[str, Any], fixed: dict[str, Any], texts: dict[str
     config's values)."""
     out, rest = [], [f"{k}={v}" for k, v in fixed.items()]
     for key, distribution in space.items():
-        for value in dict.fromkeys(trial_values(distribution)):
+        values, failed = list(dict.fromkeys(trial_values(distribution))), {}
+        for value in values:
             try:
                 compose([f"{key}={value}", *rest])
             except Exception as e:  # noqa: BLE001 - Hydra's composition errors are of several kinds
-                out.append(f"{texts.get(key, key)}: {key}={value} cannot be applied ({_reason(e)}): drop it from "
-                           f"the search, or search values {key} takes")
+                failed[value] = _reason(e)
+        if len(values) > 1 and len(failed) == len(values) and len(set(failed.values())) == 1:  # the key itself
+            out.append(f"{texts.get(key, key)}: no value of {key} can be applied ({next(iter(failed.values()))}): "
+                       f"check the key (python -m runner --cfg job prints the config's keys), or drop it from the "
+                       f"search")
+            continue
+        out += [f"{texts.get(key, key)}: {key}={value} cannot be applied ({why}): drop it from the search, or search "
+                f"values {key} takes" for value, why in failed.items()]
     return out
 
 

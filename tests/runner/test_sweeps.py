@@ -425,6 +425,12 @@ def test_optuna_values_a_trial_cannot_take_are_refused_before_the_first(tmp_path
     assert err[2].startswith("  - optimizer=choice(async_adam,async_sgdd): optimizer=async_sgdd cannot be applied "
                              "(Could not find 'optimizer/async_sgdd' (options: adagrad, adam, async_adagrad, async_adam,")
     assert err[2].endswith(")): drop it from the search, or search values optimizer takes") and len(err) == 3
+    with pytest.raises(SystemExit):  # a key the config does not have: one line for it, not one per value
+        optuna_search(tmp_path, ["no_such_key=interval(0,1)", *TINY], launcher)
+    assert capsys.readouterr().err.splitlines() == [
+        "error: invalid sweep:", "  - no_such_key=interval(0,1): no value of no_such_key can be applied (Could not "
+        "override 'no_such_key'.): check the key (python -m runner --cfg job prints the config's keys), or drop it "
+        "from the search"]
 
 
 def test_a_stored_study_searched_otherwise_is_refused_and_unfinished_trials_are_failed(tmp_path, capsys):
