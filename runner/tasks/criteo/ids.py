@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import secrets
 from pathlib import Path
 from typing import Sequence
 
@@ -130,9 +132,11 @@ def save_vocabulary(folder: str | Path, min_count: int, values: dict[str, np.nda
     shards."""
     values = derive_vocabulary(folder, min_count) if values is None else values
     path = vocabulary_path(folder, min_count)
-    tmp = path.with_name(path.name + ".partial")
+    # a name of its own: processes deriving it at once (a run's processes, two runs) write the same bytes apart,
+    # and the last rename wins, where one shared name mixed their writes
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:  # the user's umask, as the shards have
             np.savez(f, **values)
         tmp.replace(path)
     except BaseException:  # a full disk: no half file left beside the shards

@@ -217,6 +217,34 @@ def test_a_home_folder_in_data_path_and_data_cache_is_expanded(made, tmp_path, m
     assert os.listdir(work) == []  # no folder named ~ where the run started
 
 
+def test_processes_deriving_one_vocabulary_at_once_leave_it_whole(made, tmp_path):
+    """They wrote one shared .partial name: their writes mixed, and a rename found the other's file gone."""
+    import threading
+
+    from runner.tasks.criteo.ids import derive_vocabulary, save_vocabulary
+
+    folder = copy(made[1], tmp_path / "conv")
+    errors, start = [], threading.Barrier(6)
+
+    def save():
+        start.wait()
+        try:
+            for _ in range(5):
+                save_vocabulary(folder, 2)
+        except Exception as e:  # noqa: BLE001 - what the test looks for
+            errors.append(e)
+
+    workers = [threading.Thread(target=save) for _ in range(6)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == [] and not [p for p in os.listdir(folder) if p.endswith(".partial")]
+    want = derive_vocabulary(folder, 2)
+    with np.load(folder / "vocab_min2.npz") as z:
+        assert sorted(z.files) == sorted(want) and all(np.array_equal(z[k], want[k]) for k in want)
+
+
 def test_a_converted_folder_that_cannot_be_written_still_trains_with_a_new_min_count(made, tmp_path, monkeypatch):
     """data.min_count=3 on a read-only folder: its vocabulary derived for the run (the rows it would have saved),
     the folder neither written nor called damaged."""
