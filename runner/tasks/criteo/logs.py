@@ -76,6 +76,10 @@ def raw_logs(path: str) -> list[Path] | None:
         if not files:
             raise PreflightError(f"data.path={path}: the pattern matches no file; {WHAT}")
         return files
+    if p.exists():  # a pipe (<(zcat ...) on the command line), a device or a socket
+        raise PreflightError(f"data.path={path} is a pipe or a device, not a file: logs are read by name (their path, "
+                             f"size and modification time name the conversion, which a later run finds); write them to a file first, "
+                             f"or give a .gz as it is (it is read compressed)")
     raise PreflightError(f"data.path={path}: no such file or folder; {WHAT}")
 
 

@@ -241,3 +241,19 @@ def test_sigterm_while_a_run_converts_removes_the_partial_conversion_and_says_so
         once(tmp_path / "cache" / "logs-abc", make)
     assert e.value.code == 143 and str(e.value).startswith("stopped on SIGTERM while converting the Criteo logs")
     assert list((tmp_path / "cache").iterdir()) == [] and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_pipe_as_the_logs_is_refused_as_such():
+    """data.path=<(zcat day_0.gz): the shell gives /dev/fd/N, which exists; it was called no such file."""
+    from runner.tasks.criteo.logs import raw_logs
+
+    read, write = os.pipe()
+    try:
+        with pytest.raises(PreflightError) as e:
+            raw_logs(f"/dev/fd/{read}")
+    finally:
+        os.close(read)
+        os.close(write)
+    assert str(e.value) == (f"data.path=/dev/fd/{read} is a pipe or a device, not a file: logs are read by name (their "
+                            f"path, size and modification time name the conversion, which a later run finds); write "
+                            f"them to a file first, or give a .gz as it is (it is read compressed)")
