@@ -215,8 +215,10 @@ class Reader:
                 raise FormatError(f"{self.path}: {at}: not UTF-8 text; a Criteo log is plain text (a compressed "
                                   f"file other than .gz, such as .bz2, .xz or .zip, or a converted shard, is not "
                                   f"one): fix or remove the line, or give the log itself") from None
-        if gz:
-            raise FormatError(f"{self.path}: the gzip stream ends or breaks near line {line} ({e}); the file is "
+        if gz:  # the reader reads a block of text at a time: a break in the first one comes before any line
+            where = (f"near line {line}" if line > 1 else
+                     f"within its first {self.block_bytes // 1024:,} KiB of text (the first block read)")
+            raise FormatError(f"{self.path}: the gzip stream ends or breaks {where} ({e}); the file is "
                               f"truncated or damaged: download or copy it again (gzip -t {self.path} checks it)") from None
         shown = re.sub(r"[^\x20-\x7e\t]", "?", str(e))[:300]  # what pyarrow echoes of the line, printable only
         raise FormatError(f"{self.path}: cannot be read as tab-separated text, {at} ({shown}); fix or remove the "

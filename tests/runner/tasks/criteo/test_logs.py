@@ -100,7 +100,7 @@ def bad_file(lines, folder: Path, case: str) -> tuple[Path, str]:
     if case == "truncated gz":
         data = gzip.compress("".join(lines).encode())
         name.write_bytes(data[: len(data) // 2])
-        return name, f"{name}: the gzip stream ends or breaks near line "
+        return name, f"{name}: the gzip stream ends or breaks within its first "  # 40 lines: the first block
     fields = good[7].rstrip("\n").split("\t")
     bad, why = {"fields": ("1\tx\n", FIELDS),
                 "hex": ("\t".join(fields[:14] + ["0000000g"] + fields[15:]) + "\n",

@@ -183,6 +183,9 @@ def test_a_truncated_gz_is_refused(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(FormatError, match=r"day_0.gz: the gzip stream ends or breaks near line \d+ .*truncated"):
         list(read_blocks(path, block_bytes=4096))
+    with pytest.raises(FormatError, match=r"day_0.gz: the gzip stream ends or breaks within its first 1,024 KiB of "
+                                          r"text \(the first block read\) .*truncated"):  # it was "near line 1"
+        list(read_blocks(path, block_bytes=1 << 20))
 
 
 def test_columns_are_the_criteo_layout():
