@@ -36,6 +36,11 @@ def refuse(problems: list[str]) -> None:
         raise SystemExit(2)  # not an Exception: Hydra would print it with a traceback
 
 
+def first_line(error: BaseException) -> str:
+    """An error's message in one line: its first (the type's name when it has none)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def mask_password(text: str) -> str:
     """``text`` with the password of any database URL in it shown as ``***`` (``mysql://u:***@host/db``)."""
     return re.sub(r"(://[^:/@\s]*:)[^@/\s]*@", r"\1***@", text)
@@ -328,7 +333,7 @@ def storage_problem(storage: Any) -> str | None:
         optuna.storages.get_storage(storage)
     except Exception as e:  # noqa: BLE001 - SQLAlchemy's and the database drivers' errors vary
         return mask_password(  # the URL's password is not for the terminal or a log
-            f"hydra.sweeper.storage={storage} cannot be opened ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}): {fix}")
+            f"hydra.sweeper.storage={storage} cannot be opened ({type(e).__name__}: {first_line(e)}): {fix}")
     return None
 
 

@@ -216,11 +216,12 @@ _EARLIER: dict[str, int] = {}  # trial dir -> its overrides file's mtime when th
 
 
 def _trial_dirs(root: Path) -> list[Path]:
-    """The trial folders under ``root``: those holding Hydra's overrides file, at any depth (``hydra.sweep.subdir``
-    may nest them, e.g. ``t/${hydra.job.num}``), in trial-number order."""
-    found = {p.parent.parent for p in root.rglob(OVERRIDES_FILE.name) if p.parent.name == OVERRIDES_FILE.parent.name}
-    return sorted(found, key=lambda d: [(not x.isdigit(), int(x) if x.isdigit() else 0, x)
-                                        for x in d.relative_to(root).parts])
+    """The trial folders under ``root``, found as the report finds them (at any depth: ``hydra.sweep.subdir`` may
+    nest them, e.g. ``t/${hydra.job.num}``; not inside ``wandb/`` or ``checkpoints/``) that hold Hydra's overrides
+    file, in trial-number order."""
+    from .report.trials import find_trials
+
+    return [d for d in find_trials(root) if (d / OVERRIDES_FILE).is_file()]
 
 
 def note_earlier_trials(sweep_dir: str | os.PathLike) -> None:
@@ -237,22 +238,21 @@ def _earlier(d: Path) -> bool:
     return _EARLIER.get(str(d)) == (d / OVERRIDES_FILE).stat().st_mtime_ns
 
 
-def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str, str]]]:
-    """(trial dirs, [(dir, overrides, first line of FAILED)]) for the trials directly under ``sweep_dir`` that this
-    sweep launched (``note_earlier_trials``)."""
-    trials = [d for d in _trial_dirs(Path(sweep_dir)) if not _earlier(d)]
-    failed = []
-    for d in trials:
-        if (d / FAILED_MARKER).is_file():
-            failed.append((d, " ".join(read_overrides(d)), _first_line(d / FAILED_MARKER)))
-    return trials, failed
+def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str, str]], int]:
+    """(trial dirs, [(dir, overrides, first line of FAILED)], earlier) for the trials under ``sweep_dir`` that this
+    sweep launched; ``earlier``: how many more an earlier sweep into it left there (``note_earlier_trials``)."""
+    found = _trial_dirs(Path(sweep_dir)) if Path(sweep_dir).is_dir() else []
+    trials = [d for d in found if not _earlier(d)]
+    failed = [(d, " ".join(read_overrides(d)), _first_line(d / FAILED_MARKER)) for d in trials
+              if (d / FAILED_MARKER).is_file()]
+    return trials, failed, len(found) - len(trials)
 
 
-def summary_lines(sweep_dir: str | os.PathLike, found: tuple[list, list] | None = None) -> tuple[list[str], bool]:
+def summary_lines(sweep_dir: str | os.PathLike,
+                  found: tuple[list, list, int] | None = None) -> tuple[list[str], bool]:
     """The lines to print at the end of a sweep, and whether the sweep failed: every trial failed, or none ran.
     ``found``: ``sweep_failures(sweep_dir)`` when the caller has read it already."""
-    trials, failed = found or (sweep_failures(sweep_dir) if Path(sweep_dir).is_dir() else ([], []))
-    earlier = sum(1 for d in _trial_dirs(Path(sweep_dir)) if _earlier(d)) if Path(sweep_dir).is_dir() else 0
+    trials, failed, earlier = found or sweep_failures(sweep_dir)
     left = (f"; {earlier} more trial folders there are an earlier sweep's, left as they were, not counted"
             if earlier else "")
     if not trials:
@@ -282,10 +282,6 @@ def optuna_problems(sweeper: Any) -> list[str]:
     return out
 
 
-def _first(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
 def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic: bool = False) -> list[str]:
     """The sweep overrides that cannot make trials, each named with the reason: one Hydra cannot expand (e.g.
     ``range(1, 2, 0)``); for Hydra's basic sweeper an ``interval`` (a search range: it lists values only); for
@@ -294,7 +290,7 @@ def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic:
     the form to use instead. ``config``: the composed config (with its ``hydra`` node, for the sampler)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from .sweep_checks import search_range_problem
+    from .sweep_checks import first_line, search_range_problem
 
     parser, out = OverridesParser.create(), []
     for text in overrides:
@@ -303,7 +299,7 @@ def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic:
             if override.is_sweep_override() and not override.is_interval_sweep():
                 list(override.sweep_string_iterator())
         except Exception as e:  # noqa: BLE001 - Hydra's parser and sweep types raise several kinds
-            out.append(f"{text}: {_first(e)}")
+            out.append(f"{text}: {first_line(e)}")
             continue
         if basic and override.is_interval_sweep():
             out.append(f"{text}: an interval is a range to search, and the basic sweeper (-m) runs listed values "
@@ -328,7 +324,8 @@ def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic:
 def optuna_stopped(sweep_dir: str | os.PathLike, error: Exception, max_failure_rate: float) -> NoReturn:
     """End an Optuna search the plugin stopped with ``error``: the summary, one line naming why it stopped and the
     fix, exit code 1. An error that is neither Optuna's "no trial completed" nor a failed trial's is re-raised."""
-    trials, failed = sweep_failures(sweep_dir) if Path(sweep_dir).is_dir() else ([], [])
+    found = sweep_failures(sweep_dir)
+    failed = found[1]
     text = f"{type(error).__name__}: {error}"
     if NO_TRIAL_COMPLETED in str(error) and failed:
         why = ("sweep: no trial completed, so there is no best one (optimization_results.yaml not written): fix "
@@ -339,7 +336,7 @@ def optuna_stopped(sweep_dir: str | os.PathLike, error: Exception, max_failure_r
                f"hydra.sweeper.max_failure_rate=1.0 to record failed trials and go on")
     else:
         raise error
-    lines, _ = summary_lines(sweep_dir, (trials, failed))
+    lines, _ = summary_lines(sweep_dir, found)
     print("\n".join([*lines, why]), file=sys.stderr, flush=True)
     raise SystemExit(1)  # not an Exception: Hydra would print it with a traceback
 
@@ -360,9 +357,7 @@ class SweepSummary(Callback):
             overrides += [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
         problems += override_problems(overrides, config, optuna=optuna, basic=sweeper.get("_target_") == BASIC)
         problems += sweep_checks.processes_problems(config, optuna)
-        if problems:
-            print("error: invalid sweep:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
-            raise SystemExit(2)  # not an Exception: Hydra's callback runner would only warn about one
+        sweep_checks.refuse(problems)  # SystemExit, not an Exception: Hydra's callback runner would only warn
         if sweeper.get("_target_") == PLUGIN_OPTUNA:  # Hydra instantiates the sweeper from this config next
             with read_write(config.hydra.sweeper), open_dict(config.hydra.sweeper):
                 config.hydra.sweeper._target_ = RUNNER_OPTUNA
