@@ -80,16 +80,16 @@ def _without_group_defaults(node: DictConfig, drop: tuple[str, ...] = ()) -> Dic
     quiet = logging.getLogger("hydra.utils")  # get_class logs an ERROR of its own before it raises
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
-        params = inspect.signature(hydra.utils.get_class(node._target_)).parameters
+        params = inspect.signature(hydra.utils.get_class(node._target_)).parameters.values()
     except Exception:  # noqa: BLE001 - not a class, or not found: instantiate names the problem
-        params = node
+        params = None
     finally:
         quiet.setLevel(level)
-    if any(getattr(p, "kind", None) is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        params = node  # it takes every field
+    takes_all = params is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    taken = set(node) if takes_all else {"_target_", *(p.name for p in params)}
     defaults = {f.name: f.default for f in (dataclasses.fields(group) if dataclasses.is_dataclass(group) else ())
                 if f.default is not dataclasses.MISSING}
-    drop = (*drop, *(k for k in node if k != "_target_" and k not in params and k in defaults and node[k] == defaults[k]))
+    drop = (*drop, *(k for k in node if k not in taken and k in defaults and node[k] == defaults[k]))
     return OmegaConf.masked_copy(node, [k for k in node if k not in drop]) if drop else node
 
 
