@@ -3,7 +3,6 @@ they may not expect (each line starts with ``warning:``; ``runner.app`` prints t
 budget lines). Refusals are ``runner.preflight``'s."""
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 from optimizers import OptaxEmbOptimizer, TableLayout
@@ -153,9 +152,8 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
                        f"({prefix}schedule.step_every) and the run has {steps}: the learning rate never steps")
         warm = int(schedule.warmup_steps) if kind == "warmup_cosine" else 0
         if kind in ("cosine", "warmup_cosine") and 0 < steps < warm + int(schedule.decay_steps):
-            frac = max(0, steps - warm) / int(schedule.decay_steps)
             r = float(schedule.end_ratio)
-            at = r + (1 - r) * (1 + math.cos(math.pi * frac)) / 2
+            at = float(Schedule(**{k: v for k, v in schedule.items() if k != "_target_"})(steps))  # its last update's
             out.append(f"warning: {prefix}schedule.decay_steps={schedule.decay_steps}"
                        f"{f' after {warm} warmup updates' if warm else ''} outlasts the run's {steps} updates: its "
                        f"learning rate ends at {at:.3g} of {prefix}learning_rate, not at end_ratio={r:g}; "
