@@ -41,7 +41,7 @@ from .prepare import FORMAT, convert, split_rule
 from .report import REPORT
 from .shards import DamagedShard, Shards, read_manifest
 from .synthetic import CriteoSpec, write_logs
-from .tsv import ONE_HOT, check_bags
+from .tsv import NUM_DENSE, ONE_HOT, check_bags
 
 SPLITS = ("valid", "test")
 MODELS = ("dlrm", "dcn")
@@ -101,7 +101,7 @@ def _check_rank(m: DictConfig) -> None:
     if m.name != "dcn" or m.get("low_rank") is None or int(m.cross_layers) == 0:
         return
     w = int(m.emb_width)
-    dense = 13 if m.get("bottom") is None else w  # the 13 dense features, or the bottom MLP's embedding-wide vector
+    dense = NUM_DENSE if m.get("bottom") is None else w  # the dense features, or the bottom MLP's embedding-wide one
     width = dense + len(TABLES) * w
     if int(m.low_rank) >= width:
         raise PreflightError(f"model.low_rank={m.low_rank} is not below the cross layers' input width {width} "
