@@ -191,6 +191,8 @@ OPTIMIZER = [
     (["optimizer.learning_rate=inf"], "optimizer.learning_rate=inf is outside (0, inf) (step size)"),
     (["optimizer.learning_rate=nan"], "optimizer.learning_rate=nan is outside (0, inf)"),
     (["optimizer.learning_rate=-0.1"], "optimizer.learning_rate=-0.1 is outside (0, inf)"),
+    (["optimizer.learning_rate=1e-50"], "optimizer.learning_rate=1e-50 is below float32's smallest normal number "
+                                        "(1.18e-38), the precision the update runs in: it would be 0 there"),
     (["optimizer.eps=0"], "optimizer.eps=0.0 is outside (0, inf) (added to sqrt(second moment)"),
     (["optimizer.b2=1.0"], "optimizer.b2=1.0 is outside [0, 1)"),
     (["optimizer.weight_decay=-1"], "optimizer.weight_decay=-1.0 is outside [0, inf)"),
