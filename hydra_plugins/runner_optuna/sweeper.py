@@ -10,12 +10,14 @@ launches it, so one bad ``choice`` value ends the whole search there). This subc
 stored study and every value a trial could be given (``runner.sweep_checks``) before the first trial (exit code
 2, one line each), and turns the first two into the end-of-sweep summary (one line per failed trial) plus one
 line naming the cause and the fix (exit code 1). Trials a search leaves unfinished (Ctrl-C, SIGTERM, a crash)
-are marked failed in the stored study, where Optuna would keep them running for good. The runner's
+are marked failed in the stored study, where Optuna would keep them running for good. The plugin's own
+``Storage: <URL>`` log line shows a database URL's password as ``***``. The runner's
 ``sweep_summary`` callback (``runner.sweeps.SweepSummary``) swaps it in for the plugin's class, so
 ``hydra/sweeper=optuna`` gets it too.
 """
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any, List
 
@@ -35,6 +37,7 @@ class RunnerOptunaSweeper(OptunaSweeper):
         from runner import sweep_checks, sweeps
 
         impl = self.sweeper
+        _hide_passwords(logging.getLogger(type(impl).__module__), sweep_checks.mask_password)
         sweep_checks.refuse_bad_storage(impl.storage)
         space, fixed, texts = sweep_checks.search_space(impl, arguments)
         loader = impl.hydra_context.config_loader
@@ -56,3 +59,23 @@ class RunnerOptunaSweeper(OptunaSweeper):
             sweeps.optuna_stopped(impl.config.hydra.sweep.dir, error, impl.max_failure_rate)
         finally:  # normally a no-op: every trial asked for was told its end
             sweep_checks.fail_unfinished(asked)
+
+
+class _PasswordMask(logging.Filter):
+    """Shows the password of a database URL in a log record as ``***`` (the plugin logs ``Storage: <URL>``)."""
+
+    def __init__(self, mask):
+        super().__init__()
+        self.mask = mask
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        masked = self.mask(text)
+        if masked != text:
+            record.msg, record.args = masked, None
+        return True
+
+
+def _hide_passwords(logger: logging.Logger, mask) -> None:
+    if not any(isinstance(f, _PasswordMask) for f in logger.filters):
+        logger.addFilter(_PasswordMask(mask))

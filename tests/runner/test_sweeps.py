@@ -487,6 +487,21 @@ def test_a_storage_refused_does_not_show_its_password():
     assert problem.startswith("hydra.sweeper.storage=mysql://u:***@host/db cannot be opened (") and "secret" not in problem
 
 
+def test_the_plugins_storage_log_line_does_not_show_its_password(tmp_path, caplog):
+    """The plugin logs ``Storage: <URL>`` as a search starts; the runner's sweeper masks a URL's password in the
+    plugin's log records (a sqlite URL, the only database here, carries none: the line is logged as the plugin
+    would log a server's)."""
+    import logging
+
+    plugin_log = logging.getLogger("hydra_plugins.hydra_optuna_sweeper._impl")
+    with caplog.at_level(logging.INFO, logger=plugin_log.name), pytest.raises(SystemExit):
+        optuna_search(tmp_path, ["optimizer=choice(async_adam,async_sgd)"], _Launcher(SystemExit(143)))
+    with caplog.at_level(logging.INFO, logger=plugin_log.name):
+        plugin_log.info("Storage: %s", "mysql://user:secret@db.example:3306/optuna")
+    lines = [r.getMessage() for r in caplog.records if r.name == plugin_log.name]
+    assert lines[1] == "Storage: None" and lines[-1] == "Storage: mysql://user:***@db.example:3306/optuna"
+
+
 def test_an_optuna_search_the_plugin_stops_ends_with_the_summary_and_the_cause(tmp_path, capsys):
     _fake_trial(tmp_path, 0, ["optimizer=adam"], "PreflightError: no fused update")
     _fake_trial(tmp_path, 1, ["optimizer=adagrad"], "PreflightError: no fused update")
