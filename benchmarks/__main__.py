@@ -6,7 +6,8 @@ Each benchmark runs in its own process (with glibc's transparent-huge-page tunab
 The full suite runs one benchmark at a time and takes about 9 minutes on 2 CPU cores; ``--quick`` runs tiny
 sizes (its timings mean nothing; it checks that everything runs), every benchmark in turn in one process with
 8 virtual CPU devices (JAX, the runner and matplotlib are imported and started once, not once a benchmark),
-in about 30 s.
+in about 30 s, into ``outputs/benchmarks-quick`` unless ``--out`` names another folder (never ``benchmarks/results``,
+whose full results its numbers would replace).
 
 Not in the suite: ``python -m benchmarks.accelerator``, the fused update's cost against the vocabulary by
 row width, and ``python -m benchmarks.padding``, the runner's step with 64-wide tables padded or not, both meant
@@ -134,21 +135,27 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes and few repetitions (a smoke test)")
     p.add_argument("--only", action="append", choices=names, metavar="NAME",
                    help=f"run only this benchmark (repeatable): {', '.join(names)}")
-    p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
-    p.add_argument("--compare", metavar="REF", help="time this tree's fused update against commit REF, alternately")
+    p.add_argument("--out", type=Path, help=common.OUT_HELP)
+    p.add_argument("--compare", metavar="REF", help="time this tree's fused update against commit REF, alternately "
+                                                    "(prints the ratios; --quick and --rounds apply)")
     p.add_argument("--rounds", type=int, help="--compare: alternating rounds (default 4)")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # (internal) --quick's one process
     a = p.parse_args(argv)
-    if a.rounds is not None and not a.compare:
+    if a.rounds is not None and a.compare is None:
         p.error(f"--rounds {a.rounds}: it counts --compare's rounds; give --compare REF with it, or leave it out")
-    if not a.compare:
-        common.check_out(p, a.out)
-    if a.compare:
+    if a.compare is not None:
+        if not a.compare.strip():
+            p.error(f"--compare {a.compare!r}: give a commit to time this tree against, e.g. --compare main")
+        ignored = [f for f, v in (("--only", a.only), ("--out", a.out)) if v is not None]
+        if ignored:
+            p.error(f"{', '.join(ignored)}: --compare times the fused update only and prints its ratios (it writes no "
+                    f"results); leave {'it' if len(ignored) == 1 else 'them'} out, or run the suite without --compare")
         from .compare import compare  # noqa: PLC0415
 
         compare(a.compare, 4 if a.rounds is None else a.rounds, a.quick)
         return 0
-    chosen = a.only or names
+    a.out = common.results_dir(p, a.out, a.quick)
+    chosen = list(dict.fromkeys(a.only)) if a.only else names  # a name given twice runs once
     if a.in_process:
         return run_here(chosen, a.quick, a.out)
     previous = a.out / "summary.json"  # --only: the other benchmarks' last results stay in the summary

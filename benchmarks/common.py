@@ -22,6 +22,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
+# --quick's results when no --out is given: a smoke test's numbers never replace the committed full ones.
+QUICK_RESULTS = ROOT / "outputs" / "benchmarks-quick"
+OUT_HELP = "results folder (default benchmarks/results; with --quick, outputs/benchmarks-quick)"
 # glibc's malloc then asks for transparent huge pages on its large (mmap'd) blocks, which is where XLA and
 # numpy put tables: row gathers from a 2.5 GB table stop missing the TLB (about 2-3x faster at 10M rows).
 HUGE_PAGES_ENV = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
@@ -170,15 +173,14 @@ def main(doc: str, run: Callable[[bool, Path], Any], child: Callable[[dict], Any
 
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, help=OUT_HELP)
     if child is not None:
         p.add_argument("--child", help="(internal) run the measurement given as JSON")
     a = p.parse_args(argv)
     if getattr(a, "child", None):
         answer(child(json.loads(a.child)))
     else:
-        check_out(p, a.out)
-        run(a.quick, a.out)
+        run(a.quick, results_dir(p, a.out, a.quick))
 
 
 def chosen(args: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -203,6 +205,19 @@ def check_sizes(parser: Any, quick: bool, given: Mapping[str, Any], devices: Seq
     for name, (value, low, high) in ranges.items():
         if not low <= value <= high:
             parser.error(f"{name} {value:g}: must be in {low:g}..{high:g}")
+
+
+def results_dir(parser: Any, out: Path | None, quick: bool) -> Path:
+    """The results folder for ``--out`` (None: not given), checked: ``benchmarks/results`` for a full run,
+    ``outputs/benchmarks-quick`` for ``--quick``, whose tiny sizes are refused (``parser.error``) in
+    ``benchmarks/results``, where they would replace the committed full results."""
+    if out is None:
+        out = QUICK_RESULTS if quick else RESULTS
+    elif quick and out.resolve() == RESULTS.resolve():
+        parser.error(f"--out {out}: --quick's tiny sizes would replace the full results kept there; give another "
+                     f"folder, or leave --out out (--quick writes to {QUICK_RESULTS.relative_to(ROOT)})")
+    check_out(parser, out)
+    return out
 
 
 def check_out(parser: Any, out: Path) -> None:

@@ -25,13 +25,14 @@ QUICK = dict(width=16, batch=256, steps=3, warmup=1, optimizers=["async_rowwise_
 CHILD = Path(__file__).resolve().parent / "compare_child.py"
 
 
-def side(tree: Path, payload: dict) -> dict[str, float]:
-    """One child on ``tree``'s ``optimizers``: ``{"<optimizer>@<vocab>": median seconds}``."""
+def side(tree: Path, payload: dict, label: str) -> dict[str, float]:
+    """One child on ``tree``'s ``optimizers`` (``label``: the commit or this tree, for a failure's message):
+    ``{"<optimizer>@<vocab>": median seconds}``."""
     env = {**common.child_env(), "PYTHONPATH": str(tree)}
     proc = subprocess.run([sys.executable, str(CHILD), json.dumps(payload)], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        raise SystemExit(f"benchmarks --compare: timing {tree} failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"benchmarks --compare: timing {label} failed:\n{proc.stderr.strip()[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -55,8 +56,8 @@ def compare(ref: str, rounds: int = 4, quick: bool = False) -> dict:
         try:
             samples: dict[str, list] = {"ref": [], "here": []}
             for r in range(rounds):
-                for name, tree in (("ref", theirs), ("here", common.ROOT)):
-                    samples[name].append(side(tree, payload))
+                for name, tree, label in (("ref", theirs, ref), ("here", common.ROOT, "this tree")):
+                    samples[name].append(side(tree, payload, label))
                 print(f"round {r + 1}/{rounds} done", flush=True)
         finally:
             subprocess.run(["git", "-C", str(common.ROOT), "worktree", "remove", "--force", str(theirs)],

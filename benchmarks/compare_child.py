@@ -13,6 +13,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 
 def compile_options(options) -> dict:
@@ -31,6 +32,10 @@ def main(payload: dict) -> dict:
 
     import optimizers
 
+    here = Path(optimizers.__file__).resolve()
+    if not here.is_relative_to(Path.cwd().resolve()):  # the commit has none: the installed project's came instead
+        raise SystemExit(f"this commit has no optimizers package (the import found {here.parent} instead), so "
+                         f"there is nothing of it to time: compare against a commit that has one")
     options = getattr(optimizers, "compiler_options", None)  # older commits had none
     width, batch, steps, warmup = payload["width"], payload["batch"], payload["steps"], payload["warmup"]
     out = {}

@@ -403,12 +403,13 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=20, help="trials per scenario (default 20)")
     p.add_argument("--seed", type=int, default=0, help="seeds the kill timings")
     p.add_argument("--only", action="append", choices=SCENARIOS, help="run only this scenario (repeatable)")
-    p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument("--out", type=Path, help=common.OUT_HELP)
     p.add_argument("--quick", action="store_true", help="one trial per scenario")
     a = p.parse_args(argv)
     if a.trials < 1:
         p.error(f"--trials {a.trials}: need at least one")
-    data = run(1 if a.quick else a.trials, a.seed, a.only or list(SCENARIOS), a.out)
+    out = common.results_dir(p, a.out, a.quick)
+    data = run(1 if a.quick else a.trials, a.seed, list(dict.fromkeys(a.only)) if a.only else list(SCENARIOS), out)
     return 0 if all(r["ok"] for s in data["scenarios"].values() for r in s["results"]) else 1
 
 

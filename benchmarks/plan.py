@@ -183,13 +183,12 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, help="global batch (default 65,536)")
     p.add_argument("--devices", type=int, nargs="+", help="virtual device counts to compile for (default 64 256)")
     p.add_argument("--quick", action="store_true", help="8 devices, 10^6 x 16, batch 256 (a smoke test)")
-    p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
+    p.add_argument("--out", type=Path, help=common.OUT_HELP)
     a = p.parse_args(argv)
     v = common.chosen(a, {"rows": 1e9, "width": 128, "batch": 65_536, "devices": [64, 256]})
     common.check_sizes(p, a.quick, {f"--{k}": getattr(a, k) for k in v}, v["devices"], v["batch"],
                        {"--rows": (v["rows"], 1, 10**12), "--width": (v["width"], 1, 65536)})
-    common.check_out(p, a.out)
-    run(a.quick, a.out, tuple(v["devices"]), int(v["rows"]), v["width"], v["batch"])
+    run(a.quick, common.results_dir(p, a.out, a.quick), tuple(v["devices"]), int(v["rows"]), v["width"], v["batch"])
 
 
 if __name__ == "__main__":

@@ -165,12 +165,12 @@ def main(argv=None) -> int:
                    help="also compile the 26 tables apart (model.stack_tables=false)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one compile may take (default 1800)")
     p.add_argument("--quick", action="store_true", help="8 devices, tables of at most 10,000 rows, batch 256")
-    p.add_argument("--out", type=Path, default=common.RESULTS, help="results folder (default benchmarks/results)")
+    p.add_argument("--out", type=Path, help=common.OUT_HELP)
     a = p.parse_args(argv)
     v = common.chosen(a, {"devices": [64, 256], "batch": BATCH})
     common.check_sizes(p, a.quick, {f"--{k}": getattr(a, k) for k in v}, v["devices"], v["batch"],
                        {"--timeout": (a.timeout, 1, 24 * 3600)})
-    common.check_out(p, a.out)
+    a.out = common.results_dir(p, a.out, a.quick)
     if not run(a.quick, a.out, tuple(v["devices"]), v["batch"], a.unstacked, a.timeout):
         print(f"error: nothing was compiled within --timeout {a.timeout:g} s, so no report was written; raise "
               f"--timeout", file=sys.stderr)

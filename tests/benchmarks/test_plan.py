@@ -96,3 +96,71 @@ def test_rounds_without_a_comparison_is_refused(capsys):
         main(["--rounds", "3"])
     assert e.value.code == 2
     assert "error: --rounds 3: it counts --compare's rounds; give --compare REF with it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["__main__", "plan", "plan_criteo", "kills", "memory"])
+def test_quick_results_never_replace_the_committed_ones(capsys, module):
+    """``--quick`` writes to outputs/benchmarks-quick unless told otherwise, and is refused in benchmarks/results,
+    where its smoke-test numbers would replace the full run's (they did, summary rows included)."""
+    import importlib
+
+    from benchmarks import common
+
+    before = {p.name: p.stat().st_mtime_ns for p in common.RESULTS.iterdir()}
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"benchmarks.{module}").main(["--quick", "--out", str(common.RESULTS)])
+    assert e.value.code == 2
+    assert (f"error: --out {common.RESULTS}: --quick's tiny sizes would replace the full results kept there; give "
+            f"another folder, or leave --out out (--quick writes to outputs/benchmarks-quick)") in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in common.RESULTS.iterdir()} == before
+
+
+def test_the_results_folder_defaults_to_a_scratch_one_for_quick_runs(tmp_path, monkeypatch):
+    import argparse
+
+    from benchmarks import __main__ as suite
+    from benchmarks import common
+
+    parser = argparse.ArgumentParser()
+    assert common.results_dir(parser, None, False) == common.RESULTS
+    assert common.results_dir(parser, None, True) == common.ROOT / "outputs" / "benchmarks-quick"
+    assert common.results_dir(parser, tmp_path / "mine", True) == tmp_path / "mine"
+    ran = []
+
+    def run_all(names, quick, out, took):  # stands in for the benchmarks' processes
+        ran.append((names, quick, out))
+        took.update({n: [0.0, 0] for n in names})
+
+    monkeypatch.setattr(common, "QUICK_RESULTS", tmp_path / "quick")
+    monkeypatch.setattr(suite, "run_all", run_all)
+    suite.main(["--quick", "--only", "convert", "--only", "bags", "--only", "convert"])
+    assert ran == [(["convert", "bags"], True, tmp_path / "quick")]  # a name given twice runs once
+    assert (tmp_path / "quick" / "summary.md").is_file()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--compare", ""], "--compare '': give a commit to time this tree against, e.g. --compare main"),
+    (["--compare", "HEAD", "--only", "memory"], "--only: --compare times the fused update only and prints its "
+                                                "ratios (it writes no results); leave it out, or run the suite"),
+    (["--compare", "HEAD", "--only", "bags", "--out", "x"], "--only, --out: --compare times the fused update only"),
+])
+def test_compare_refuses_what_it_would_ignore(capsys, argv, needle):
+    from benchmarks.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and f"error: {needle}" in capsys.readouterr().err
+
+
+def test_compare_refuses_a_commit_without_the_optimizers_package(tmp_path, monkeypatch):
+    """The child times whatever ``optimizers`` comes first on the path: run from a tree without one, it found the
+    installed project's and timed this tree against itself (a ratio near 1, exit 0)."""
+    import runpy
+
+    from benchmarks import common
+
+    child = runpy.run_path(str(common.ROOT / "benchmarks" / "compare_child.py"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"this commit has no optimizers package \(the import found .*/optimizers "
+                                         r"instead\), so there is nothing of it to time"):
+        child["main"]({"width": 4, "batch": 8, "steps": 1, "warmup": 0, "optimizers": ["async_sgd"], "sizes": [10]})
