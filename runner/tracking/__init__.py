@@ -16,7 +16,8 @@ Implementations:
   ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (``float(s)`` parses them back).
 * :class:`WandbTracker` -- Weights & Biases, offline by default. ``trainer/step`` is
   the x-axis of every metric (``define_metric("*", step_metric="trainer/step")``),
-  so W&B's own monotonic ``_step`` never rejects a log line after a resume.
+  so W&B's own monotonic ``_step`` never rejects a log line after a resume; with ``resume`` set, the rows
+  already in ``metrics.jsonl`` count in its summary's best objective and lowest loss.
 * :class:`MultiTracker` -- fans every call out to several trackers.
 
 Trackers are registered by name in :data:`TRACKERS` (``jsonl``, ``wandb``, ``none``); :func:`make_tracker`
@@ -35,7 +36,7 @@ from ..outputs import METRICS_FILE
 from ..registry import Registry, UnknownName
 from .base import STEP_METRIC, Goal, MultiTracker, NoopTracker, Tracker
 from .convert import json_safe, to_python
-from .jsonl import JsonlTracker
+from .jsonl import JsonlTracker, _rows, _text
 from .wandb import WandbTracker
 
 __all__ = ["Goal", "JsonlTracker", "MultiTracker", "NoopTracker", "STEP_METRIC", "TRACKERS", "Tracker",
@@ -53,10 +54,12 @@ def _jsonl(o: Mapping[str, Any]) -> Tracker:
 
 @TRACKERS.register("wandb")
 def _wandb(o: Mapping[str, Any]) -> Tracker:
+    # A run that may resume: the rows its metrics.jsonl carries up to the checkpoint, which W&B's summary must count.
+    history = _rows(_text(Path(o["output_dir"]) / o["metrics_file"])) if o["resume"] else []
     return WandbTracker(o["config"], project=o["project"], mode=o["mode"],
                         dir=o["wandb_dir"] if o["wandb_dir"] is not None else o["output_dir"], name=o["name"],
                         group=o["group"], tags=o["tags"], run_id=o["run_id"], resume=o["resume"],
-                        job_type=o["job_type"], entity=o["entity"], init_timeout=o["init_timeout"])
+                        job_type=o["job_type"], entity=o["entity"], init_timeout=o["init_timeout"], history=history)
 
 
 @TRACKERS.register("none")

@@ -53,12 +53,22 @@ def _start_error(e: Exception, mode: str, init_timeout: float | None) -> str:
             f"WANDB_* environment variables and that the output directory is writable, or use logger=none")
 
 
+def _finite(v: Any) -> bool:
+    """A real number, not NaN or infinite (metrics.jsonl writes those as strings)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 class WandbTracker:
     """Weights & Biases run; ``mode="offline"`` (default) writes
     ``<dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb`` for a later ``wandb sync``.
 
     ``reinit="finish_previous"`` makes a second tracker in the same process (the next
     trial of an in-process sweep) finish any run the previous one left open.
+
+    ``history``: the rows a resumed run logged before its checkpoint (its carried ``metrics.jsonl``). W&B's
+    ``summary="max"/"min"`` counts only what this launch logs (offline, each launch even writes its own run
+    folder, wandb/wandb#4624), so the summary of a goal metric those rows hold is written by this tracker
+    instead, counting them (:meth:`_write_kept`).
     """
 
     def __init__(
@@ -77,6 +87,7 @@ class WandbTracker:
         entity: str | None = None,
         settings: Any = None,
         init_timeout: float | None = None,
+        history: Sequence[Mapping[str, Any]] = (),
     ):
         import wandb
 
@@ -107,6 +118,8 @@ class WandbTracker:
         self.run.define_metric(STEP_METRIC)
         self.run.define_metric("*", step_metric=STEP_METRIC)
         self._goal_metrics: set[str] = set()
+        self._history = list(history)
+        self._kept: dict[str, tuple[str, float]] = {}  # name -> ("max"/"min", best): summaries this tracker writes
         self._finished = False
 
     @property
@@ -120,6 +133,18 @@ class WandbTracker:
         # summary[name] == {"max": best, "last": latest}.
         self.run.define_metric(name, step_metric=STEP_METRIC, summary=f"{op},last", overwrite=False)
         self._goal_metrics.add(name)
+        values = [float(row[name]) for row in self._history if _finite(row.get(name))]
+        if values:
+            self._kept[name] = (op, max(values) if op == "max" else min(values))
+            self._write_kept(name, values[-1])
+
+    def _write_kept(self, name: str, last: float) -> None:
+        """Summary ``{op: best, "last": last}`` of a goal metric the resumed history holds. Setting a summary value
+        stops W&B aggregating that metric (its summary is then the last value logged), so once kept it is rewritten
+        after every value logged; a value replaces the best only if it is better."""
+        op, best = self._kept[name]
+        self._kept[name] = op, max(best, last) if op == "max" else min(best, last)
+        self.run.summary[name] = {op: self._kept[name][1], "last": last}
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         data = to_python(metrics)
@@ -133,6 +158,8 @@ class WandbTracker:
                 del data[k]
         data[STEP_METRIC] = int(step)
         self.run.log(data)
+        for k in (k for k in self._kept.keys() & data.keys() if _finite(data[k])):
+            self._write_kept(k, float(data[k]))
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         """Set summary values; a name declared with :meth:`define_summary` keeps W&B's ``{"max"/"min": best,

@@ -259,3 +259,27 @@ def test_rows_already_in_the_file_count_in_the_summary_as_if_logged_here(tmp_pat
     fresh = JsonlTracker(tmp_path / "new.jsonl", append=False)
     fresh.define_summary("valid/auc")
     assert fresh.summary() == {}
+
+
+def test_a_resumed_wandb_run_keeps_the_best_objective_and_lowest_loss_from_before_its_checkpoint(tmp_path,
+                                                                                                 offline_wandb):
+    """W&B's summary max/min counts only what one launch logs: a resumed run's W&B summary must still hold the
+    best objective and the lowest loss of the rows metrics.jsonl carries up to the checkpoint, as summary.json
+    does; a later value replaces them only if it is better."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/loss": 0.6, "valid/auc": 0.75}\n'
+                                            '{"step": 2, "train/loss": "NaN", "valid/auc": 0.7}\n')
+    t = make_tracker("jsonl,wandb", process_index=0, output_dir=tmp_path, run_id="resumed", resume="allow")
+    w = t.trackers[1]
+    try:
+        t.define_summary("valid/auc", "maximize")
+        t.define_summary("train/loss", "minimize")
+        summary = lambda: {k: dict(w.run.summary[k]) for k in ("valid/auc", "train/loss")}  # noqa: E731
+        assert summary() == {"valid/auc": {"max": 0.75, "last": 0.7}, "train/loss": {"min": 0.6, "last": 0.6}}
+        t.log({"train/loss": 0.65, "valid/auc": 0.73}, step=3)
+        assert summary() == {"valid/auc": {"max": 0.75, "last": 0.73}, "train/loss": {"min": 0.6, "last": 0.65}}
+        t.log({"train/loss": 0.5, "valid/auc": float("nan")}, step=4)
+        t.log({"valid/auc": 0.8}, step=5)
+        assert summary() == {"valid/auc": {"max": 0.8, "last": 0.8}, "train/loss": {"min": 0.5, "last": 0.5}}
+    finally:
+        t.finish(0)
+    assert _offline_runs(tmp_path)[0].name.endswith("-resumed")
