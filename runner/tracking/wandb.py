@@ -32,6 +32,10 @@ def _bad_environment(e: Exception) -> list[tuple[str, str]]:
     run_id = os.environ.get("WANDB_RUN_ID")
     if not found and run_id is not None and not re.fullmatch(r"[\w-]+", run_id):  # W&B's own message names no variable
         found.append(("WANDB_RUN_ID", "a run id holds letters, digits, _ and - only"))
+    if not found:  # W&B's other refusals quote the value (``Invalid project name 'a/b'``), not where it came from
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        found = [(n, reason[:300]) for n, v in sorted(os.environ.items())
+                 if n.startswith("WANDB_") and v.strip() and f"'{v}'" in reason]
     return found
 
 

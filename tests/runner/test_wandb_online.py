@@ -134,3 +134,21 @@ def test_an_offline_run_that_cannot_start_is_one_message(monkeypatch, tmp_path):
     assert str(e.value) == ("logger.mode=offline: W&B could not start the run (OSError: No space left on device): "
                             "check the WANDB_* environment variables and that the output directory is writable, or "
                             "use logger=none")
+
+
+def test_a_project_from_the_environment_that_wandb_refuses_is_named(monkeypatch, tmp_path):
+    """W&B's message quotes the value only (``Invalid project name 'a/b'``); the variable it came from is named."""
+    import wandb
+
+    wandb.teardown()
+    monkeypatch.setenv("WANDB_PROJECT", "a/b")
+    try:
+        with pytest.raises(PreflightError) as e:
+            run_tracker(compose_config(["logger=wandb"]), tmp_path, process_index=0)
+    finally:
+        monkeypatch.delenv("WANDB_PROJECT")
+        wandb.teardown()
+    assert str(e.value).startswith("W&B refused a setting from the environment (WANDB_PROJECT='a/b': Invalid project "
+                                   "name 'a/b'"), str(e.value)
+    assert str(e.value).endswith("fix or unset WANDB_PROJECT (`unset WANDB_PROJECT`; logger.mode=offline sets the "
+                                 "run's mode), or use logger=none"), str(e.value)
