@@ -124,7 +124,8 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
     schedule's fields its kind does not use (or a step schedule that never steps in ``steps``), delay
     compensation's lambda without compensation, hash-table settings on a dense table, sampled-softmax settings
     under another loss, DCN's low rank without cross layers, ranking's evaluation batches on another task, W&B
-    settings without W&B, several processes' settings for one, a dense warmup longer than the run."""
+    settings without W&B, several processes' settings for one, a run id without checkpoints, a dense warmup longer
+    than the run."""
     from optimizers import Schedule
 
     from . import config as schemas
@@ -206,6 +207,10 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
         out.append(f"warning: {_listed(idle, 'distributed.')}: distributed=none runs one process, so "
                    f"{_they(idle, 'it has', 'they have')} no effect; pick distributed=local, manual or "
                    f"slurm (or python -m runner.launch) to run several")
+    if cfg.trainer.get("run_id") is not None and not int(cfg.checkpoint.interval):
+        out.append(f"warning: trainer.run_id={cfg.trainer.run_id} names the run's checkpoints and W&B id, and "
+                   f"checkpoint.interval=0 saves none: it has no effect; set checkpoint.interval above 0 to save and "
+                   f"resume the run under it, or leave it out")
     if _given(cfg.dense_optimizer, schemas.DenseOptimizerConfig, ("warmup_steps",)) and \
             int(cfg.dense_optimizer.warmup_steps) > steps:
         out.append(f"warning: dense_optimizer.warmup_steps={cfg.dense_optimizer.warmup_steps} is longer than the "

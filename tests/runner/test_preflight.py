@@ -239,10 +239,14 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
         "1 or leave it out"]),
     (["model.tables.items.kind=hash", "model.tables.items.capacity=100", "model.tables.items.evict=ttl",
       "model.tables.items.ttl=5", "model.tables.items.admit_after=2", "model.tables.items.sketch_width=1024"], 6, []),
+    (["trainer.run_id=drill"], 6, [
+        "warning: trainer.run_id=drill names the run's checkpoints and W&B id, and checkpoint.interval=0 saves none: it "
+        "has no effect; set checkpoint.interval above 0 to save and resume the run under it, or leave it out"]),
+    (["trainer.run_id=drill", "checkpoint.interval=3"], 6, []),
 ], ids=["dc_lambda", "dc_lambda-used", "schedule", "schedule-used", "step", "step-used", "cosine-longer",
         "warmup-cosine-longer", "cosine-used", "decay-mode-without-decay", "decay-mode-used", "hash-on-dense",
         "dense-warmup", "defaults", "wandb-without-wandb", "wandb-used", "processes-for-one", "hash-idle",
-        "hash-used"])
+        "hash-used", "run-id-without-checkpoints", "run-id-used"])
 def test_settings_nothing_in_the_run_reads_are_named_in_a_warning(overrides, steps, warned):
     from runner.notices import unused_settings
 
