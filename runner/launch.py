@@ -210,6 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{sweep[0]}: runner.launch runs one training over {args.num_processes} processes, not a sweep; "
                      f"launch each trial on its own (python -m runner.launch -n {args.num_processes} -- <that "
                      f"trial's overrides>), or sweep one process at a time (python -m runner -m ...)")
+    flags = [o for o in args.overrides if o.startswith("-") and o not in ("-m", "--multirun")]
+    if flags:
+        parser.error(f"{flags[0]}: a flag of python -m runner, not an override, and runner.launch starts training "
+                     f"processes; use it with python -m runner alone (e.g. python -m runner --cfg job <overrides> "
+                     f"prints the config)")
     ours = ("distributed", "distributed.process_id", "distributed.num_processes", "distributed.coordinator_address")
     taken_over = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") in ours]
     if taken_over:

@@ -157,6 +157,20 @@ def test_launch_refuses_a_sweep_naming_the_flag_and_the_ways_out(flag, capsys):
            f"its own (python -m runner.launch -n 2 -- <that trial's overrides>)" in err
 
 
+@pytest.mark.parametrize("flag", ["--cfg", "--help", "-c", "--info"])
+def test_launch_refuses_a_flag_of_the_runner_naming_it(flag, capsys):
+    """Placed after the launcher's own overrides, ``--cfg job`` split them: each process blamed a valid override."""
+    from runner.launch import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["-n", "2", "--", flag, "job", "trainer.steps=3"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"python -m runner.launch: error: {flag}: a flag of python -m runner, not an override, and runner.launch "
+        f"starts training processes; use it with python -m runner alone (e.g. python -m runner --cfg job "
+        f"<overrides> prints the config)")
+
+
 def test_launch_cli_rejects_zero_processes():
     proc = subprocess.run([sys.executable, "-m", "runner.launch", "-n", "0"], capture_output=True, text=True,
                           timeout=60)
