@@ -107,7 +107,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
             say(note)
         # Several processes: a failure ends this one now, clearly; an embedding optimizer's failure is one message.
-        with distributed.fail_fast(tracker), failures.named(program), Preemption() as preemption:
+        with distributed.fail_fast(tracker, saves=ckpt is not None), failures.named(program), Preemption() as preemption:
             result = train(program, task, cfg.trainer, tracker, log=say, checkpoints=ckpt, preemption=preemption)
             if cfg.distributed.dump_state:
                 distributed.dump_state(result["state"], out / "final_state.npz")

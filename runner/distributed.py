@@ -138,6 +138,7 @@ def _placement(d: Any) -> tuple[str, int, int]:
 _SERVICE: list = []  # process 0's child serving the coordination service (coordinator.py), kept for the run
 _WATCH: list = []  # this process's coordinator.Watch
 _TRACKER: list = []  # the run's tracker while it trains (fail_fast), finished when a peer's death ends the run
+_SAVES: list = []  # while it trains: whether the run saves checkpoints (what a relaunch after a death resumes from)
 WATCH_KEY = "runner/watch_port"
 
 
@@ -159,7 +160,11 @@ def _peer_died(who: int | None) -> None:
     what = (f"another process died (process {who} of {jax.process_count()}: killed, or it ended on an error; see "
             f"its log)" if who is not None else
             "the coordination service is gone (process 0's machine or its child died)")
-    _end(f"{what}. Relaunch every process with the same command to resume from the newest checkpoint")
+    if _SAVES and not _SAVES[-1]:
+        _end(f"{what}. The run saves no checkpoints (checkpoint.interval=0): relaunching every process starts it "
+             f"again from step 0 (set checkpoint.interval above 0 for a run a relaunch resumes)")
+    else:
+        _end(f"{what}. Relaunch every process with the same command to resume from the newest checkpoint")
 
 
 def finished() -> None:
@@ -246,13 +251,14 @@ def check_plan(plan: MeshPlan) -> None:
 
 
 @contextlib.contextmanager
-def fail_fast(tracker: Any = None):
+def fail_fast(tracker: Any = None, saves: bool = True):
     """Several processes: an error here (most often a collective that failed because a peer died) ends this
     process at once with a clear message and exit code 1 (a runner error: its one line and exit code, as for one
     process); a plain exit would wait for its peers at shutdown and then abort with a C++ stack trace. One
-    process: errors propagate unchanged."""
+    process: errors propagate unchanged. ``saves``: whether the run saves checkpoints, for the advice on a death."""
     if tracker is not None:
         _TRACKER.append(tracker)
+    _SAVES.append(saves)
     try:
         yield
     except Exception as e:  # noqa: BLE001
@@ -267,6 +273,7 @@ def fail_fast(tracker: Any = None):
                    "log" if peer else "see the traceback above")
             _end(f"{type(e).__name__}: {first[0] if first else ''} -- {why}", exc_info=not peer)
     finally:
+        _SAVES.pop()
         if tracker in _TRACKER:
             _TRACKER.remove(tracker)
 

@@ -377,3 +377,19 @@ def test_a_runner_error_on_one_of_several_processes_ends_it_with_its_own_line_an
     assert ended[2] == ("KeyError: 'x' -- see the traceback above", True, 1)
     assert ended[3][0].endswith("-- a collective failed, most likely because another process died or lost its "
                                 "connection; see its log") and ended[3][2] == 1  # a peer's death, whatever failed
+
+
+def test_a_peers_death_advises_a_relaunch_that_resumes_only_when_the_run_saves_checkpoints(monkeypatch):
+    """A run without checkpoints was told to relaunch "to resume from the newest checkpoint", which it has none of."""
+    from runner import distributed
+
+    ended = []
+    monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(distributed, "_end", lambda why, exc_info=False, code=1: ended.append(why))
+    for saves in (True, False):
+        with distributed.fail_fast(saves=saves):
+            distributed._peer_died(1)
+    died = "another process died (process 1 of 2: killed, or it ended on an error; see its log)"
+    assert ended == [f"{died}. Relaunch every process with the same command to resume from the newest checkpoint",
+                     f"{died}. The run saves no checkpoints (checkpoint.interval=0): relaunching every process starts "
+                     f"it again from step 0 (set checkpoint.interval above 0 for a run a relaunch resumes)"]
