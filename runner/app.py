@@ -17,7 +17,7 @@ from .core import failures, memory_budget
 from .core.loop import train
 from .core.preemption import Preemption
 from .errors import Preempted, PreflightError, RunnerError
-from .outputs import METRICS_FILE, set_aside
+from .outputs import METRICS_FILE, listed, set_aside
 from .sweeps import write_run_info
 from .tracking import JsonlTracker, make_tracker
 from .tracking.wandb import TrackerStartError
@@ -82,7 +82,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         moved = set_aside(out)
         if moved:
             log.warning("%s already held an earlier run's %s: moved to %s; this run writes its own", out,
-                        " and ".join(moved), ", ".join(p.name for p in moved.values()))
+                        listed(moved), ", ".join(p.name for p in moved.values()))
     try:
         tracker = run_tracker(cfg, out, tags, process_index=jax.process_index(), run_id=ckpt and ckpt.run_id)
     except BaseException:

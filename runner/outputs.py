@@ -26,9 +26,10 @@ FAILED_MARKER = "FAILED"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 
 
-def set_aside(run_dir: Path, names: tuple[str, ...] = (METRICS_FILE, SUMMARY_FILE)) -> dict[str, Path]:
+def set_aside(run_dir: Path, names: tuple[str, ...] = (METRICS_FILE, SUMMARY_FILE, RUN_INFO_FILE)) -> dict[str, Path]:
     """An earlier run's record in ``run_dir`` that a run starting there must not append to or overwrite: each of
-    ``names`` there is moved to ``<name>.before-restart`` (``.1``, ``.2``, ... when taken), kept whole. Returns
+    ``names`` there (the metrics, the summary, the record naming its W&B run) is moved to ``<name>.before-restart``
+    (``.1``, ``.2``, ... when taken), kept whole. Returns
     where each one that existed went. Used for a run without checkpoints (``runner.app``: a ``hydra.run.dir`` given
     again, a sweep into the same ``hydra.sweep.dir``) and a checkpointed one starting from step 0
     (``runner.checkpoint.opening``)."""
@@ -41,6 +42,12 @@ def set_aside(run_dir: Path, names: tuple[str, ...] = (METRICS_FILE, SUMMARY_FIL
             moved[name] = vacant(path.with_name(path.name + ".before-restart"))
             path.replace(moved[name])
     return moved
+
+
+def listed(names) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    names = list(names)
+    return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def read_overrides(run_dir: Path) -> list[str]:

@@ -80,11 +80,16 @@ def test_a_second_run_in_the_same_directory_sets_the_first_ones_record_aside(cfg
 
     run(cfg_of(["trainer.steps=2", "trainer.log_interval=1"]), tmp_path)
     first = (tmp_path / "metrics.jsonl").read_text()
+    (tmp_path / "wandb_run.json").write_text('{"id": "first"}')  # as a run with W&B (logger=wandb) leaves
     with caplog.at_level(logging.WARNING, logger="runner"):
         run(cfg_of(["trainer.steps=3", "trainer.log_interval=1", "trainer.seed=5"]), tmp_path)
     assert (tmp_path / "metrics.jsonl.before-restart").read_text() == first
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps[:3] == [1, 2, 3] and set(steps) == {1, 2, 3}  # this run's rows alone (step 3: train, final)
     assert json.loads((tmp_path / "summary.json.before-restart").read_text())["steps"] == 2
-    assert any("already held an earlier run's metrics.jsonl and summary.json: moved to "
-               "metrics.jsonl.before-restart, summary.json.before-restart" in r.getMessage() for r in caplog.records)
+    # the record naming the earlier run's W&B run goes with them (this run, logger=none, writes none)
+    assert (tmp_path / "wandb_run.json.before-restart").read_text() == '{"id": "first"}'
+    assert not (tmp_path / "wandb_run.json").exists()
+    assert any("already held an earlier run's metrics.jsonl, summary.json and wandb_run.json: moved to "
+               "metrics.jsonl.before-restart, summary.json.before-restart, wandb_run.json.before-restart"
+               in r.getMessage() for r in caplog.records)
