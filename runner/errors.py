@@ -6,6 +6,10 @@ non-zero exit code, never a traceback: exit code 1 for a :class:`CheckpointError
 """
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class RunnerError(Exception):
     """What the command line reports as one message; the message says what was wrong and how to fix it."""
@@ -50,5 +54,27 @@ class Preempted(Exception):
         self.code = code
 
 
-__all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "TrainingError",
-           "exit_code"]
+class Terminated(BaseException):
+    """SIGTERM inside :func:`sigterm_unwinds`: raised like Ctrl-C's ``KeyboardInterrupt`` (not an ``Exception``,
+    so no ``except Exception`` swallows it), so ``finally`` blocks remove what a command had half written and the
+    command can say so in one line and exit 143, where the default action would kill it on the spot."""
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """For the block, SIGTERM raises :class:`Terminated` (main thread only: Python runs handlers there); the
+    previous handler is put back after it. The commands that write files (``runner.prepare``,
+    ``runner.report``) use it to stop cleanly when a scheduler or ``kill`` ends them."""
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
+__all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "Terminated",
+           "TrainingError", "exit_code", "sigterm_unwinds"]

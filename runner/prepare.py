@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 
+from .errors import Terminated, sigterm_unwinds
 from .tasks.criteo.prepare import PrepareError, convert
 from .tasks.criteo.synthetic import CriteoSpec, write_logs
 from .tasks.criteo.tsv import NUM_CAT, ONE_HOT, FormatError, check_bags
@@ -64,36 +64,26 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(a, name, None)
         if value is not None and not low <= value <= INT32_MAX:
             p.error(f"{flag} {value}: must be an integer in {low}..{INT32_MAX:,}")
-    previous = signal.signal(signal.SIGTERM, _terminated)  # stopped like Ctrl-C: the output folder as it was found
-    try:
-        if a.what == "criteo":
-            m = convert(a.inputs, a.out, seed=a.seed, min_count=a.min_count, max_bad_lines=a.max_bad_lines,
-                        shard_lines=a.shard_lines, bags=a.bag_sizes)
-            print(json.dumps({"splits": {s: v["examples"] for s, v in m["splits"].items()},
-                              "split": m["split"], "bad_lines": m["bad_lines"]}))
-        else:
-            spec = CriteoSpec(lines=a.lines, days=a.days, seed=a.seed, gzip=a.gzip, bags=a.bag_sizes or ONE_HOT)
-            for path in write_logs(spec, a.out):
-                print(path)
-    except (FormatError, PrepareError, ValueError, OSError) as e:
-        print(f"runner.prepare: {e}", file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, Terminated) as e:
-        how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-        print(f"runner.prepare: stopped ({how}); --out {a.out} was left as it was found (new: removed; empty: "
-              f"emptied). Run the same command again to start over", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_unwinds():  # stopped like Ctrl-C: the output folder as it was found
+        try:
+            if a.what == "criteo":
+                m = convert(a.inputs, a.out, seed=a.seed, min_count=a.min_count, max_bad_lines=a.max_bad_lines,
+                            shard_lines=a.shard_lines, bags=a.bag_sizes)
+                print(json.dumps({"splits": {s: v["examples"] for s, v in m["splits"].items()},
+                                  "split": m["split"], "bad_lines": m["bad_lines"]}))
+            else:
+                spec = CriteoSpec(lines=a.lines, days=a.days, seed=a.seed, gzip=a.gzip, bags=a.bag_sizes or ONE_HOT)
+                for path in write_logs(spec, a.out):
+                    print(path)
+        except (FormatError, PrepareError, ValueError, OSError) as e:
+            print(f"runner.prepare: {e}", file=sys.stderr)
+            return 2
+        except (KeyboardInterrupt, Terminated) as e:
+            how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+            print(f"runner.prepare: stopped ({how}); --out {a.out} was left as it was found (new: removed; empty: "
+                  f"emptied). Run the same command again to start over", file=sys.stderr)
+            return 143 if isinstance(e, Terminated) else 130
     return 0
-
-
-class Terminated(BaseException):
-    """SIGTERM during a conversion: unwinds like Ctrl-C, so the output folder is given back as it was found."""
-
-
-def _terminated(signum, frame):
-    raise Terminated()
 
 
 if __name__ == "__main__":
