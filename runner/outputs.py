@@ -50,12 +50,14 @@ def listed(names) -> str:
     return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def read_overrides(run_dir: Path) -> list[str]:
-    """The command-line overrides Hydra recorded for a run (``[]`` when there are none)."""
+def read_overrides(run_dir: Path, errors: str = "replace") -> list[str]:
+    """The command-line overrides Hydra recorded for a run (``[]`` when there are none). ``errors``: how bytes
+    that are not UTF-8 are decoded; ``"strict"`` raises ``UnicodeDecodeError`` (the report names such a file
+    rather than show a trial without overrides)."""
     path = Path(run_dir) / OVERRIDES_FILE
     if not path.is_file():
         return []
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = path.read_text(encoding="utf-8", errors=errors)
     try:
         import yaml
 

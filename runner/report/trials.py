@@ -126,8 +126,11 @@ class Trial:
 
     @property
     def status(self) -> str:
-        return ("failed" if self.failed else "ok" if self.finished else
-                "unreadable" if self.unreadable else "unfinished")
+        """``failed`` first (it is known how the run ended), then ``unreadable`` -- a file that is there but cannot
+        be read, even beside a readable summary.json: what the report shows of it is incomplete, so it is not
+        called ``ok`` (its readable metrics are still shown) -- then ``ok`` or ``unfinished``."""
+        return ("failed" if self.failed else "unreadable" if self.unreadable else
+                "ok" if self.finished else "unfinished")
 
     @property
     def shown_overrides(self) -> list[str]:
@@ -191,8 +194,8 @@ def load_trial(trial_dir: Path, label: str | None = None) -> Trial:
     records, bad = read_metrics(trial_dir / METRICS_FILE, problems)
     summary = _read_summary(trial_dir, problems)
     try:
-        overrides = read_overrides(trial_dir)
-    except OSError as e:
+        overrides = read_overrides(trial_dir, errors="strict")  # not UTF-8: named, not read as no overrides
+    except (OSError, ValueError) as e:
         overrides = []
         problems.append(_unreadable(trial_dir / OVERRIDES_FILE, e))
     try:

@@ -434,3 +434,14 @@ def test_a_next_item_run_gets_its_task_s_objective_chart_and_oracle_lines(tmp_pa
     assert "- objective: `valid/ndcg@10` (maximize)" in md and "- best trial: `run` 0.3 at step 20" in md
     assert "- Bayes-optimal oracle (dotted lines in ranking_metrics.png): `oracle/valid/ndcg@10` 0.55" in md
     assert (root / "ranking_metrics.png").read_bytes().startswith(PNG_MAGIC) and not (root / "auc.png").exists()
+
+
+def test_overrides_that_are_not_utf8_make_the_trial_unreadable_its_metrics_kept(multirun, tmp_path):
+    """As docs/guide/sweeps.md says: overrides that are there but cannot be read make the trial ``unreadable``
+    (it was ``ok`` with no overrides), the header names the file; its readable metrics are still reported."""
+    (multirun / "0" / ".hydra" / "overrides.yaml").write_bytes(b"- optimizer=adagrad\xff\n")
+    md = build_report(multirun, tmp_path / "r").read_text()
+    assert "- trials: 3 (1 ok, 1 failed, 1 unreadable)" in md
+    assert "- unreadable: `0`: overrides.yaml (not UTF-8)" in md
+    row = _rows(tmp_path / "r")[0]
+    assert row["status"] == "unreadable" and float(row["best_objective"]) == pytest.approx(0.75)
