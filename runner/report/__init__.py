@@ -40,6 +40,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import Terminated, sigterm_unwinds
 from .charts import AucPanels, auc_figure, auc_panels
 from .summary import build_report
 from .trials import (ReportError, Trial, common_overrides, find_trials, label_trials, load_trial, read_metrics,
@@ -50,22 +51,35 @@ __all__ = ["AucPanels", "ReportError", "Trial", "auc_figure", "auc_panels", "bui
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m runner.report DIR [--out DIR] [--metric M] [--goal G]``; returns the exit code (2: refused)."""
+    """``python -m runner.report DIR [--out DIR] [--metric M] [--goal G]``; returns the exit code (2: refused;
+    130/143: stopped by Ctrl-C/SIGTERM, the report's temporary folder removed)."""
     p = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.split("\n\n")[0])
-    p.add_argument("dir", type=Path, help="run directory or Hydra multirun directory")
+    p.add_argument("dir", help="run directory or Hydra multirun directory")
     p.add_argument("--out", default=None, help="output directory (default: DIR)")
     p.add_argument("--metric", default=None,
                    help="objective metric (default: the task's, e.g. valid/auc_mean for ranking)")
     p.add_argument("--goal", choices=["maximize", "minimize"], default="maximize")
     args = p.parse_args(argv)
-    try:
-        if args.out is not None and not args.out.strip():
-            raise ReportError("--out is empty; give a folder (it is created if missing), or leave --out out to "
-                              "write into the run or sweep folder")
-        path = build_report(args.dir, Path(args.out) if args.out is not None else None, metric=args.metric,
-                            goal=args.goal)
-    except ReportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    notes: list[str] = []
+    with sigterm_unwinds():  # SIGTERM unwinds like Ctrl-C: build_report's finally removes its temporary folder
+        try:
+            if not args.dir.strip():  # Path("") is ".": the report would walk and write the current folder
+                raise ReportError("DIR is empty; give a run folder (outputs/<date>/<time>) or a sweep folder "
+                                  "(multirun/<date>/<time>); for the current folder, give .")
+            if args.out is not None and not args.out.strip():
+                raise ReportError("--out is empty; give a folder (it is created if missing), or leave --out out to "
+                                  "write into the run or sweep folder")
+            path = build_report(Path(args.dir), Path(args.out) if args.out is not None else None,
+                                metric=args.metric, goal=args.goal, notes=notes)
+        except ReportError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except (KeyboardInterrupt, Terminated) as e:
+            how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+            print(f"runner.report: stopped ({how}) before the report was complete; its temporary folder was "
+                  f"removed. Run the same command again to write it", file=sys.stderr)
+            return 143 if isinstance(e, Terminated) else 130
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
     print(path)
     return 0

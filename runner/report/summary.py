@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE
-from ..tasks import ReportMetrics
+from ..tasks import ReportMetrics, report_metrics
 from .charts import AucPanels, _plot_final, _plot_loss, _plot_metrics, auc_panels
 from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, _to_float, find_trials, label_trials, load_trial,
-                     shown_metrics)
+                     other_task, shown_metrics)
 
 CSV_COLUMNS = [
     "trial",
@@ -84,6 +84,7 @@ def build_report(
     out: Path | None = None,
     metric: str | None = None,
     goal: str = "maximize",
+    notes: list[str] | None = None,
 ) -> Path:
     """Write ``report.md``, ``report.csv``, ``loss.png``, the task's metrics chart (``auc.png`` for ranking) and
     ``final_metric.png`` into ``out`` (default ``root``); return the ``report.md`` path.
@@ -93,15 +94,19 @@ def build_report(
         out: where the files go (default ``root``).
         metric: the objective trials are ranked by (default: the task's, ``ReportMetrics.objective``).
         goal: ``maximize`` or ``minimize`` the objective.
+        notes: where the warnings the report's header carries are also appended (trials of another task), for
+            the command line to print: a mixed report is written, but not without a word.
 
     Raises:
         ReportError: before writing anything, for a missing folder, a file, or a folder without any trial.
     """
     if goal not in ("maximize", "minimize"):
         raise ReportError(f"goal must be 'maximize' or 'minimize', got {goal!r}")
-    root, out = _check_dirs(Path(root), Path(out) if out is not None else None)
-
-    dirs = find_trials(root, exclude=[out] if out != root else [])
+    given = out is not None
+    root, out = _check_dirs(Path(root), Path(out) if given else None)
+    # Nothing below --out is passed over: a report writes only files there (and its own .report-* folder,
+    # which holds none of a trial's), so an --out that is a sweep folder inside DIR keeps that sweep's trials.
+    dirs = find_trials(root)
     if not dirs:
         raise ReportError(f"{root} holds no trial: {TRIAL_HOLDS}. Nothing was written; point at a run or sweep "
                           f"folder")
@@ -114,21 +119,26 @@ def build_report(
                           f"{', '.join(known) or 'nothing'}. "
                           f"Nothing was written")
     metric = shown.objective if metric is None else metric
+    warnings = _mixed_tasks(root, trials, shown, metric)
+    if notes is not None:
+        notes.extend(warnings)
     common = label_trials(trials)
     rows = [_row(t, metric, goal) for t in trials]
     try:
         out.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=".report-", dir=out))  # written whole, then moved into place
     except OSError as e:
-        raise ReportError(f"--out {out} cannot be made or written ({e.strerror or e}); give a folder that can be "
-                          f"written. Nothing was written") from None
+        what = (f"--out {out} cannot be made or written ({e.strerror or e}); give a folder that can be written"
+                if given else f"{out}, the run or sweep folder the report is written into without --out, cannot "
+                f"be written ({e.strerror or e}); give --out a folder that can be written")
+        raise ReportError(f"{what}. Nothing was written") from None
     try:
         _write_csv(stage / "report.csv", rows)
         _plot_loss(trials, stage)
         panels = auc_panels(trials, shown)
         _plot_metrics(trials, stage, panels)
         _plot_final(rows, trials, stage, metric)
-        lines = (_header(root, trials, rows, common, metric, goal, panels) + _table(trials, rows, metric)
+        lines = (_header(root, trials, rows, common, metric, goal, panels, warnings) + _table(trials, rows, metric)
                  + _charts(panels, shown, metric))
         (stage / "report.md").write_text("\n".join(lines), encoding="utf-8")
         made = sorted(p.name for p in stage.iterdir())
@@ -139,8 +149,8 @@ def build_report(
         for name in made:
             os.replace(stage / name, out / name)
     except OSError as e:
-        raise ReportError(f"writing the report into {out} failed ({e.strerror or e}); give a folder that can be "
-                          f"written (--out)") from None
+        raise ReportError(f"writing the report into {out} failed ({e.strerror or e}); give --out "
+                          f"{'another' if given else 'a'} folder that can be written") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out / "report.md"
@@ -155,9 +165,30 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             w.writerow({k: _fmt(r[k]) for k in CSV_COLUMNS})
 
 
+def _mixed_tasks(root: Path, trials: Sequence[Trial], shown: ReportMetrics, metric: str) -> list[str]:
+    """A warning naming the trials of another task than the one the report is for (``shown``, the first trial's
+    whose config names its data): they are ranked by ``metric`` and charted as that task's runs, so what they
+    logged under their own task's names shows ``–``. Said, with how to report them apart, not refused: a folder
+    of old runs of several tasks still gets its report."""
+    others = [t for t in trials if other_task(t, shown)]
+    if not others:
+        return []
+    first = next(t.data for t in trials if t.data is not None)
+    names = ", ".join(f"`{t.label}`" for t in others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    theirs = sorted({f"data.name={t.data} (objective {report_metrics(t.data).objective})" for t in others})
+    folder = Path(os.path.commonpath([t.path for t in others]))
+    ranked = [t for t in trials if not other_task(t, shown)]
+    alone = folder != root and not any(t.path == folder or folder in t.path.parents for t in ranked)
+    how = f"python -m runner.report {folder}" if alone else "give the folder of one task's trials"
+    return [f"{len(others)} of {len(trials)} trials ran another task than data.name={first}, the one this report "
+            f"ranks (by `{metric}`) and charts: {names}, of {', '.join(theirs)}; what they did not log under this "
+            f"task's names shows –. Report each task apart: {how}"]
+
+
 def _header(root: Path, trials: Sequence[Trial], rows: Sequence[dict[str, Any]], common: list[str], metric: str,
-            goal: str, panels: AucPanels) -> list[str]:
-    """The report's title and summary: trials, objective, common overrides, the best trial, the references."""
+            goal: str, panels: AucPanels, warnings: Sequence[str] = ()) -> list[str]:
+    """The report's title and summary: trials, objective, warnings, common overrides, the best trial, the
+    references."""
     n_failed = sum(t.failed for t in trials)
     n_unfinished = sum(t.status == "unfinished" for t in trials)
     unreadable = [t for t in trials if t.status == "unreadable"]
@@ -174,7 +205,8 @@ def _header(root: Path, trials: Sequence[Trial], rows: Sequence[dict[str, Any]],
         + (f", {len(unreadable)} unreadable" if unreadable else "") + ")",
         f"- objective: `{metric}` ({goal})",
     ]
-    lines += [f"- unreadable: `{t.label}`: {', '.join(t.unreadable)}" for t in unreadable]
+    lines += [f"- warning: {w}" for w in warnings]
+    lines += [f"- unreadable: `{t.label}`: {', '.join(t.unreadable)}" for t in trials if t.unreadable]
     if common:
         lines.append(f"- common: `{' '.join(common)}` (every trial; the table shows what differs)")
     if candidates:

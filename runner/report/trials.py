@@ -274,6 +274,12 @@ def label_trials(trials: Sequence[Trial]) -> list[str]:
     return common
 
 
+def other_task(trial: Trial, shown: ReportMetrics) -> bool:
+    """Whether ``trial``'s config names a data source of another task than ``shown`` (a trial without a
+    readable config is not known to be of another one)."""
+    return trial.data is not None and report_metrics(trial.data) is not shown
+
+
 def shown_metrics(trials: Sequence[Trial]) -> ReportMetrics:
     """What the report shows of these trials: the task's declaration (``runner.tasks.report_metrics``) of the
     first trial whose config names its data source, else the default data source's."""

@@ -436,6 +436,54 @@ def test_a_next_item_run_gets_its_task_s_objective_chart_and_oracle_lines(tmp_pa
     assert (root / "ranking_metrics.png").read_bytes().startswith(PNG_MAGIC) and not (root / "auc.png").exists()
 
 
+# --------------------------------------------------------------------------- what a report says of its trials
+
+
+def test_an_out_that_is_a_sweep_folder_inside_dir_keeps_that_sweep_s_trials(multirun, tmp_path, capsys):
+    """--out is not passed over when trials are looked for: the report writes only files there, and a sweep
+    folder given as --out holds trials of DIR's own (they were silently left out)."""
+    import shutil
+
+    multi = tmp_path / "multi"
+    for name in ("sweepA", "sweepB"):
+        shutil.copytree(multirun, multi / name)
+    for _ in range(2):  # the second time, sweepA holds the first report's files: still 6 trials, no more
+        assert main([str(multi), "--out", str(multi / "sweepA")]) == 0
+        assert [r["trial"] for r in _rows(multi / "sweepA")] == [f"sweep{s}/{i}" for s in "AB" for i in range(3)]
+        assert "- trials: 6 (4 ok, 2 failed)" in (multi / "sweepA" / "report.md").read_text()
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("arg", ["", "  "])
+def test_an_empty_dir_is_refused_not_taken_as_the_current_folder(multirun, monkeypatch, capsys, arg):
+    monkeypatch.chdir(multirun)  # where Path("") would have walked and written
+    assert main([arg]) == 2
+    assert capsys.readouterr().err == ("error: DIR is empty; give a run folder (outputs/<date>/<time>) or a sweep "
+                                       "folder (multirun/<date>/<time>); for the current folder, give .\n")
+    assert sorted(p.name for p in multirun.iterdir()) == ["0", "1", "2", "multirun.yaml"]
+
+
+def test_trials_of_another_task_are_named_in_a_warning_and_the_header(tmp_path, capsys):
+    """The report is for one task (the first trial's): trials of another one are ranked by its objective and
+    show – for it, so the command says which they are and how to report them apart."""
+    root = tmp_path / "mixed"
+    _write_trial(root / "rank" / "0", ["model.emb_width=8"], [{"step": 1, "train/loss": 0.5, "valid/auc_mean": 0.7}])
+    (root / "rank" / "0" / ".hydra" / "config.yaml").write_text("data:\n  name: synthetic\n")
+    for i in range(2):
+        _write_trial(root / "seq" / str(i), [f"model.emb_width={8 * (i + 1)}"],
+                     [{"step": 1, "train/loss": 2.5, "valid/ndcg@10": 0.2}])
+        (root / "seq" / str(i) / ".hydra" / "config.yaml").write_text("data:\n  name: synthetic_sequences\n")
+    assert main([str(root), "--out", str(tmp_path / "r")]) == 0
+    warning = (f"2 of 3 trials ran another task than data.name=synthetic, the one this report ranks (by "
+               f"`valid/auc_mean`) and charts: `seq/0`, `seq/1`, of data.name=synthetic_sequences (objective "
+               f"valid/ndcg@10); what they did not log under this task's names shows –. Report each task apart: "
+               f"python -m runner.report {root / 'seq'}")
+    assert capsys.readouterr().err == f"warning: {warning}\n"
+    assert f"- warning: {warning}\n" in (tmp_path / "r" / "report.md").read_text()
+    assert main([str(root / "seq"), "--out", str(tmp_path / "s")]) == 0  # one task's folder: no warning
+    assert capsys.readouterr().err == ""
+
+
 def test_overrides_that_are_not_utf8_make_the_trial_unreadable_its_metrics_kept(multirun, tmp_path):
     """As docs/guide/sweeps.md says: overrides that are there but cannot be read make the trial ``unreadable``
     (it was ``ok`` with no overrides), the header names the file; its readable metrics are still reported."""
@@ -445,3 +493,52 @@ def test_overrides_that_are_not_utf8_make_the_trial_unreadable_its_metrics_kept(
     assert "- unreadable: `0`: overrides.yaml (not UTF-8)" in md
     row = _rows(tmp_path / "r")[0]
     assert row["status"] == "unreadable" and float(row["best_objective"]) == pytest.approx(0.75)
+
+
+def test_ctrl_c_and_sigterm_stop_with_one_line_and_no_temporary_folder(multirun, monkeypatch, capsys):
+    """Stopped while the charts are drawn: one line, exit 130 (Ctrl-C) or 143 (SIGTERM, which killed the
+    command and left its .report-* folder behind), the temporary folder removed and nothing written."""
+    import os
+    import signal
+
+    from runner.report import summary
+
+    def not_handled(signum, frame):
+        raise RuntimeError("SIGTERM was not handled by the report")
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    def sigterm(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.signal(signal.SIGTERM, not_handled)  # the report's own handler replaces it while it runs
+    try:
+        for stop, how, code in ((ctrl_c, "Ctrl-C", 130), (sigterm, "SIGTERM", 143)):
+            monkeypatch.setattr(summary, "_plot_metrics", stop)
+            try:
+                assert main([str(multirun)]) == code
+            except KeyboardInterrupt:
+                pytest.fail("Ctrl-C came out of main as a traceback")
+            assert capsys.readouterr().err == (f"runner.report: stopped ({how}) before the report was complete; its "
+                                               f"temporary folder was removed. Run the same command again to write "
+                                               f"it\n")
+            assert sorted(p.name for p in multirun.iterdir()) == ["0", "1", "2", "multirun.yaml"]
+            assert signal.getsignal(signal.SIGTERM) is not_handled
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_an_unwritable_default_folder_is_named_as_dir_and_suggests_out(multirun, monkeypatch, capsys):
+    """Without --out, the message names the folder as the one the report goes to by default (it said
+    ``--out <DIR>``, an option not given) and says --out is how to write it elsewhere."""
+    from runner.report import summary
+
+    def refused(*a, **k):  # a read-only sweep folder (chmod does not stop root, who may run the tests)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(summary.tempfile, "mkdtemp", refused)
+    assert main([str(multirun)]) == 2
+    assert capsys.readouterr().err == (f"error: {multirun}, the run or sweep folder the report is written into "
+                                       f"without --out, cannot be written (Permission denied); give --out a folder "
+                                       f"that can be written. Nothing was written\n")
