@@ -168,6 +168,11 @@ class Trial:
         return int(max(steps)) if steps else None
 
     def final(self, key: str) -> float | None:
+        """The run's last value of ``key``: its summary.json's, written as it ended (metrics.jsonl's last row can be
+        an earlier step's, when the file's end was cut off), else the last one logged."""
+        ended = _to_float(self.summary.get(key)) if self.finished else None
+        if ended is not None:
+            return ended
         _, ys = self.series(key)
         if ys:
             return ys[-1]

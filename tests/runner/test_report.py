@@ -542,3 +542,16 @@ def test_an_unwritable_default_folder_is_named_as_dir_and_suggests_out(multirun,
     assert capsys.readouterr().err == (f"error: {multirun}, the run or sweep folder the report is written into "
                                        f"without --out, cannot be written (Permission denied); give --out a folder "
                                        f"that can be written. Nothing was written\n")
+
+
+def test_a_finished_trials_final_value_is_its_summarys_when_its_metrics_were_cut_short(tmp_path):
+    """metrics.jsonl's last line cut off (a full disk, a copy stopped midway): the report showed the step before's
+    value as final, though summary.json holds the run's own."""
+    root = tmp_path / "mr"
+    rows = [{"step": 3, "train/loss": 0.7, "valid/auc_mean": 0.455}, {"step": 6, "train/loss": 0.6}]
+    _write_trial(root / "0", ["model.emb_width=8"], rows, tail='{"step": 6, "valid/auc_mean": 0.4',
+                 summary={"valid/auc_mean": 0.401869, "train/loss": 0.6})
+    _write_trial(root / "1", ["model.emb_width=16"], rows, finished=False)  # still running: its last row is all
+    build_report(root)
+    finals = {r["trial"]: r["final_objective"] for r in _rows(root)}
+    assert finals == {"0": "0.401869", "1": "0.455"}
