@@ -63,12 +63,28 @@ def _or_nan(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
+def _check_before_joining(cfg: DictConfig) -> None:
+    """The config's own checks (every value's range, steps or epochs), before the processes of a multi-process run
+    join: each refuses a bad config at once instead of after waiting for every peer. Every process holds the same
+    config, so process 0 alone gives the message; the others point at it (n copies of it said nothing more)."""
+    try:
+        preflight.check_config(cfg)
+        budget.check(cfg.trainer)
+    except PreflightError:
+        d = cfg.distributed
+        index = os.environ.get("SLURM_PROCID", "0") if d.kind == "slurm" else d.get("process_id") or 0
+        if d.kind == "none" or str(index).strip() in ("0", ""):
+            raise
+        raise PreflightError(f"the config is refused (process {index}): process 0's output says why") from None
+
+
 def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | None = None) -> float:
     """Train one config; returns ``cfg.trainer.objective`` (for sweeps; null: the task's validation objective):
     its value at the state selected on validation when the run selects (``trainer.select_best``; selection
     always goes by a validation metric, ``runner.core.selection.selection_metric``), else the final
     evaluation's."""
     out = Path(output_dir)
+    _check_before_joining(cfg)
     distributed.initialize(cfg.distributed)  # joins the other processes, before anything starts JAX
     program, task, plan, run_budget = build_run(cfg)  # raises PreflightError before anything compiles
     distributed.check_plan(plan)

@@ -205,3 +205,23 @@ def test_a_terminated_launcher_stops_its_children():
     for pid in children:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("process_id", [0, 1])
+def test_a_config_every_process_refuses_is_refused_before_the_join_and_said_by_process_0(tmp_path, process_id):
+    """A bad value was found only after every process had joined (waiting for the slowest), and each of n processes
+    printed the same message; now each refuses at once, process 0 with the message, the others pointing at it."""
+    from runner.app import run
+    from runner.errors import PreflightError
+    from tests.runner.support import compose_config
+
+    cfg = compose_config(["distributed=manual", "distributed.coordinator_address=127.0.0.1:9", "trainer.steps=0",
+                          "distributed.num_processes=2", f"distributed.process_id={process_id}",
+                          "distributed.initialization_timeout_s=2"])
+    with pytest.raises(PreflightError) as e:
+        run(cfg, tmp_path)
+    assert not jax.distributed.is_initialized()
+    if process_id == 0:
+        assert str(e.value).startswith("invalid config:\n  - trainer.steps=0 is outside [1, inf)"), str(e.value)
+    else:
+        assert str(e.value) == "the config is refused (process 1): process 0's output says why"
