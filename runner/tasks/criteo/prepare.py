@@ -12,7 +12,7 @@ derived (``ids.vocabulary``; the one given here is saved as ``vocab_min<k>.npz``
 Splits, decided by the inputs' names: files named ``day_<d>`` (``.gz`` too), two or more, are split by day as
 the Terabyte benchmark is (every day but the last trains; the last day's first half validates, its second
 half tests); anything else (Kaggle's single ``train.txt``) gets a seeded 90/5/5 split of its lines. Days are
-never mixed by a random split.
+never mixed by a random split: ``day_<d>`` files given with any other file are refused, not split at random.
 
 Every file is written to a temporary name and renamed when complete, and ``manifest.json`` last: a conversion
 that stops leaves no manifest, and a directory holding a complete one is refused, never overwritten.
@@ -257,8 +257,23 @@ def release(out: Path, made: bool, keep: bool) -> None:
 
 
 def _check_inputs(inputs: list[Path]) -> None:
-    """The same file given twice, or the same day twice (``day_0`` and ``day_0.gz``, ``day_1`` and ``day_01``),
-    would be read twice: its lines counted twice, and a day trained on and evaluated on."""
+    """Refused before the output folder is taken: ``day_<d>`` files with others (split at random, the days would be mixed: a stray ``day_2.txt`` or a
+    ``day_0.p.npy`` a shell glob picked up); the same file given twice, or the same day twice (``day_0`` and
+    ``day_0.gz``, ``day_1`` and ``day_01``), which would be read twice: its lines counted twice, and a day
+    trained on and evaluated on."""
+    odd = [p for p in inputs if not DAY.match(p.name)]
+    if odd and len(odd) < len(inputs):
+        days = [p for p in inputs if DAY.match(p.name)]
+        truth = [p for p in odd if p.name.endswith(".p.npy")]
+        logs, one = [p for p in odd if p not in truth], len(odd) - len(truth) == 1
+        it, each = ("it", "it") if one else ("them", "each")
+        fix = [f"rename {it} day_<d> (day_<d>.gz if gzipped) for the day {each} holds, or leave {it} out"] * bool(logs)
+        if truth:
+            fix.append("leave out the .p.npy files (generated logs' click probabilities, read beside their logs)")
+        raise PrepareError(f"{', '.join(map(str, odd))}: not named day_<d> (or day_<d>.gz) while "
+                           f"{', '.join(map(str, days[:3]))}{' ...' if len(days) > 3 else ''} are: day files are split "
+                           f"by day (the last one evaluates), any other input by a random 90/5/5 split of its lines, "
+                           f"which would mix the days; {'; '.join(fix)}")
     seen: dict[Any, Path] = {}
     for path in inputs:
         day = DAY.match(path.name)

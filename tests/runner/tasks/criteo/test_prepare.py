@@ -379,3 +379,24 @@ def test_logs_differing_only_in_labels_convert_to_different_manifests(logs, tmp_
     assert [s["examples"] for s in a["splits"]["train"]["shards"]] == [s["examples"] for s in b["splits"]["train"]["shards"]]
     assert strip(a) != strip(b)
     assert (tmp_path / "A" / "manifest.json").read_bytes() != (tmp_path / "B" / "manifest.json").read_bytes()
+
+
+def test_day_files_with_any_other_file_are_refused_not_split_at_random(logs, tmp_path, capsys):
+    """A stray non-day file once sent day files to the seeded 90/5/5 split (days mixed across train and
+    evaluation); now the odd files are named with the fix, nothing written. Days alone, or one file, convert."""
+    from runner.prepare import main
+
+    (day0, day1, _), one = logs["days"], logs["one"][0]
+    stray = tmp_path / "day_2.txt"
+    stray.write_bytes(gzip.decompress(Path(logs["days"][2]).read_bytes()))
+    assert main(["criteo", str(day0), str(day1), str(stray), "--out", str(tmp_path / "s")]) == 2
+    assert capsys.readouterr().err == (
+        f"runner.prepare: {stray}: not named day_<d> (or day_<d>.gz) while {day0}, {day1} are: day files are split by "
+        f"day (the last one evaluates), any other input by a random 90/5/5 split of its lines, which would mix the "
+        f"days; rename it day_<d> (day_<d>.gz if gzipped) for the day it holds, or leave it out\n")
+    truth = f"{day0}.p.npy"  # what a shell glob such as day_* picks up beside generated day files
+    with pytest.raises(PrepareError, match=rf"^{truth}, {one}: not named day_<d> .*rename it day_<d> .*; leave out "
+                                           r"the .p.npy files \(generated logs' click probabilities"):
+        convert([day0, truth, day1, one], tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+    assert convert([day0], tmp_path / "one")["split"] == "seeded"  # a single day file: the seeded split, as before
