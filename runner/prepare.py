@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if a.what == "criteo":
                 m = convert(a.inputs, a.out, seed=a.seed, min_count=a.min_count, max_bad_lines=a.max_bad_lines,
-                            shard_lines=a.shard_lines, bags=a.bag_sizes)
+                            shard_lines=a.shard_lines, bags=a.bag_sizes, refuse_small=True)
                 print(json.dumps({"splits": {s: v["examples"] for s, v in m["splits"].items()},
                                   "split": m["split"], "bad_lines": m["bad_lines"]}))
             else:

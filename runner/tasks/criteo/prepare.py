@@ -13,6 +13,8 @@ Splits, decided by the inputs' names: files named ``day_<d>`` (``.gz`` too), two
 the Terabyte benchmark is (every day but the last trains; the last day's first half validates, its second
 half tests); anything else (Kaggle's single ``train.txt``) gets a seeded 90/5/5 split of its lines. Days are
 never mixed by a random split: ``day_<d>`` files given with any other file are refused, not split at random.
+``python -m runner.prepare`` also refuses a conversion with a split of fewer than ``MIN_EXAMPLES`` examples, which
+no run would take (``too_few``, the run's own check).
 
 Every file is written to a temporary name and renamed when complete, and ``manifest.json`` last: a conversion
 that stops leaves no manifest, and a directory holding a complete one is refused, never overwritten.
@@ -47,6 +49,13 @@ RECORD = record_dtype()
 SPLITS = ("train", "valid", "test")
 DAY = re.compile(r"^day_(\d+)(\.gz)?$")
 SHARD_LINES = 1 << 20
+MIN_EXAMPLES = 100  # per split: fewer gives an evaluation without both labels (AUC undefined)
+
+
+def too_few(sizes: dict[str, int]) -> dict[str, int]:
+    """The splits of ``sizes`` (examples per split) below ``MIN_EXAMPLES``: a run refuses a folder with any
+    (``CriteoTask``), and ``convert(..., refuse_small=True)`` refuses to write one."""
+    return {s: int(n) for s, n in sizes.items() if n < MIN_EXAMPLES}
 
 
 class PrepareError(ValueError):
@@ -184,10 +193,11 @@ def records_of(block, truth: np.ndarray | None = None, bags=ONE_HOT) -> np.ndarr
 
 def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min_count: int = 1,
             max_bad_lines: int = 0, shard_lines: int = SHARD_LINES, block_bytes: int = BLOCK_BYTES,
-            bags=None) -> dict:
+            bags=None, refuse_small: bool = False) -> dict:
     """Convert Criteo-format files into shards under ``out``; returns the manifest (also ``out/manifest.json``).
     ``max_bad_lines`` applies to each file; ``min_count`` is the saved vocabulary's threshold; ``bags`` the
-    most values each categorical feature may hold (26 ints, None: one each)."""
+    most values each categorical feature may hold (26 ints, None: one each); ``refuse_small``: refuse (writing
+    nothing) a conversion with a split no run takes (``too_few``; a run's own conversion is refused by the run)."""
     inputs = [Path(p) for p in inputs]
     out = Path(out)
     if not inputs:
@@ -208,7 +218,7 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
                            f"or remove {out} to convert again")
     made = claim(out, "conversion")
     try:
-        manifest = _convert(inputs, out, seed, min_count, max_bad_lines, shard_lines, block_bytes, bags)
+        manifest = _convert(inputs, out, seed, min_count, max_bad_lines, shard_lines, block_bytes, bags, refuse_small)
     except BaseException:  # a refused line, a full disk, Ctrl-C, SIGTERM: leave the folder as it was (new or empty)
         release(out, made, keep=False)
         raise
@@ -287,7 +297,7 @@ def _check_inputs(inputs: list[Path]) -> None:
 
 
 def _convert(inputs: list[Path], out: Path, seed: int, min_count: int, max_bad_lines: int, shard_lines: int,
-             block_bytes: int, bags: tuple[int, ...]) -> dict:
+             block_bytes: int, bags: tuple[int, ...], refuse_small: bool) -> dict:
     rule = split_rule(inputs)
     if rule == "day":
         inputs = sorted(inputs, key=lambda p: int(DAY.match(p.name).group(1)))
@@ -329,6 +339,17 @@ def _convert(inputs: list[Path], out: Path, seed: int, min_count: int, max_bad_l
         files.append({"file": str(path), "bytes": path.stat().st_size, "examples": reader.examples,
                       "truth": truth is not None,
                       "bad_lines": reader.bad_lines, "first_bad": reader.first_bad})
+    sizes = {s: sum(x["examples"] for x in w.shards) + w.buffered for s, w in writers.items()}
+    if sizes["train"] == 0:
+        raise PrepareError(f"{', '.join(map(str, inputs))}: no training example (every line went to the evaluation "
+                           f"split); give more lines, or day files other than the last")
+    if refuse_small and too_few(sizes):
+        how = (f"the last day, {inputs[-1]}, is halved into valid and test: give a last day of at least "
+               f"{2 * MIN_EXAMPLES:,} lines" if rule == "day" else
+               f"valid and test get 5% of the lines each: give at least {MIN_EXAMPLES * 30:,} lines (the split is "
+               f"random: 5% of {MIN_EXAMPLES * 20:,} is {MIN_EXAMPLES} only on average)")
+        raise PrepareError(f"{', '.join(map(str, inputs))}: too few examples for a run to train and evaluate on "
+                           f"({sizes}; each split needs >= {MIN_EXAMPLES}, or a run refuses the folder); {how}")
     out.mkdir(parents=True, exist_ok=True)
     for w in writers.values():
         w.flush()
@@ -342,9 +363,6 @@ def _convert(inputs: list[Path], out: Path, seed: int, min_count: int, max_bad_l
                 "splits": {s: {"examples": sum(x["examples"] for x in w.shards), "shards": w.shards}
                            for s, w in writers.items()},
                 "bad_lines": sum(f["bad_lines"] for f in files)}
-    if manifest["splits"]["train"]["examples"] == 0:
-        raise PrepareError(f"{', '.join(map(str, inputs))}: no training example (every line went to the evaluation "
-                           f"split); give more lines, or day files other than the last")
     tmp = out / "manifest.json.partial"
     tmp.write_text(json.dumps(manifest, indent=1))
     tmp.replace(out / "manifest.json")
@@ -358,4 +376,5 @@ def _save(path: Path, **arrays) -> None:
     tmp.replace(path)
 
 
-__all__ = ["convert", "FormatError", "PrepareError", "RECORD", "SPLITS", "record_dtype", "split_rule"]
+__all__ = ["convert", "FormatError", "MIN_EXAMPLES", "PrepareError", "RECORD", "SPLITS", "record_dtype", "split_rule",
+           "too_few"]

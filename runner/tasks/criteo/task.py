@@ -37,7 +37,7 @@ from .ids import FIRST, HashIds, VocabIds, vocabulary
 from .logs import DEFAULT_CACHE, cache_failed, converted, once, raw_logs
 from .model import DCN, DLRM, TABLES
 from .order import examples
-from .prepare import FORMAT, convert, split_rule
+from .prepare import FORMAT, MIN_EXAMPLES, convert, split_rule, too_few
 from .report import REPORT
 from .shards import DamagedShard, Shards, read_manifest
 from .synthetic import CriteoSpec, write_logs
@@ -51,7 +51,6 @@ PRESET_SOURCES = {CriteoLogs.kaggle: "the Display Advertising Challenge's train.
                                      "https://www.kaggle.com/c/criteo-display-ad-challenge",
                   CriteoLogs.terabyte: "the 24 day files of Criteo's 1TB Click Logs, from "
                                        "https://huggingface.co/datasets/criteo/CriteoClickLogs"}
-MIN_EXAMPLES = 100  # per split: fewer gives an evaluation without both labels (AUC undefined)
 LABEL_CHUNK = 1 << 16  # records read at a time looking for both labels in an evaluation split
 CONVERT_AGAIN = ("convert the logs again into a new folder (python -m runner.prepare criteo <files> --out <folder>), "
                  "or set data.path to the raw logs")
@@ -249,7 +248,7 @@ class CriteoTask:
             ids = HashIds([fixed.get(n, min(distinct[j] + FIRST, int(cfg.data.hash_rows)))
                            for j, n in enumerate(TABLES)], bags)
         task = cls(folder, ids, int(cfg.data.seed), cfg.data.eval_examples, logs)
-        small = {s: len(d) for s, d in task.splits.items() if len(d) < MIN_EXAMPLES}
+        small = too_few({s: len(d) for s, d in task.splits.items()})
         if small:
             raise PreflightError(f"{folder}: too few examples to train and evaluate on ({small}; each split needs "
                                  f">= {MIN_EXAMPLES}): convert more lines, or raise data.lines for generated logs")

@@ -316,7 +316,7 @@ def test_the_command_converts_and_refuses_with_one_message(tmp_path):
     ok = run("criteo", str(tmp_path / "g" / "day_0"), str(tmp_path / "g" / "day_1"), "--out", str(tmp_path / "s"))
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["splits"] == {"train": 1500, "valid": 750, "test": 750}
-    bags = run("criteo-synthetic", "--out", str(tmp_path / "m"), "--lines", "2000", "--bag-sizes", "3")
+    bags = run("criteo-synthetic", "--out", str(tmp_path / "m"), "--lines", "3000", "--bag-sizes", "3")
     assert bags.returncode == 0, bags.stderr
     flat = run("criteo", str(tmp_path / "m" / "train.txt"), "--out", str(tmp_path / "flat"))
     assert flat.returncode == 2 and "not 8 hex digits (a multi-hot feature: set the bag sizes" in flat.stderr
@@ -400,3 +400,32 @@ def test_day_files_with_any_other_file_are_refused_not_split_at_random(logs, tmp
         convert([day0, truth, day1, one], tmp_path / "s")
     assert not (tmp_path / "s").exists()
     assert convert([day0], tmp_path / "one")["split"] == "seeded"  # a single day file: the seeded split, as before
+
+
+def test_a_conversion_no_run_could_use_is_refused_and_leaves_nothing(logs, tmp_path, capsys):
+    """Fewer than a run's MIN_EXAMPLES (the run's own check, too_few) in a split: refused by the command, its
+    --out left as found (new: removed; empty: emptied)."""
+    from runner.prepare import main
+
+    five = tmp_path / "five.txt"
+    five.write_text("".join(Path(logs["one"][0]).read_text().splitlines(keepends=True)[:5]))
+    (tmp_path / "empty").mkdir()
+    for out in (tmp_path / "new", tmp_path / "empty"):
+        assert main(["criteo", str(five), "--out", str(out)]) == 2
+        assert capsys.readouterr().err == (
+            f"runner.prepare: {five}: too few examples for a run to train and evaluate on ({{'train': 5, 'valid': 0, "
+            f"'test': 0}}; each split needs >= 100, or a run refuses the folder); valid and test get 5% of the lines "
+            f"each: give at least 3,000 lines (the split is random: 5% of 2,000 is 100 only on average)\n")
+    assert not (tmp_path / "new").exists() and list((tmp_path / "empty").iterdir()) == []
+    last = tmp_path / "day_1"
+    last.write_text(five.read_text().splitlines(keepends=True)[0])
+    assert main(["criteo", str(logs["days"][0]), str(last), "--out", str(tmp_path / "days")]) == 2
+    assert capsys.readouterr().err.endswith(f"({{'train': 2000, 'valid': 0, 'test': 1}}; each split needs >= 100, or "
+                                            f"a run refuses the folder); the last day, {last}, is halved into valid "
+                                            f"and test: give a last day of at least 200 lines\n")
+    assert not (tmp_path / "days").exists()
+    assert convert([five], tmp_path / "lib")["splits"]["train"]["examples"] == 5  # the library converts as asked
+    from runner.tasks.criteo import task
+    from runner.tasks.criteo.prepare import MIN_EXAMPLES, too_few
+
+    assert task.too_few is too_few and MIN_EXAMPLES == 100  # one threshold, the run's
