@@ -33,7 +33,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .ids import save_vocabulary, uniform
-from .tsv import BLOCK_BYTES, MAX_SEED, NUM_CAT, NUM_DENSE, ONE_HOT, FormatError, Reader, check_bags, offsets
+from .tsv import (BLOCK_BYTES, MAX_SEED, NUM_CAT, NUM_DENSE, ONE_HOT, FormatError, Reader, check_bags, offsets,
+                  unreadable)
 
 FORMAT = 2
 
@@ -167,18 +168,22 @@ def split_rule(inputs: Sequence[Path]) -> str:
 def load_truth(path: Path) -> tuple[np.ndarray | None, str | None]:
     """(the click probabilities in ``path``, a ``<log>.p.npy``, or None when there is none; why it cannot be
     used, or None)."""
-    if not path.exists():
-        return None, None
+    what = ("A file of that name is the true click probability of each line that generated logs come with (python "
+            "-m runner.prepare criteo-synthetic), read only for the Bayes-optimal AUC")
     try:
+        if not path.exists():
+            return None, None
         p = np.load(path, mmap_mode="r")
         problem = None if p.ndim == 1 and p.dtype.kind == "f" else f"{p.ndim}-d {p.dtype}, not 1-d floats"
+    except PermissionError:  # a file that may hold the right array: not called damaged
+        return None, (f"{path}: cannot be read (permission denied). {what}: let this user read it (chmod +r {path}, "
+                      f"as its owner), run as a user who may, or remove it (the logs then convert without bayes/ "
+                      f"metrics)")
     except (OSError, ValueError, EOFError) as e:
         p, problem = None, f"{type(e).__name__}: {str(e).rstrip('.')}"
     if problem:
-        return None, (f"{path}: not an array of click probabilities ({problem}). A file of that name is the true "
-                      f"click probability of each line that generated logs come with (python -m runner.prepare "
-                      f"criteo-synthetic), read only for the Bayes-optimal AUC: remove it (the logs then convert "
-                      f"without bayes/ metrics) or generate the logs again")
+        return None, (f"{path}: not an array of click probabilities ({problem}). {what}: remove it (the logs then "
+                      f"convert without bayes/ metrics) or generate the logs again")
     return p, None
 
 
@@ -198,6 +203,10 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
     ``max_bad_lines`` applies to each file; ``min_count`` is the saved vocabulary's threshold; ``bags`` the
     most values each categorical feature may hold (26 ints, None: one each); ``refuse_small``: refuse (writing
     nothing) a conversion with a split no run takes (``too_few``; a run's own conversion is refused by the run)."""
+    empty = [repr(str(p)) for p in inputs if not str(p).strip()]  # Path("") is Path("."): caught as a string
+    if empty:
+        raise PrepareError(f"an input named {empty[0]}: an empty name; give the path of a Criteo-format file "
+                           f"(train.txt, or day_0 ... day_23, .gz too)")
     inputs = [Path(p) for p in inputs]
     out = Path(out)
     if not inputs:
@@ -267,10 +276,15 @@ def release(out: Path, made: bool, keep: bool) -> None:
 
 
 def _check_inputs(inputs: list[Path]) -> None:
-    """Refused before the output folder is taken: ``day_<d>`` files with others (split at random, the days would be mixed: a stray ``day_2.txt`` or a
+    """Refused before the output folder is taken: an input that is a folder or may not be read (named as given);
+    ``day_<d>`` files with others (split at random, the days would be mixed: a stray ``day_2.txt`` or a
     ``day_0.p.npy`` a shell glob picked up); the same file given twice, or the same day twice (``day_0`` and
     ``day_0.gz``, ``day_1`` and ``day_01``), which would be read twice: its lines counted twice, and a day
     trained on and evaluated on."""
+    for path in inputs:
+        problem = unreadable(path)
+        if problem:
+            raise problem
     odd = [p for p in inputs if not DAY.match(p.name)]
     if odd and len(odd) < len(inputs):
         days = [p for p in inputs if DAY.match(p.name)]

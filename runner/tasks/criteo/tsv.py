@@ -108,6 +108,32 @@ def offsets(bags) -> np.ndarray:
 _EMPTY = "copy it again (an interrupted download or copy leaves an empty file), or leave it out of the inputs"
 
 
+def unreadable(path: Path) -> FormatError | None:
+    """Why ``path`` cannot be read as a log before a line of it is: a folder, or permission denied (on the file,
+    or on a folder above it, which makes even its existence unknown); None otherwise (a missing file, a pipe:
+    the reader names those). Checked before a conversion takes its output folder, and by the reader itself, so
+    the user is told about the file they gave, not an ``[Errno 13]`` about whatever was opened first."""
+    try:
+        if path.is_dir():
+            return FormatError(f"{path}: a folder; give the Criteo-format files in it (train.txt, or day_0 ... "
+                               f"day_23, .gz too)", path)
+        found = path.is_file()
+    except PermissionError:  # stat refused: a folder on the path
+        return FormatError(f"{path}: permission denied, a folder above it may not be searched by this user (so not "
+                           f"even whether the file exists is known); let it (chmod +x on that folder, as its owner), "
+                           f"or run as a user who may read the file", path)
+    try:
+        if found:
+            with open(path, "rb"):
+                pass
+    except PermissionError:
+        return FormatError(f"{path}: permission denied, this user may not read the file; let it (chmod +r {path}, "
+                           f"as its owner), or run as a user who may read it", path)
+    except OSError:  # anything else the reader reports as it opens the file
+        return None
+    return None
+
+
 def _hint(max_bad_lines: int) -> str:
     return (f"fix or remove the line, or convert with --max-bad-lines above {max_bad_lines} (python -m "
             f"runner.prepare criteo) to skip and count such lines (the manifest reports how many)")
@@ -135,9 +161,9 @@ class Reader:
                               self.path, line, why, self.bad_lines)
 
     def __iter__(self) -> Iterator[Block]:
-        if self.path.is_dir():
-            raise FormatError(f"{self.path}: a folder; give the Criteo-format files in it (train.txt, or day_0 ... "
-                              f"day_23, .gz too)")
+        problem = unreadable(self.path)
+        if problem:
+            raise problem
         if not self.path.is_file():
             raise FormatError(f"{self.path}: no such file; give the path of a Criteo-format TSV (or .gz) file")
         if self.path.stat().st_size == 0:

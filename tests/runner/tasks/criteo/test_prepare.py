@@ -429,3 +429,64 @@ def test_a_conversion_no_run_could_use_is_refused_and_leaves_nothing(logs, tmp_p
     from runner.tasks.criteo.prepare import MIN_EXAMPLES, too_few
 
     assert task.too_few is too_few and MIN_EXAMPLES == 100  # one threshold, the run's
+
+
+def test_a_folder_or_an_empty_name_is_refused_by_name_not_by_a_python_repr(logs, tmp_path, capsys, monkeypatch):
+    from runner.prepare import main
+
+    monkeypatch.chdir(tmp_path)
+    for given in (".", "/", str(tmp_path)):
+        assert main(["criteo", given, "--out", "s"]) == 2
+        assert capsys.readouterr().err == (f"runner.prepare: {given}: a folder; give the Criteo-format files in it "
+                                           f"(train.txt, or day_0 ... day_23, .gz too)\n")
+    assert main(["criteo", "", "--out", "s"]) == 2
+    assert capsys.readouterr().err == ("runner.prepare: an input named '': an empty name; give the path of a "
+                                       "Criteo-format file (train.txt, or day_0 ... day_23, .gz too)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def denied(path: Path) -> bool:
+    """Whether this process is refused ``path`` after a chmod: not as root with its usual capabilities (it reads
+    anything), so the permission tests skip there; under ``setpriv --inh-caps=-dac_override,-dac_read_search``
+    (tests/runner/test_output_dir.py) or as another user they run."""
+    try:
+        path.is_file() and open(path, "rb").close()
+    except PermissionError:
+        return True
+    return False
+
+
+def test_an_input_this_user_may_not_read_is_named_with_the_fix(logs, tmp_path, capsys):
+    """Not ``[Errno 13] Permission denied``, nor a side file the user never gave, nor "not an array"."""
+    from runner.prepare import main
+
+    shut, locked, side = tmp_path / "shut", tmp_path / "locked", tmp_path / "side"
+    for folder in (shut, locked, side):
+        folder.mkdir()
+        (folder / "train.txt").write_bytes(Path(logs["one"][0]).read_bytes())
+    (side / "train.txt.p.npy").write_bytes(Path(f"{logs['one'][0]}.p.npy").read_bytes())
+    (shut / "train.txt").chmod(0)
+    (side / "train.txt.p.npy").chmod(0)
+    locked.chmod(0)
+    try:
+        if not denied(shut / "train.txt"):
+            pytest.skip("this user reads any file (root with its capabilities): no way to be refused one")
+        expect = {shut / "train.txt": "permission denied, this user may not read the file; let it (chmod +r "
+                                      f"{shut / 'train.txt'}, as its owner), or run as a user who may read it",
+                  locked / "train.txt": "permission denied, a folder above it may not be searched by this user (so "
+                                        "not even whether the file exists is known); let it (chmod +x on that "
+                                        "folder, as its owner), or run as a user who may read the file",
+                  side / "train.txt": None}
+        for path, why in expect.items():
+            assert main(["criteo", str(path), "--out", str(tmp_path / "s")]) == 2
+            err = capsys.readouterr().err
+            if why:
+                assert err == f"runner.prepare: {path}: {why}\n"
+            else:
+                assert err.startswith(f"runner.prepare: {path}.p.npy: cannot be read (permission denied). A file of "
+                                      f"that name is the true click probability") and "not an array" not in err
+                assert err.endswith(f": let this user read it (chmod +r {path}.p.npy, as its owner), run as a user "
+                                    f"who may, or remove it (the logs then convert without bayes/ metrics)\n")
+            assert not (tmp_path / "s").exists()
+    finally:
+        locked.chmod(0o755)
