@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(a, name, None)
         if value is not None and not low <= value <= INT32_MAX:
             p.error(f"{flag} {value}: must be an integer in {low}..{INT32_MAX:,}")
+    if not a.out.strip():  # Path("") is the current folder: it would be written into when empty
+        p.error(f"--out {a.out!r}: an empty name; give a new or empty output folder")
     with sigterm_unwinds():  # stopped like Ctrl-C: the output folder as it was found
         try:
             if a.what == "criteo":

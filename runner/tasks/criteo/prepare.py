@@ -207,6 +207,8 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
     if empty:
         raise PrepareError(f"an input named {empty[0]}: an empty name; give the path of a Criteo-format file "
                            f"(train.txt, or day_0 ... day_23, .gz too)")
+    if not str(out).strip():
+        raise PrepareError(f"--out {str(out)!r}: an empty name; give a new or empty output folder")
     inputs = [Path(p) for p in inputs]
     out = Path(out)
     if not inputs:

@@ -490,3 +490,18 @@ def test_an_input_this_user_may_not_read_is_named_with_the_fix(logs, tmp_path, c
             assert not (tmp_path / "s").exists()
     finally:
         locked.chmod(0o755)
+
+
+@pytest.mark.parametrize("out", ["", " "])
+def test_an_empty_out_is_refused_not_taken_as_the_current_folder(logs, tmp_path, capsys, monkeypatch, out):
+    from runner.prepare import main
+
+    monkeypatch.chdir(tmp_path)  # empty: an --out of "" would have converted into it
+    with pytest.raises(SystemExit) as e:
+        main(["criteo", str(logs["one"][0]), "--out", out])
+    assert e.value.code == 2
+    assert f"python -m runner.prepare: error: --out {out!r}: an empty name; give a new or empty output folder" in \
+        capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(PrepareError, match=rf"--out {out!r}: an empty name"):
+        convert(logs["one"], out)
