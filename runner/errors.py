@@ -76,5 +76,11 @@ def _terminated(signum, frame):
     raise Terminated()
 
 
+def interruption(e: BaseException) -> tuple[str, int]:
+    """What stopped a command (``KeyboardInterrupt`` or :class:`Terminated`) and its exit code: ``("Ctrl-C", 130)``
+    or ``("SIGTERM", 143)`` (128 + the signal)."""
+    return ("SIGTERM", 143) if isinstance(e, Terminated) else ("Ctrl-C", 130)
+
+
 __all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "Terminated",
-           "TrainingError", "exit_code", "sigterm_unwinds"]
+           "TrainingError", "exit_code", "interruption", "sigterm_unwinds"]

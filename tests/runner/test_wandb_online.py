@@ -90,19 +90,25 @@ def test_a_wandb_mode_in_the_environment_that_wandb_refuses_is_one_message(monke
         wandb.teardown()  # the next test's runs read the environment afresh
 
 
-def test_a_run_id_from_the_environment_that_wandb_refuses_is_named(monkeypatch, tmp_path):
+@pytest.mark.parametrize("name, value, why", [
+    ("WANDB_RUN_ID", "a/b", "a run id holds letters, digits, _ and - only"),
+    ("WANDB_PROJECT", "a/b", "Invalid project name 'a/b'"),  # W&B's message quotes the value, not the variable
+])
+def test_a_value_from_the_environment_that_wandb_refuses_is_named_by_its_variable(monkeypatch, tmp_path, name, value,
+                                                                                   why):
     import wandb
 
     wandb.teardown()
-    monkeypatch.setenv("WANDB_RUN_ID", "a/b")
+    monkeypatch.setenv(name, value)
     try:
         with pytest.raises(PreflightError) as e:
             run_tracker(compose_config(["logger=wandb"]), tmp_path, process_index=0)
     finally:
-        monkeypatch.delenv("WANDB_RUN_ID")
+        monkeypatch.delenv(name)
         wandb.teardown()
-    assert str(e.value).startswith("W&B refused a setting from the environment (WANDB_RUN_ID='a/b': a run id holds "
-                                   "letters, digits, _ and - only): fix or unset WANDB_RUN_ID"), str(e.value)
+    assert str(e.value).startswith(f"W&B refused a setting from the environment ({name}='{value}': {why}"), str(e.value)
+    assert str(e.value).endswith(f"fix or unset {name} (`unset {name}`; logger.mode=offline sets the run's mode), or "
+                                 f"use logger=none"), str(e.value)
 
 
 def test_a_disabled_wandb_run_writes_no_run_record_and_a_run_without_a_group_records_none(tmp_path):
@@ -134,21 +140,3 @@ def test_an_offline_run_that_cannot_start_is_one_message(monkeypatch, tmp_path):
     assert str(e.value) == ("logger.mode=offline: W&B could not start the run (OSError: No space left on device): "
                             "check the WANDB_* environment variables and that the output directory is writable, or "
                             "use logger=none")
-
-
-def test_a_project_from_the_environment_that_wandb_refuses_is_named(monkeypatch, tmp_path):
-    """W&B's message quotes the value only (``Invalid project name 'a/b'``); the variable it came from is named."""
-    import wandb
-
-    wandb.teardown()
-    monkeypatch.setenv("WANDB_PROJECT", "a/b")
-    try:
-        with pytest.raises(PreflightError) as e:
-            run_tracker(compose_config(["logger=wandb"]), tmp_path, process_index=0)
-    finally:
-        monkeypatch.delenv("WANDB_PROJECT")
-        wandb.teardown()
-    assert str(e.value).startswith("W&B refused a setting from the environment (WANDB_PROJECT='a/b': Invalid project "
-                                   "name 'a/b'"), str(e.value)
-    assert str(e.value).endswith("fix or unset WANDB_PROJECT (`unset WANDB_PROJECT`; logger.mode=offline sets the "
-                                 "run's mode), or use logger=none"), str(e.value)
