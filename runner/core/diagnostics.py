@@ -2,7 +2,9 @@
 the rows a batch reads that still wait for a deferred update (``emb/stale_rows``)."""
 from __future__ import annotations
 
-from typing import Mapping
+import dataclasses
+import enum
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -45,3 +47,26 @@ def overlap(unique: jax.Array, pending: list[tuple[jax.Array, jax.Array]], rows:
         pos = jnp.clip(jnp.searchsorted(p, unique, method="scan"), 0, p.shape[0] - 1)
         hit = hit | ((p[pos] == unique) & is_pending)
     return jnp.sum(hit & (unique < rows)).astype(jnp.int32)
+
+
+def settings_of(opt: Any) -> str:
+    """An embedding optimizer as a message shows it: its class and the settings that differ from the class's
+    defaults, an enum by its value (``AsyncSGD(learning_rate=1e+38)``, where the dataclass repr lists every field,
+    enums and the schedule's included); ``repr`` for one that is not a dataclass."""
+    if not dataclasses.is_dataclass(opt) or isinstance(opt, type):
+        return repr(opt)
+    shown = []
+    for f in dataclasses.fields(opt):
+        value = getattr(opt, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        try:
+            same = default is not dataclasses.MISSING and bool(value == default)
+        except Exception:  # noqa: BLE001 - an array field: shown
+            same = False
+        if not f.repr or same:
+            continue
+        text = settings_of(value) if dataclasses.is_dataclass(value) else (
+            str(value.value) if isinstance(value, enum.Enum) else repr(value))
+        shown.append(f"{f.name}={text}")
+    return f"{type(opt).__name__}({', '.join(shown)})"

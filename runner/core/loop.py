@@ -17,7 +17,7 @@ from ..budget import train_examples
 from ..errors import TrainingError
 from . import memory_budget, placement
 from .selection import Selection, selection_metric
-from .diagnostics import is_log_step
+from .diagnostics import is_log_step, settings_of
 from .feed import Feed
 from .step import TrainProgram
 from ..tracking import Tracker
@@ -243,7 +243,7 @@ def never_trained(program: TrainProgram, trainer: Any, flushed: Mapping[str, Any
             f"it was skipped (a longer run would have stopped at trainer.max_skipped_updates={limit}), each with a "
             f"non-finite gradient or writing non-finite rows or optimizer state, so the table and its optimizer state "
             f"are as initialised{'; so were ' + ', '.join(repr(n) for n in names[1:]) if names[1:] else ''}. The "
-            f"metrics and summary are written.{saved} Its optimizer: {opt!r}. "
+            f"metrics and summary are written.{saved} Its optimizer: {settings_of(opt)}. "
             + SKIP_CAUSES.format(table=names[0], model=_model_causes(program)) + ". trainer.max_skipped_updates=0 "
             "lets such a run end as a success")
 
@@ -366,7 +366,7 @@ def check_health(program: TrainProgram, trainer: Any, metrics: Mapping[str, Any]
                 f"training stopped at {where}: the last {streak} embedding updates of table '{name}' were all "
                 f"skipped (trainer.max_skipped_updates={max_skips}): each had a non-finite gradient or would have "
                 f"written non-finite rows or optimizer state, so the table and its optimizer state are as they "
-                f"were before step {step - streak + 1}. Its optimizer: {opt!r}. "
+                f"were before step {step - streak + 1}. Its optimizer: {settings_of(opt)}. "
                 + SKIP_CAUSES.format(table=name, model=_model_causes(program)) + "." + saved
                 + " trainer.max_skipped_updates=0 never stops.")
 

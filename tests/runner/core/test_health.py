@@ -77,7 +77,7 @@ def test_consecutive_skipped_updates_stop_the_run_before_a_checkpoint_of_that_st
     stopped = int(re.search(r"training stopped at step (\d+):", msg).group(1))
     assert re.search(r"the last 10 embedding updates of table '\w+' were all skipped", msg), msg
     for part in ("trainer.max_skipped_updates=10", "learning rate too high", "eps=0", "b1 or b2 >= 1",
-                 "AsyncSGD(learning_rate=1e+38", "trainer.max_skipped_updates=0 never stops",
+                 "Its optimizer: AsyncSGD(learning_rate=1e+38). ", "trainer.max_skipped_updates=0 never stops",
                  f"No checkpoint was saved of this state; the newest is step {stopped - 1}"):
         assert part in msg, (part, msg)
     saved = sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit())
@@ -393,3 +393,18 @@ def test_a_peers_death_advises_a_relaunch_that_resumes_only_when_the_run_saves_c
     assert ended == [f"{died}. Relaunch every process with the same command to resume from the newest checkpoint",
                      f"{died}. The run saves no checkpoints (checkpoint.interval=0): relaunching every process starts "
                      f"it again from step 0 (set checkpoint.interval above 0 for a run a relaunch resumes)"]
+
+
+def test_an_optimizer_in_a_message_shows_the_settings_that_differ_from_its_defaults():
+    """The dataclass repr listed every field, enums as ``<WeightDecayMode.decoupled: 'decoupled'>``."""
+    import optimizers
+    from optimizers import Schedule
+    from runner.core.diagnostics import settings_of
+
+    assert settings_of(optimizers.AsyncSGD(learning_rate=1e38)) == "AsyncSGD(learning_rate=1e+38)"
+    assert settings_of(optimizers.AsyncAdam()) == "AsyncAdam()"
+    assert settings_of(optimizers.AsyncAdam(learning_rate=0.02, weight_decay=0.1, weight_decay_mode="l2",
+                                            schedule=Schedule("warmup", warmup_steps=4))) == (
+        "AsyncAdam(learning_rate=0.02, weight_decay=0.1, weight_decay_mode=l2, schedule=Schedule(kind=warmup, "
+        "warmup_steps=4))")
+    assert settings_of("MyOptimizer") == "'MyOptimizer'"  # not a dataclass: its repr
