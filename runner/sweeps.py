@@ -92,7 +92,8 @@ _LAUNCHED: dict[str, int] = {}  # this sweep's trial folders (this process's): f
 
 
 def name_trial(cfg: DictConfig, hc: Any) -> str | None:
-    """In a multirun, fill in ``logger.group`` (the sweep) and ``logger.name`` (the trial) unless set; and drop a
+    """In a multirun with W&B, fill in ``logger.group`` (the sweep) and ``logger.name`` (the trial) unless set (with
+    ``logger=none``, where they would be warned about as settings without effect, they stay unset); and drop a
     ``FAILED`` record an earlier sweep into the same directory left in this trial's (it would mark this trial
     failed in the summary and the report), and note its summary.json, if any, as it was: if this trial fails
     before its run sets that record aside, ``record_failure`` does (its numbers are not this trial's). Returns
@@ -103,9 +104,10 @@ def name_trial(cfg: DictConfig, hc: Any) -> str | None:
         return (f"hydra.sweep.subdir={raw or hc.sweep.subdir} gives trials #{_LAUNCHED[out]} and #{num} the same "
                 f"folder {out}: #{num} would write over #{_LAUNCHED[out]}'s record; name each trial's folder apart, "
                 f"e.g. with ${{hydra.job.num}} (Hydra's default subdir)")
-    if cfg.logger.group is None:
+    wandb = str(getattr(cfg.logger.kind, "value", cfg.logger.kind)) != "none"  # no W&B run: nothing to name
+    if wandb and cfg.logger.group is None:
         cfg.logger.group = sweep_group(hc)
-    if cfg.logger.name is None:
+    if wandb and cfg.logger.name is None:
         cfg.logger.name = fit_name(" ".join([f"#{hc.job.num}", *map(str, hc.overrides.task)]))
     if _lead_process(cfg):
         (Path(hc.runtime.output_dir) / FAILED_MARKER).unlink(missing_ok=True)

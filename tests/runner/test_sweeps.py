@@ -92,14 +92,19 @@ def test_trial_tags_are_choices_then_overrides_deduplicated_and_cut_to_64():
 
 
 def test_group_and_name_come_from_the_sweep_unless_set():
+    from runner.notices import unused_settings
+
     hc = fake_hydra(experiment="async_vs_sync_adam")
     assert sweeps.sweep_group(hc) == "runner-async_vs_sync_adam-2026-11-29_12-00-00"
     assert sweeps.sweep_group(fake_hydra()) == "runner-2026-11-29_12-00-00"
-    cfg = compose_config()
+    cfg = compose_config(["logger=wandb"])
     sweeps.name_trial(cfg, hc)
     assert cfg.logger.group == "runner-async_vs_sync_adam-2026-11-29_12-00-00"
     assert cfg.logger.name.startswith("#3 optimizer=async_adam optimizer.learning_rate=0.01")
-    cfg = compose_config(["logger.group=mine", "logger.name=trial"])
+    cfg = compose_config()  # debug=tiny: logger=none, no W&B run to name (a sweep's names were warned about)
+    sweeps.name_trial(cfg, hc)
+    assert (cfg.logger.group, cfg.logger.name) == (None, None) and unused_settings(cfg, 6) == []
+    cfg = compose_config(["logger=wandb", "logger.group=mine", "logger.name=trial"])
     sweeps.name_trial(cfg, hc)
     assert (cfg.logger.group, cfg.logger.name) == ("mine", "trial")
 
@@ -111,7 +116,7 @@ def test_long_derived_names_keep_their_ends_within_128_and_a_stale_failed_record
     hc = fake_hydra(out=tmp_path)
     hc.sweep.dir = "multirun/" + "x" * 140 + "/12-00-00"
     (tmp_path / "FAILED").write_text("PreflightError: an earlier sweep's trial\n")
-    cfg = compose_config()
+    cfg = compose_config(["logger=wandb"])
     sweeps.name_trial(cfg, hc)
     assert len(cfg.logger.name) <= 128
     assert cfg.logger.group.startswith("runner-xxx") and cfg.logger.group.endswith("x_12-00-00")
