@@ -117,6 +117,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         for warning in (run_budget.warnings() + notices.rounding_warnings(program.emb_optimizers, program.tables)
                         + notices.layout_warnings(program.tables, jax.default_backend())
                         + notices.staleness_warnings(program.staleness, run_budget.steps, run_budget.source)
+                        + notices.passes_warnings(run_budget, task)
                         + notices.mesh_warnings(cfg.mesh, plan, jax.device_count())
                         + notices.unused_settings(cfg, run_budget.steps)):
             say(warning)

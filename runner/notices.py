@@ -63,6 +63,18 @@ def staleness_warnings(staleness: int, steps: int, source: str = "trainer.steps"
             f"defers each by one step) or train for more than {staleness} steps"]
 
 
+def passes_warnings(budget: Any, task: Any) -> list[str]:
+    """A line (starting with ``warning:``) when a budget given in steps makes more passes over the training data
+    than the task's model should see (``task.passes``: click logs' DLRM and DCN overfit a second pass); a budget
+    given in passes (``trainer.epochs``) is the user's own choice."""
+    limit = getattr(task, "passes", None)
+    if limit is None or budget.epochs is None or budget.epochs <= limit or budget.source != "trainer.steps":
+        return []
+    return [f"warning: {budget.describe()}: more than {limit:g} passes over these logs, and a second pass overfits "
+            f"(the test AUC falls); give the budget in passes for logs of this size: trainer.steps=null "
+            f"trainer.epochs=1"]
+
+
 def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
     """Lines (each starting with ``warning:``) for mesh settings the run was given and does not use: the routing
     settings when no table is split (one table shard), ``mesh.routing`` on the column layout (which exchanges ids

@@ -289,3 +289,21 @@ def test_criteo_data_settings_another_one_leaves_unread_are_named(overrides, war
     assert unused_settings(seq_config("data.duplicates=refuse"), 6) == [
         "warning: data.duplicates=refuse applies to a file's exact duplicate rows, and data=synthetic_sequences "
         "generates its sequences without any: it has no effect"]
+
+
+def test_a_budget_in_steps_of_several_passes_over_click_logs_is_warned_about():
+    """model=dlrm's 880 steps of 1,024 are one pass over the generated default's 900,000 lines, five over 180,000."""
+    from types import SimpleNamespace
+
+    from runner.budget import Budget
+    from runner.notices import passes_warnings
+    from runner.tasks.criteo.task import CriteoTask
+
+    logs = SimpleNamespace(passes=CriteoTask.passes)
+    assert passes_warnings(Budget(880, 1024, 180_000), logs) == [
+        "warning: 880 steps of 1,024 = 5.0 epochs of 180,000 training examples (trainer.steps): more than 1.5 passes "
+        "over these logs, and a second pass overfits (the test AUC falls); give the budget in passes for logs of "
+        "this size: trainer.steps=null trainer.epochs=1"]
+    assert passes_warnings(Budget(880, 1024, 900_000), logs) == []  # one pass
+    assert passes_warnings(Budget(880, 1024, 180_000, "trainer.epochs=5"), logs) == []  # passes the user chose
+    assert passes_warnings(Budget(880, 1024, 180_000), SimpleNamespace()) == []  # a task without the limit

@@ -186,6 +186,7 @@ class CriteoTask:
     model_keys: tuple[str, ...] = ("dense", "cat", "label")
     objective: str = "valid/auc"
     report = REPORT
+    passes = 1.5  # a budget in steps past this many passes over the logs is warned about (runner.notices)
 
     def __post_init__(self):
         self.splits = {s: Shards(self.folder, s) for s in ("train", *SPLITS)}
