@@ -30,7 +30,7 @@ from jax._src.distributed import global_state  # the settings jax.distributed ru
 
 from .core.mesh import MeshPlan
 from .core.placement import fetch
-from .errors import DistributedError, RunnerError, exit_code
+from .errors import DistributedError, RunnerError, exit_code, first_line
 from .launch import reserved_port
 
 log = logging.getLogger("runner")
@@ -231,7 +231,7 @@ def _service_error(*status: Any) -> None:
 
 
 def _unreachable(d: Any, where: str, e: BaseException, pid: Any = None) -> str:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    first = first_line(e)
     if "bad_cast" in first:  # the service's error, which the client could not hand to the callback as it is
         first = "not every process joined"
     return (f"distributed={d.kind}: process {d.process_id if pid is None else pid} could not join the run at "

@@ -7,6 +7,7 @@ non-zero exit code, never a traceback: exit code 1 for a :class:`CheckpointError
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -76,11 +77,18 @@ def _terminated(signum, frame):
     raise Terminated()
 
 
-def interruption(e: BaseException) -> tuple[str, int]:
-    """What stopped a command (``KeyboardInterrupt`` or :class:`Terminated`) and its exit code: ``("Ctrl-C", 130)``
-    or ``("SIGTERM", 143)`` (128 + the signal)."""
-    return ("SIGTERM", 143) if isinstance(e, Terminated) else ("Ctrl-C", 130)
+def stopped(command: str, e: BaseException, then: str) -> int:
+    """Say on stderr that ``command`` was stopped by ``e`` (``KeyboardInterrupt`` or :class:`Terminated`), then
+    ``then`` (what it left and how to go on); returns the exit code, 130 or 143 (128 + the signal)."""
+    how, code = ("SIGTERM", 143) if isinstance(e, Terminated) else ("Ctrl-C", 130)
+    print(f"{command}: stopped ({how}){then}", file=sys.stderr)
+    return code
+
+
+def first_line(error: BaseException) -> str:
+    """An error's message in one line: its first (the type's name when it has none)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 __all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "Terminated",
-           "TrainingError", "exit_code", "interruption", "sigterm_unwinds"]
+           "TrainingError", "exit_code", "first_line", "sigterm_unwinds", "stopped"]

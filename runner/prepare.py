@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from .errors import Terminated, interruption, sigterm_unwinds
+from .errors import Terminated, sigterm_unwinds, stopped
 from .tasks.criteo.prepare import PrepareError, convert
 from .tasks.criteo.synthetic import CriteoSpec, write_logs
 from .tasks.criteo.tsv import NUM_CAT, ONE_HOT, FormatError, check_bags
@@ -81,10 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"runner.prepare: {e}", file=sys.stderr)
             return 2
         except (KeyboardInterrupt, Terminated) as e:
-            how, code = interruption(e)
-            print(f"runner.prepare: stopped ({how}); --out {a.out} was left as it was found (new: removed; empty: "
-                  f"emptied). Run the same command again to start over", file=sys.stderr)
-            return code
+            return stopped("runner.prepare", e, f"; --out {a.out} was left as it was found (new: removed; empty: "
+                                                f"emptied). Run the same command again to start over")
     return 0
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from .errors import first_line
+
 log = logging.getLogger("runner.sweeps")
 
 DIRECTIONS = ("minimize", "maximize")
@@ -34,11 +36,6 @@ def refuse(problems: list[str]) -> None:
     if problems:
         print("error: invalid sweep:\n  - " + "\n  - ".join(problems), file=sys.stderr, flush=True)
         raise SystemExit(2)  # not an Exception: Hydra would print it with a traceback
-
-
-def first_line(error: BaseException) -> str:
-    """An error's message in one line: its first (the type's name when it has none)."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def mask_password(text: str) -> str:

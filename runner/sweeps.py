@@ -292,7 +292,8 @@ def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic:
     the form to use instead. ``config``: the composed config (with its ``hydra`` node, for the sampler)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from .sweep_checks import first_line, search_range_problem
+    from .errors import first_line
+    from .sweep_checks import search_range_problem
 
     parser, out = OverridesParser.create(), []
     for text in overrides:

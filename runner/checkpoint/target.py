@@ -23,9 +23,9 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
     sh = jax.tree_util.tree_leaves(shardings)
     out = []
-    decay_problems(stored, [jax.tree_util.keystr(p) for p, _ in flat], problems)
-    for (path, x), s in zip(flat, sh):
-        key = jax.tree_util.keystr(path)
+    keys = [jax.tree_util.keystr(p) for p, _ in flat]
+    decay_problems(stored, keys, problems)
+    for (path, x), s, key in zip(flat, sh, keys):
         if key not in stored:
             if ".decay." not in key:  # named by decay_problems
                 problems.append(f"array {key}: missing from the checkpoint (this config has shape {tuple(x.shape)})")
@@ -54,7 +54,7 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
         else:
             problems.append(f"array {key} shape: the checkpoint has {shape}, this config has {tuple(x.shape)}")
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
-    extra = sorted(k for k in set(stored) - {jax.tree_util.keystr(p) for p, _ in flat} if ".decay." not in k)
+    extra = sorted(k for k in set(stored) - set(keys) if ".decay." not in k)
     if extra:
         problems.append(f"arrays {extra}: in the checkpoint but not in this config's state")
     if problems:

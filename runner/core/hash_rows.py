@@ -59,7 +59,8 @@ def reset_rows(spec: HashSpec, table: jax.Array, opt_state: Any, initial_state: 
     leaf of its optimizer state (leading dim = the table's rows) set to ``initial_state``'s row 0 (the
     optimizer's state of a row never trained); under ``weight_decay_mode=decoupled_global`` its last touch is
     now, so its first update does not decay the fresh row for the steps before it held the slot. ``row0``: the
-    global row of ``table``'s first (a row shard's). ``width``: the row's width when the table is stored wider (``stored_width``): the padding columns get zeros.
+    global row of ``table``'s first (a row shard's). ``width``: the row's width when the table is stored wider
+    (``stored_width``): the padding columns get zeros.
 
     The new ids are packed to the front and reset ``RESET_CHUNK`` at a time, as many chunks as there are new
     ids (none: no work), in place."""

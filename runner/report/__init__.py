@@ -40,7 +40,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import Terminated, interruption, sigterm_unwinds
+from ..errors import Terminated, sigterm_unwinds, stopped
 from .charts import AucPanels, auc_figure, auc_panels
 from .summary import build_report
 from .trials import (ReportError, Trial, common_overrides, find_trials, label_trials, load_trial, read_metrics,
@@ -75,10 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         except (KeyboardInterrupt, Terminated) as e:
-            how, code = interruption(e)
-            print(f"runner.report: stopped ({how}) before the report was complete; its temporary folder was "
-                  f"removed. Run the same command again to write it", file=sys.stderr)
-            return code
+            return stopped("runner.report", e, " before the report was complete; its temporary folder was removed. "
+                                               "Run the same command again to write it")
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
     print(path)

@@ -36,7 +36,7 @@ from ..outputs import METRICS_FILE
 from ..registry import Registry, UnknownName
 from .base import STEP_METRIC, Goal, MultiTracker, NoopTracker, Tracker
 from .convert import json_safe, to_python
-from .jsonl import JsonlTracker, _rows, _text
+from .jsonl import JsonlTracker, read_rows
 from .wandb import WandbTracker
 
 __all__ = ["Goal", "JsonlTracker", "MultiTracker", "NoopTracker", "STEP_METRIC", "TRACKERS", "Tracker",
@@ -55,7 +55,7 @@ def _jsonl(o: Mapping[str, Any]) -> Tracker:
 @TRACKERS.register("wandb")
 def _wandb(o: Mapping[str, Any]) -> Tracker:
     # A run that may resume: the rows its metrics.jsonl carries up to the checkpoint, which W&B's summary must count.
-    history = _rows(_text(Path(o["output_dir"]) / o["metrics_file"])) if o["resume"] else []
+    history = read_rows(Path(o["output_dir"]) / o["metrics_file"]) if o["resume"] else []
     return WandbTracker(o["config"], project=o["project"], mode=o["mode"],
                         dir=o["wandb_dir"] if o["wandb_dir"] is not None else o["output_dir"], name=o["name"],
                         group=o["group"], tags=o["tags"], run_id=o["run_id"], resume=o["resume"],

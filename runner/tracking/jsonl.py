@@ -123,6 +123,11 @@ def _text(path: Path) -> str:
         return ""
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows a metrics file holds ([] when there is none): what a resumed run carries up to its checkpoint."""
+    return _rows(_text(path))
+
+
 def _rows(text: str) -> list[dict[str, Any]]:
     """The JSON objects of ``text``'s lines (a line that is not one is passed over)."""
     rows = []

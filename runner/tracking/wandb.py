@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import first_line
 from .base import STEP_METRIC, Goal, _check_goal
 from .convert import to_python
 
@@ -33,7 +34,7 @@ def _bad_environment(e: Exception) -> list[tuple[str, str]]:
     if not found and run_id is not None and not re.fullmatch(r"[\w-]+", run_id):  # W&B's own message names no variable
         found.append(("WANDB_RUN_ID", "a run id holds letters, digits, _ and - only"))
     if not found:  # W&B's other refusals quote the value (``Invalid project name 'a/b'``), not where it came from
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        reason = first_line(e)
         found = [(n, reason[:300]) for n, v in sorted(os.environ.items())
                  if n.startswith("WANDB_") and v.strip() and f"'{v}'" in reason]
     return found
@@ -42,7 +43,7 @@ def _bad_environment(e: Exception) -> list[tuple[str, str]]:
 def _start_error(e: Exception, mode: str, init_timeout: float | None) -> str:
     """The one message for a W&B run that could not start: a bad ``WANDB_*`` variable, an online run with no key,
     server or network, or any other failure of ``wandb.init``, each with its ways out."""
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    reason = first_line(e)
     bad = _bad_environment(e)
     if bad:
         values = "; ".join(f"{n}={os.environ[n]!r}: {why}" for n, why in bad)
