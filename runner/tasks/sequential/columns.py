@@ -70,7 +70,11 @@ def _timestamps(col: pa.ChunkedArray) -> np.ndarray:
     if col.null_count:
         raise _RowError(_first_true(col.is_null().to_numpy(zero_copy_only=False)), "timestamp is missing")
     if pa.types.is_integer(t):
-        return col.to_numpy().astype(np.int64, copy=False)
+        x = col.to_numpy()
+        if x.dtype == np.uint64 and (x >= np.uint64(2**63)).any():  # would wrap to negative seconds as int64
+            r = _first_true(x >= np.uint64(2**63))
+            raise _RowError(r, f"timestamp must be a finite int64-range number, got {int(x[r])}")
+        return x.astype(np.int64, copy=False)
     if pa.types.is_floating(t):
         x = col.to_numpy()
         with np.errstate(invalid="ignore"):

@@ -264,3 +264,17 @@ def test_a_file_without_timestamps_keeps_its_repeats(tmp_path):
     inter = load_interactions(path)
     assert not inter.has_timestamp and interactions.duplicate_rows(inter).size == 0
     assert load_interactions(write_u_data(tmp_path / "ml")).has_timestamp
+
+
+def test_unsigned_timestamps_past_int64_are_refused_not_wrapped(tmp_path):
+    """A uint64 timestamp column (Parquet) is read as int64 seconds; a value of 2**63 or more would wrap to a
+    negative time and reorder the user's history silently, so it is refused naming its row."""
+    def ts(values):
+        pq.write_table(pa.table({"user": [1] * len(values), "item": list(range(len(values))),
+                                 "timestamp": pa.array(values, pa.uint64())}), tmp_path / "u.parquet")
+        return load_interactions(tmp_path / "u.parquet").timestamp.tolist()
+
+    assert ts([5, 2**63 - 1, 7]) == [5, 2**63 - 1, 7]
+    with pytest.raises(DataError, match=r"row 2: timestamp must be a finite int64-range number, got "
+                                        r"9223372036854775808"):
+        ts([5, 2**63, 7])
