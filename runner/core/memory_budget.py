@@ -8,13 +8,14 @@ its outputs that do not reuse a donated argument: ``temp + output - alias`` byte
 ``Compiled.memory_analysis()``. A CPU's devices share the host's memory, so there it counts once per local
 device, against the memory Linux can still give (``MemAvailable`` plus free swap: a run that would only swap is
 slow, not refused), or what the process's memory cgroup still allows where that is less (a container's or a
-SLURM job's limit, which ``MemAvailable`` does not see). An accelerator's devices each have their own, ``bytes_limit - bytes_in_use``
+SLURM job's limit, which ``MemAvailable`` does not see), or the address space its ``ulimit -v`` still allows. An accelerator's devices each have their own, ``bytes_limit - bytes_in_use``
 (``Device.memory_stats()``). Where either is unknown (another OS, a backend without the statistics) nothing is
 checked.
 """
 from __future__ import annotations
 
 import math
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from ..errors import MemoryBudgetError
 
 MEMINFO = Path("/proc/meminfo")
 PROC_CGROUP, CGROUP_ROOT = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
+PROC_STATUS = Path("/proc/self/status")
 UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
 
 
@@ -105,22 +107,40 @@ def suggested_batch(most: int, data_parallel: int) -> int:
     return power if power % data_parallel == 0 else most // data_parallel * data_parallel
 
 
+def address_space_available(status: Path = PROC_STATUS, limit: int | None = None) -> int | None:
+    """Bytes of address space this process may still map under its ``ulimit -v`` (``RLIMIT_AS``, soft): the limit
+    less its ``VmSize``; None without such a limit. Every allocation counts against it, touched or not, and
+    ``MemAvailable`` and cgroups do not see it. ``limit``: instead of asking (tests)."""
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0] if limit is None else limit
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        used = int(fields["VmSize"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        used = 0
+    return max(soft - used, 0)
+
+
 def _room(devices: list, available: int | None) -> tuple[int | None, str]:
-    """(bytes left, where, in words): a CPU's host memory or its cgroup's limit where that is less, or an
-    accelerator's own. ``available`` given (tests): taken as the host's or the device's."""
-    on_cpu, limit = devices[0].platform == "cpu", None
-    if available is None:
-        available = host_available() if on_cpu else device_available(devices[0])
-        limit = cgroup_available() if on_cpu else None
-        if limit is not None and (available is None or limit[0] < available):
-            available = limit[0]
-        else:
-            limit = None
-    if available is None:
-        return None, ""
-    return available, (f"this process's memory limit (cgroup {limit[1]}) leaves {_gb(available)}" if limit else
-                       f"this machine's memory has {_gb(available)} left (available and free swap)" if on_cpu else
-                       f"a {devices[0].platform.upper()} device has {_gb(available)} left")
+    """(bytes left, where, in words): a CPU's host memory, or its cgroup's limit or its address-space limit
+    (``ulimit -v``) where one is less; an accelerator's own. ``available`` given (tests): taken as the host's or
+    the device's."""
+    on_cpu = devices[0].platform == "cpu"
+    if available is not None or not on_cpu:
+        available = available if available is not None else device_available(devices[0])
+        if available is None:
+            return None, ""
+        return available, (f"this machine's memory has {_gb(available)} left (available and free swap)" if on_cpu
+                           else f"a {devices[0].platform.upper()} device has {_gb(available)} left")
+    options, host, limit, space = [], host_available(), cgroup_available(), address_space_available()
+    if host is not None:
+        options.append((host, f"this machine's memory has {_gb(host)} left (available and free swap)"))
+    if limit is not None:
+        options.append((limit[0], f"this process's memory limit (cgroup {limit[1]}) leaves {_gb(limit[0])}"))
+    if space is not None:
+        options.append((space, f"this process's address-space limit (ulimit -v) leaves {_gb(space)}"))
+    return min(options, key=lambda o: o[0]) if options else (None, "")
 
 
 def _gb(n: int) -> str:

@@ -2,6 +2,9 @@
 than the devices have left stops with one message naming trainer.batch_size and a batch that fits; a CPU's
 devices share the host's memory, an accelerator's each have their own; where the memory left is unknown nothing
 is refused."""
+import resource
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import jax
@@ -10,8 +13,8 @@ import pytest
 
 from runner.app import run
 from runner.core import memory_budget
-from runner.core.memory_budget import (MemoryBudgetError, cgroup_available, check, host_available, step_bytes,
-                                       suggested_batch)
+from runner.core.memory_budget import (MemoryBudgetError, address_space_available, cgroup_available, check,
+                                       host_available, step_bytes, suggested_batch)
 
 MIB = 2**20
 
@@ -115,6 +118,42 @@ def test_a_cgroup_limit_below_the_hosts_memory_is_the_one_checked_and_named(monk
     monkeypatch.setattr(memory_budget, "host_available", lambda: 400 * MIB)
     with pytest.raises(MemoryBudgetError, match=r"this machine's memory has 0.4 GB left \(available and free swap\)"):
         check(step, devices(8), 4096, 8)
+
+
+def test_an_address_space_limit_is_the_limit_less_what_the_process_has_mapped(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmPeak:\t 9000000 kB\nVmSize:\t 3000000 kB\nVmRSS:\t 500000 kB\n")
+    assert address_space_available(status, limit=8_000_000 * 1024) == 5_000_000 * 1024
+    assert address_space_available(status, limit=1_000_000 * 1024) == 0  # already past it
+    assert address_space_available(status, limit=resource.RLIM_INFINITY) is None  # no ulimit -v
+    assert address_space_available(tmp_path / "none", limit=4096) == 4096  # VmSize unknown: the whole limit
+
+
+def test_an_address_space_limit_below_the_memory_left_is_the_one_checked_and_named(monkeypatch):
+    step = compiled(100 * MIB, 0, 0)
+    monkeypatch.setattr(memory_budget, "host_available", lambda: 2**40)
+    monkeypatch.setattr(memory_budget, "cgroup_available", lambda: (2**39, "/job"))
+    monkeypatch.setattr(memory_budget, "address_space_available", lambda: 300 * MIB)
+    with pytest.raises(MemoryBudgetError, match=r"and this process's address-space limit \(ulimit -v\) leaves 0.3 "
+                                                r"GB; the run would be killed mid-step"):
+        check(step, devices(8), 4096, 8)
+    monkeypatch.setattr(memory_budget, "address_space_available", lambda: None)
+    check(step, devices(8), 4096, 8)
+
+
+@pytest.mark.slow
+def test_a_run_under_ulimit_v_is_refused_before_it_builds_a_state_the_limit_cannot_hold(tmp_path):
+    """Under ``ulimit -v`` (6 GB) a 7.8 GB state (20M item rows of width 32 and Adam's two values each) is refused
+    by the check, naming the limit; before the check saw it, XLA failed to allocate the table mid-build and the run
+    ended in a traceback."""
+    cmd = (f"ulimit -v 6000000 && exec {sys.executable} -m runner debug=tiny data.num_items=20000000 "
+           f"model.emb_width=32 hydra.run.dir={tmp_path / 'run'}")
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: the train state needs 7.8 GB on this host's device (tables 2.6 GB, their optimizer state 5.2 GB), and "
+        "this process's address-space limit (ulimit -v) leaves "), proc.stderr[-2000:]
 
 
 @pytest.mark.slow
