@@ -47,7 +47,7 @@ def run_or_trial(cfg: DictConfig) -> float:
     from . import sweeps
     from .app import run, run_tracker  # imported here (with JAX) so `--help`, completion and --cfg stay fast
     from .core.preemption import unanswered
-    from .errors import Preempted, RunnerError, exit_code
+    from .errors import Preempted, RunnerError, exit_code, out_of_memory
 
     hc = HydraConfig.get()
     tags = sweeps.trial_tags(hc)
@@ -60,6 +60,12 @@ def run_or_trial(cfg: DictConfig) -> float:
         except RunnerError as e:  # a config that cannot work, training that went wrong, a save that failed, ...
             print(f"error: {e}", file=sys.stderr)
             sys.exit(exit_code(e))
+        except Exception as e:  # an allocation XLA could not make mid-run: one message; anything else as it is
+            oom = out_of_memory(e)
+            if oom is None:
+                raise
+            print(f"error: {oom}", file=sys.stderr)
+            sys.exit(1)  # as the run's summary records it (a failure mid-run)
     # A sweep: one W&B run per trial in the sweep's group; a failed trial is recorded and the sweep goes on.
     clash = sweeps.name_trial(cfg, hc)
     if clash is not None:  # the sweep's own setting: every further trial would meet it too

@@ -90,5 +90,19 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def out_of_memory(error: BaseException) -> str | None:
+    """The one-line message for a device or host allocation XLA could not make mid-run (its ``JaxRuntimeError``
+    saying ``RESOURCE_EXHAUSTED`` or ``Out of memory``), which the memory checks before the run did not foresee;
+    None for any other error. Matched by name: this module imports no JAX."""
+    text = str(error)
+    if type(error).__name__ not in ("JaxRuntimeError", "XlaRuntimeError") or not (
+            "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()):
+        return None
+    return (f"out of memory: {first_line(error).rstrip('.')}. Lower trainer.batch_size, make the tables smaller "
+            f"(their vocab or capacity, model.emb_width, model.tables.<name>.dtype=bfloat16), pick an embedding "
+            f"optimizer with less state a row (optimizer=async_rowwise_adagrad keeps one number a row), or shard the "
+            f"tables over more devices (mesh=data_table)")
+
+
 __all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "Terminated",
-           "TrainingError", "exit_code", "first_line", "sigterm_unwinds", "stopped"]
+           "TrainingError", "exit_code", "first_line", "out_of_memory", "sigterm_unwinds", "stopped"]

@@ -93,3 +93,45 @@ def test_a_second_run_in_the_same_directory_sets_the_first_ones_record_aside(cfg
     assert any("already held an earlier run's metrics.jsonl, summary.json and wandb_run.json: moved to "
                "metrics.jsonl.before-restart, summary.json.before-restart, wandb_run.json.before-restart"
                in r.getMessage() for r in caplog.records)
+
+
+def test_an_allocation_xla_cannot_make_mid_run_is_one_message_and_other_errors_are_not_dressed_as_one():
+    import jax
+
+    from runner.errors import out_of_memory
+
+    oom = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 2560000128 bytes.\n"
+                                     "BufferAssignment OOM Debugging.")
+    assert out_of_memory(oom) == (
+        "out of memory: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 2560000128 bytes. Lower "
+        "trainer.batch_size, make the tables smaller (their vocab or capacity, model.emb_width, "
+        "model.tables.<name>.dtype=bfloat16), pick an embedding optimizer with less state a row "
+        "(optimizer=async_rowwise_adagrad keeps one number a row), or shard the tables over more devices "
+        "(mesh=data_table)")
+    assert out_of_memory(jax.errors.JaxRuntimeError("INTERNAL: Error dispatching computation: Out of memory "
+                                                    "allocating 2560000128 bytes.")) is not None
+    assert out_of_memory(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes differ")) is None
+    assert out_of_memory(MemoryError("Out of memory")) is None  # Python's own: not XLA's
+
+
+@pytest.mark.slow
+def test_an_out_of_memory_mid_run_ends_with_one_line_and_exit_code_1(tmp_path):
+    """The memory checks before the run estimate; when XLA still cannot allocate mid-run (here: the run made to
+    raise XLA's error), the command ends with one line naming the ways out, not Hydra's traceback."""
+    script = ("import sys, jax, runner.app as app\n"
+              "def run(*a, **k):\n"
+              "    raise jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: Out of memory while trying to allocate 5 "
+              "bytes.')\n"
+              "app.run = run\n"
+              f"sys.argv = ['runner', 'debug=tiny', 'hydra.run.dir={tmp_path}']\n"
+              "from runner.__main__ import entry\n"
+              "entry()\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # as summary.json records a run that failed mid-way
+    assert "Traceback" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: out of memory: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 5 bytes. Lower "
+        "trainer.batch_size, make the tables smaller (their vocab or capacity, model.emb_width, "
+        "model.tables.<name>.dtype=bfloat16), pick an embedding optimizer with less state a row "
+        "(optimizer=async_rowwise_adagrad keeps one number a row), or shard the tables over more devices "
+        "(mesh=data_table)"]
