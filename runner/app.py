@@ -70,12 +70,12 @@ def _check_before_joining(cfg: DictConfig) -> None:
     try:
         preflight.check_config(cfg)
         budget.check(cfg.trainer)
-    except PreflightError:
+    except PreflightError as e:
         d = cfg.distributed
         index = os.environ.get("SLURM_PROCID", "0") if d.kind == "slurm" else d.get("process_id") or 0
         if d.kind == "none" or str(index).strip() in ("0", ""):
             raise
-        raise PreflightError(f"the config is refused (process {index}): process 0's output says why") from None
+        raise errors.said_by_process_0(e, index, "the config") from None
 
 
 def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | None = None) -> float:

@@ -85,6 +85,13 @@ def stopped(command: str, e: BaseException, then: str) -> int:
     return code
 
 
+def said_by_process_0(e: RunnerError, process: int | str, what: str) -> RunnerError:
+    """What process ``process`` (not 0) of a multi-process run raises in place of ``e``, a refusal process 0 gives
+    as well: one line, ``<what> is refused (process <process>): process 0's output says why``, where n copies of the
+    message said nothing more. The same type as ``e``, so the process exits with the same code."""
+    return type(e)(f"{what} is refused (process {process}): process 0's output says why")
+
+
 def first_line(error: BaseException) -> str:
     """An error's message in one line: its first (the type's name when it has none)."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -105,4 +112,5 @@ def out_of_memory(error: BaseException) -> str | None:
 
 
 __all__ = ["CheckpointError", "DistributedError", "Preempted", "PreflightError", "RunnerError", "Terminated",
-           "TrainingError", "exit_code", "first_line", "out_of_memory", "sigterm_unwinds", "stopped"]
+           "TrainingError", "exit_code", "first_line", "out_of_memory", "said_by_process_0", "sigterm_unwinds",
+           "stopped"]
