@@ -86,14 +86,15 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     out = Path(output_dir)
     _check_before_joining(cfg)
     distributed.initialize(cfg.distributed)  # joins the other processes, before anything starts JAX
-    program, task, plan, run_budget = build_run(cfg)  # raises PreflightError before anything compiles
-    distributed.check_plan(plan)
-    shapes = program.state_shapes(int(cfg.trainer.seed))  # refused before it is built if it cannot fit
-    memory_budget.check_state(shapes, program.state_shardings(shapes), list(program.mesh.local_devices))
+    with distributed.one_refusal():  # a refusal every process meets: process 0 gives it, the others point at it
+        program, task, plan, run_budget = build_run(cfg)  # raises PreflightError before anything compiles
+        distributed.check_plan(plan)
+        shapes = program.state_shapes(int(cfg.trainer.seed))  # refused before it is built if it cannot fit
+        memory_budget.check_state(shapes, program.state_shardings(shapes), list(program.mesh.local_devices))
+        # checks, then restores per checkpoint.resume (refused on another data file than it recorded); None = off
+        ckpt = open_checkpoints(cfg, program, plan, out, data_file=getattr(task, "data_file", None))
     say = log.info if jax.process_index() == 0 else (lambda *a, **k: None)  # process 0 speaks for the run
     lg = cfg.logger
-    # checks, then restores per checkpoint.resume (refused on another data file than it recorded); None = off
-    ckpt = open_checkpoints(cfg, program, plan, out, data_file=getattr(task, "data_file", None))
     if ckpt is None and jax.process_index() == 0:  # an earlier run's record in this directory: kept, not appended to
         moved = set_aside(out)
         if moved:

@@ -30,7 +30,7 @@ from jax._src.distributed import global_state  # the settings jax.distributed ru
 
 from .core.mesh import MeshPlan
 from .core.placement import fetch
-from .errors import DistributedError, RunnerError, exit_code, first_line
+from .errors import DistributedError, RunnerError, exit_code, first_line, said_by_process_0
 from .launch import reserved_port
 
 log = logging.getLogger("runner")
@@ -140,6 +140,11 @@ _WATCH: list = []  # this process's coordinator.Watch
 _TRACKER: list = []  # the run's tracker while it trains (fail_fast), finished when a peer's death ends the run
 _SAVES: list = []  # while it trains: whether the run saves checkpoints (what a relaunch after a death resumes from)
 WATCH_KEY = "runner/watch_port"
+REFUSAL_KEY = "runner/refusal/{}"  # process 0's outcome of a run's checks (one_refusal): its refusal, or NOT_REFUSED
+NOT_REFUSED = "not refused"
+REFUSAL_WAIT_S = 10  # how long another process that refuses waits for it before it gives its own message in full
+_RUNS = [0]  # runs this process has started since it joined; every process counts alike (a sweep in one job step)
+_REFUSING: list = []  # while this process ends on a refusal: [True, then who died meanwhile (for its next run)]
 
 
 def _join_watch(address: str, pid: int, n: int, timeout_s: int) -> None:
@@ -156,7 +161,12 @@ def _join_watch(address: str, pid: int, n: int, timeout_s: int) -> None:
 
 
 def _peer_died(who: int | None) -> None:
-    """On the watch's thread: another process died, or the coordinator is gone."""
+    """On the watch's thread: another process died, or the coordinator is gone. A process ending on its own
+    refusal (``one_refusal``) is left to print it, since that says why the run stopped (a peer refused alike may
+    exit first); the death ends its next run, should it start one (a sweep)."""
+    if _REFUSING:
+        _REFUSING.append(who)
+        return
     what = (f"another process died (process {who} of {jax.process_count()}: killed, or it ended on an error; see "
             f"its log)" if who is not None else
             "the coordination service is gone (process 0's machine or its child died)")
@@ -165,6 +175,58 @@ def _peer_died(who: int | None) -> None:
              f"again from step 0 (set checkpoint.interval above 0 for a run a relaunch resumes)")
     else:
         _end(f"{what}. Relaunch every process with the same command to resume from the newest checkpoint")
+
+
+@contextlib.contextmanager
+def one_refusal():
+    """Around a run's checks after the join (its data, mesh, memory, checkpoint.dir): a refusal every process meets
+    is given in full by process 0 alone, as before the join (``app._check_before_joining``); each other process
+    raises one line pointing at it (``errors.said_by_process_0``), of the same type, so it exits with the same code.
+    Process 0 puts its outcome (its refusal, or that it met none) in the coordination service's key-value store;
+    another process that refuses waits up to ``REFUSAL_WAIT_S`` for it and shortens its own only when process 0
+    refused with the very same message. A refusal that process 0 does not meet (this process's own data or
+    devices), or meets in other words, or does not report in time (it went on and waits for this process, to
+    start the devices or in the checkpoint lock's exchange; or it died), is given in full."""
+    client, n, pid = global_state.client, global_state.num_processes, global_state.process_id
+    _RUNS[0] += 1
+    died = _REFUSING[1:]  # a peer died while the previous run was being refused: this one cannot run without it
+    _REFUSING.clear()
+    if died:
+        _peer_died(died[0])
+    if client is None or not n or n < 2:
+        yield
+        return
+    key = REFUSAL_KEY.format(_RUNS[0])
+    try:
+        yield
+    except RunnerError as e:
+        _REFUSING.append(True)
+        said = f"{type(e).__name__}: {e}"
+        if pid == 0:
+            _post(client, key, said)
+        elif _outcome_of_process_0(client, key) == said:
+            raise said_by_process_0(e, pid, "the run") from None
+        raise
+    except BaseException:  # not a refusal (a bug's traceback, a signal): nothing the others could point at
+        if pid == 0:
+            _post(client, key, NOT_REFUSED)
+        raise
+    if pid == 0:
+        _post(client, key, NOT_REFUSED)
+
+
+def _post(client: Any, key: str, value: str) -> None:
+    try:
+        client.key_value_set(key, value)
+    except Exception:  # noqa: BLE001 - the service is gone: the others give their own messages after the wait
+        pass
+
+
+def _outcome_of_process_0(client: Any, key: str) -> str | None:
+    try:
+        return client.blocking_key_value_get(key, REFUSAL_WAIT_S * 1000)
+    except Exception:  # noqa: BLE001 - XLA's deadline or a lost service, as its own runtime error type
+        return None
 
 
 def finished() -> None:

@@ -3,6 +3,7 @@ devices train like 1 process x 8 devices, only process 0 writes outputs, each pr
 of the global batch, SLURM's environment is detected, and a dead peer or coordinator ends the run."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from runner import coordinator, distributed
 from runner.app import run
 from runner.build import build
 from runner.checkpoint import open_checkpoints
-from runner.launch import free_port, reserved_port, supervise
+from runner.launch import child_commands, free_port, reserved_port, supervise
 from tests.runner.support import TINY, compose_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,14 +158,14 @@ def test_each_process_feeds_its_rows_and_the_global_batch_equals_one_process():
     assert "[p0] layout ok 0" in out.text and "[p1] layout ok 1" in out.text
 
 
-def _runner(tmp_path: Path, pid: int, port: int, *extra: str) -> subprocess.Popen:
+def _runner(tmp_path: Path, pid: int, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "runner", "distributed=local", f"distributed.process_id={pid}",
            "distributed.num_processes=2", f"distributed.coordinator_address=127.0.0.1:{port}",
            f"hydra.run.dir={tmp_path}", *LONG, *extra]
     if pid:
         cmd += [f"hydra.job.name=runner_p{pid}", f"hydra.output_subdir=.hydra_p{pid}"]
     log = open(tmp_path / f"p{pid}.out", "w")
-    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, cwd=ROOT, env={**ENV, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
 
 
 LONG = TINY + ["mesh=data", "trainer.steps=100000", "trainer.log_interval=5",
@@ -264,3 +265,64 @@ def test_a_coordinator_port_in_use_is_a_clear_error_of_process_0(tmp_path):
            f"exited with code" in proc.stderr and "is the port in use?); pick a free port in " \
            "distributed.coordinator_address" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+OBJECTIVE_REFUSED = (
+    "error: trainer.objective='nosuch' is not a metric this run reports; use one of valid/auc_click, valid/auc_like, "
+    "valid/auc_share, valid/auc_mean, test/auc_click, test/auc_like, test/auc_share, test/auc_mean, "
+    "bayes/valid/auc_click, bayes/valid/auc_like, bayes/valid/auc_share, bayes/valid/auc_mean, bayes/test/auc_click, "
+    "bayes/test/auc_like, bayes/test/auc_share, bayes/test/auc_mean, valid/loss, test/loss (or trainer.objective=null "
+    "for the task's own, valid/auc_mean)")
+
+
+def error_lines(text: str) -> list[str]:
+    """The processes' ``error: ...`` lines as the launcher relays them, in process order."""
+    return sorted(line for line in text.splitlines() if re.match(r"\[p\d+\] error: ", line))
+
+
+@pytest.mark.slow
+def test_a_refusal_every_process_meets_after_the_join_is_given_by_process_0_alone(tmp_path):
+    """A data.path that does not exist is found after the processes joined; each of them printed its message."""
+    proc = subprocess.run([sys.executable, "-m", "runner.launch", "-n", "2", "--", "debug=tiny_criteo",
+                           "data.path=/nonexistent/train.txt", f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert error_lines(proc.stdout) == [
+        "[p0] error: data.path=/nonexistent/train.txt: no such file or folder; give data.path a folder converted by "
+        "python -m runner.prepare criteo, a Criteo-format log (train.txt, day_<d>, .gz too), a folder of them or a "
+        "glob such as '/data/day_?.gz'; or unset it to train on generated logs",
+        "[p1] error: the run is refused (process 1): process 0's output says why"], proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_each_process_refused_after_the_join_exits_with_the_refusals_code(tmp_path):
+    """Started without the launcher, which reports the first failed process's code only."""
+    with reserved_port() as port:
+        procs = [_runner(tmp_path, i, port, "mesh.cpu_devices=1", "trainer.objective=nosuch") for i in range(2)]
+        try:
+            codes = [p.wait(timeout=300) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    texts = [(tmp_path / f"p{i}.out").read_text() for i in range(2)]
+    assert codes == [2, 2], texts
+    assert [line for line in texts[0].splitlines() if line.startswith("error: ")] == [OBJECTIVE_REFUSED], texts[0]
+    assert [line for line in texts[1].splitlines() if line.startswith("error: ")] == [
+        "error: the run is refused (process 1): process 0's output says why"], texts[1]
+
+
+@pytest.mark.slow
+def test_a_refusal_only_another_process_meets_is_given_in_full(tmp_path):
+    """Process 1 alone is refused (its own trainer.objective here, as its own data would be). Process 0 goes on and
+    waits for process 1 to start its devices, so it never says how it fared: process 1 gives its message in full
+    after distributed.REFUSAL_WAIT_S, and the launcher stops process 0."""
+    out = _Capture()
+    with reserved_port() as port:
+        cmds = child_commands(2, [*TINY, "trainer.objective=${oc.env:OBJECTIVE}", f"hydra.run.dir={tmp_path}"], port)
+        code = supervise(cmds, out=out, env={**ENV, "PYTHONPATH": str(ROOT)}, grace=5,
+                         envs=[{"OBJECTIVE": "valid/auc_mean"}, {"OBJECTIVE": "nosuch"}])
+    assert code == 2, out.text[-3000:]
+    assert error_lines(out.text) == [f"[p1] {OBJECTIVE_REFUSED}"], out.text[-3000:]
+    assert "[launch] process 1 exited with code 2; stopping the others" in out.text, out.text[-3000:]
