@@ -167,7 +167,7 @@ def _peer_died(who: int | None) -> None:
     if _REFUSING:
         _REFUSING.append(who)
         return
-    what = (f"another process died (process {who} of {jax.process_count()}: killed, or it ended on an error; see "
+    what = (f"another process died (process {who} of {_process()[1]}: killed, or it ended on an error; see "
             f"its log)" if who is not None else
             "the coordination service is gone (process 0's machine or its child died)")
     if _SAVES and not _SAVES[-1]:
@@ -343,13 +343,19 @@ def fail_fast(tracker: Any = None, saves: bool = True):
 _ENDING = threading.Lock()
 
 
+def _process() -> tuple[int, int]:
+    """(this process's index, the processes' count) as ``jax.distributed`` holds them: ``jax.process_index()``
+    would start the devices, or wait for a start that hangs on a peer that died before it."""
+    return global_state.process_id or 0, global_state.num_processes or 1
+
+
 def _end(why: str, exc_info: bool = False, code: int = 1) -> None:
     """End this process now: one message, the tracker finished (at most 10 s), exit ``code`` (1; a runner error's
     own, as one process exits with it). The first caller (a failed collective, or the watch's notice of a death)
     speaks; a second one waits for the exit."""
     if not _ENDING.acquire(blocking=False):
         threading.Event().wait()
-    log.error("process %d of %d stopped: %s", jax.process_index(), jax.process_count(), why, exc_info=exc_info)
+    log.error("process %d of %d stopped: %s", *_process(), why, exc_info=exc_info)
     for tracker in list(_TRACKER):
         done = threading.Thread(target=tracker.finish, args=(code,), daemon=True)
         done.start()

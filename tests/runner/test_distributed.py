@@ -326,3 +326,27 @@ def test_a_refusal_only_another_process_meets_is_given_in_full(tmp_path):
     assert code == 2, out.text[-3000:]
     assert error_lines(out.text) == [f"[p1] {OBJECTIVE_REFUSED}"], out.text[-3000:]
     assert "[launch] process 1 exited with code 2; stopping the others" in out.text, out.text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_peer_refused_while_process_0_starts_its_devices_ends_process_0_with_one_message(tmp_path):
+    """Process 1 alone is refused after the join, before it starts its devices; process 0 waits in the devices'
+    start for it. The watch's notice of the death must not ask JAX for the process count (that waits for the same
+    start): process 0 ends at once with its one line, where it hung until the heartbeat ran out and then died in
+    a C++ abort (exit -6)."""
+    with reserved_port() as port:
+        procs = [_runner(tmp_path, i, port, "mesh.cpu_devices=1", "trainer.objective=${oc.env:OBJECTIVE}",
+                         env={"OBJECTIVE": "valid/auc_mean" if i == 0 else "nosuch"}) for i in range(2)]
+        try:
+            codes = [p.wait(timeout=300) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    texts = [(tmp_path / f"p{i}.out").read_text() for i in range(2)]
+    assert codes == [1, 2], texts
+    assert "process 0 of 2 stopped: another process died (process 1 of 2: killed, or it ended on an error; see its " \
+           "log)" in texts[0], texts[0][-3000:]
+    assert "Check failure stack trace" not in texts[0] and "Traceback" not in texts[0], texts[0][-3000:]
+    assert [line for line in texts[1].splitlines() if line.startswith("error: ")] == [OBJECTIVE_REFUSED], texts[1]
