@@ -208,15 +208,15 @@ class Reader:
                     break
                 except (pa.ArrowInvalid, OSError, EOFError) as e:
                     self._unreadable(e, gz, next_line)
-                for line, why in skipped:
-                    self._bad(line, why)
-                rows = batch.num_rows
-                taken = {line for line, _ in skipped}
-                lines = np.array([n for n in range(next_line, next_line + rows + len(taken)) if n not in taken],
-                                 np.int64)
-                next_line += rows + len(taken)
-                skipped.clear()
-                block = self._parse(batch, lines)
+                # pyarrow parses a block ahead: ``skipped`` may hold refused rows of the next block too. The batch's
+                # lines are the first ``rows`` numbers from next_line that were not refused
+                rows, refused = batch.num_rows, np.array([line for line, _ in skipped], np.int64)
+                span = np.arange(next_line, next_line + rows + len(refused), dtype=np.int64)
+                lines = span[~np.isin(span, refused)][:rows]
+                next_line = int(lines[-1]) + 1 if rows else next_line
+                mine = [s for s in skipped if s[0] < next_line]
+                skipped[:] = [s for s in skipped if s[0] >= next_line]
+                block = self._parse(batch, lines, mine)
                 if len(block):
                     self.examples += len(block)
                     yield block
@@ -250,7 +250,9 @@ class Reader:
         raise FormatError(f"{self.path}: cannot be read as tab-separated text, {at} ({shown}); fix or remove the "
                           f"line") from None
 
-    def _parse(self, batch: pa.RecordBatch, lines: np.ndarray) -> Block:
+    def _parse(self, batch: pa.RecordBatch, lines: np.ndarray, refused: list[tuple[int, str]]) -> Block:
+        """The batch's examples; its bad lines and the ``refused`` rows among them (a wrong field count) are
+        counted in the order of their lines."""
         n = batch.num_rows
         ok = np.ones(n, bool)
         cols = {c: batch.column(i) for i, c in enumerate(COLUMNS)}
@@ -288,8 +290,8 @@ class Reader:
             flag(~good, lambda i, c=c, col=col, w=want, h=hint: f"categorical feature {c} is {col[i].as_py()!r}, "
                                                                  f"not {w}{h if ',' in col[i].as_py() else ''}")
             cat[:, start[j]:start[j + 1]] = value
-        for i in sorted(why):
-            self._bad(int(lines[i]), why[i])
+        for line, reason in sorted([(int(lines[i]), why[i]) for i in why] + refused):
+            self._bad(line, reason)
         return Block(np.asarray(pc.cast(pc.if_else(pa.array(ok), label, "0"), pa.int8()))[ok],
                      dense[ok], cat[ok], count[ok], lines[ok])
 
