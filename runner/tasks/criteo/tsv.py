@@ -19,8 +19,10 @@ Multi-hot features (a bag of values per feature, as MLPerf DLRMv2's multi-hot Cr
 field ``j`` holds up to ``bags[j]`` values of 8 hex digits joined by commas (``0a1b2c3d,ffff0000``); the
 padding columns past a field's count are 0.
 
-A bad line (a wrong number of fields, an empty line, a label that is not 0 or 1, an integer feature that is not
-an integer, a categorical that is not 8 hex digits, a bag of more values than its size) stops the read with a :class:`FormatError` naming the file,
+A line ends at ``\\n`` or ``\\r\\n``; a ``\\r`` anywhere else is part of its line, which no field takes (pyarrow
+would end the line there: ``newlines.py``). A bad line (a wrong number of fields, an empty line, a label that is
+not 0 or 1, an integer feature that is not an integer, a categorical that is not 8 hex digits, a bag of more
+values than its size, a stray ``\\r``) stops the read with a :class:`FormatError` naming the file,
 the line and the field, unless ``max_bad_lines`` allows that many: those lines are then skipped and counted
 (:attr:`Reader.bad_lines`). An empty file and a truncated ``.gz`` are refused the same way.
 """
@@ -37,6 +39,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+
+from .newlines import MARK, Lines, carriage_return
 
 NUM_DENSE = 13
 NUM_CAT = 26
@@ -178,12 +182,12 @@ class Reader:
         skipped: list[tuple[int, str]] = []
 
         def on_invalid(row) -> str:
-            skipped.append((row.number, f"{row.actual_columns} tab-separated fields, a Criteo line has "
-                                        f"{len(COLUMNS)} (the label, {NUM_DENSE} integer and {NUM_CAT} "
-                                        f"categorical features)"))
+            fields = (f"{row.actual_columns} tab-separated fields, a Criteo line has {len(COLUMNS)} (the label, "
+                      f"{NUM_DENSE} integer and {NUM_CAT} categorical features)")
+            skipped.append((row.number, carriage_return(f"and {fields}") if MARK in row.text else fields))
             return "skip"
 
-        source = pa.input_stream(str(self.path), compression="gzip" if gz else None)
+        source = Lines(pa.input_stream(str(self.path), compression="gzip" if gz else None))
         try:
             with _quiet_undecodable(on_invalid):  # the first block is read here
                 reader = pacsv.open_csv(
@@ -197,9 +201,9 @@ class Reader:
                                                          strings_can_be_null=False, quoted_strings_can_be_null=False))
         except (pa.ArrowInvalid, OSError, EOFError) as e:
             source.close()
-            self._unreadable(e, gz, 1)
+            self._unreadable(e, gz, 1, source.found)
         next_line = 1
-        with source:
+        with contextlib.closing(source):
             while True:
                 try:
                     with _quiet_undecodable(on_invalid):
@@ -207,7 +211,7 @@ class Reader:
                 except StopIteration:
                     break
                 except (pa.ArrowInvalid, OSError, EOFError) as e:
-                    self._unreadable(e, gz, next_line)
+                    self._unreadable(e, gz, next_line, source.found)
                 # pyarrow parses a block ahead: ``skipped`` may hold refused rows of the next block too. The batch's
                 # lines are the first ``rows`` numbers from next_line that were not refused
                 rows, refused = batch.num_rows, np.array([line for line, _ in skipped], np.int64)
@@ -216,7 +220,7 @@ class Reader:
                 next_line = int(lines[-1]) + 1 if rows else next_line
                 mine = [s for s in skipped if s[0] < next_line]
                 skipped[:] = [s for s in skipped if s[0] >= next_line]
-                block = self._parse(batch, lines, mine)
+                block = self._parse(batch, lines, mine, source.found)
                 if len(block):
                     self.examples += len(block)
                     yield block
@@ -226,7 +230,7 @@ class Reader:
             raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per line: "
                               f"{_EMPTY}")
 
-    def _unreadable(self, e: Exception, gz: bool, line: int):
+    def _unreadable(self, e: Exception, gz: bool, line: int, stray: bool):
         if "Empty CSV file" in str(e):
             raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per "
                               f"line: {_EMPTY}") from None
@@ -236,7 +240,11 @@ class Reader:
             if "straddle" in str(e):
                 raise FormatError(f"{self.path}: {at}: a line longer than the reader's block of "
                                   f"{self.block_bytes // 1024:,} KiB (a Criteo line is a few hundred bytes); the file "
-                                  f"is not a Criteo log or the line is damaged: fix or remove it") from None
+                                  f"is not a Criteo log or the line is damaged: fix or remove it"
+                                  + ("; it holds carriage returns (\\r) no \\n follows, and only \\n (or \\r\\n) "
+                                     "ends a line: if its lines end in \\r alone, convert it (tr '\\r' '\\n')"
+                                     if stray else "")
+                                  ) from None
             if "UTF8" in str(e) or "UTF-8" in str(e) or "\ufffd" in str(e):  # bytes that are not text
                 raise FormatError(f"{self.path}: {at}: not UTF-8 text; a Criteo log is plain text (a compressed "
                                   f"file other than .gz, such as .bz2, .xz or .zip, or a converted shard, is not "
@@ -250,9 +258,10 @@ class Reader:
         raise FormatError(f"{self.path}: cannot be read as tab-separated text, {at} ({shown}); fix or remove the "
                           f"line") from None
 
-    def _parse(self, batch: pa.RecordBatch, lines: np.ndarray, refused: list[tuple[int, str]]) -> Block:
+    def _parse(self, batch: pa.RecordBatch, lines: np.ndarray, refused: list[tuple[int, str]],
+               stray: bool) -> Block:
         """The batch's examples; its bad lines and the ``refused`` rows among them (a wrong field count) are
-        counted in the order of their lines."""
+        counted in the order of their lines. ``stray``: the file holds a stray ``\\r`` (newlines.py)."""
         n = batch.num_rows
         ok = np.ones(n, bool)
         cols = {c: batch.column(i) for i, c in enumerate(COLUMNS)}
@@ -265,6 +274,9 @@ class Reader:
                 why[int(i)] = reason(int(i))
             ok[mask] = False
 
+        if stray:  # a "\r" inside a line of this file (newlines.py): the reason of its line, before any other
+            marked = np.stack([pc.match_substring(cols[c], MARK).to_numpy(zero_copy_only=False) for c in COLUMNS])
+            flag(marked.any(axis=0), lambda i: carriage_return(f"in {_field(COLUMNS[int(np.argmax(marked[:, i]))])}"))
         flag(empty, lambda i: "the line is empty")
         label = cols["label"]
         flag(~pc.match_substring_regex(label, r"^[01]$").to_numpy(zero_copy_only=False),
@@ -294,6 +306,10 @@ class Reader:
             self._bad(line, reason)
         return Block(np.asarray(pc.cast(pc.if_else(pa.array(ok), label, "0"), pa.int8()))[ok],
                      dense[ok], cat[ok], count[ok], lines[ok])
+
+
+def _field(column: str) -> str:
+    return "the label" if column == "label" else f"{'integer' if column in DENSE else 'categorical'} feature {column}"
 
 
 def _log_of_digits(text: str) -> float:
