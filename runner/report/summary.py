@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import difflib
 import math
 import os
 import shutil
@@ -114,10 +115,7 @@ def build_report(
     shown = shown_metrics(trials)
     if metric is not None and not any(metric in t.keys() or _to_float(t.summary.get(metric)) is not None
                                       for t in trials):  # a number: a flag such as emb/valid_step ranks nothing
-        known = sorted({k for t in trials for k in t.keys()})
-        raise ReportError(f"--metric {metric}: no trial logged it as a number; the trials logged "
-                          f"{', '.join(known) or 'nothing'}. "
-                          f"Nothing was written")
+        raise ReportError(unknown_metric(metric, {k for t in trials for k in t.keys()}, shown.objective))
     metric = shown.objective if metric is None else metric
     warnings = _mixed_tasks(root, trials, shown, metric)
     if notes is not None:
@@ -154,6 +152,34 @@ def build_report(
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out / "report.md"
+
+
+def unknown_metric(metric: str, known: set[str], objective: str) -> str:
+    """Why ``--metric`` ranks nothing: the keys the trials logged (``known``) closest to it first (the same name
+    under a prefix, then the most alike), then the rest by name, those of a prefix of more than 3 keys counted
+    (a ranking run logs 60 and more, 26 of them ``emb/dropped_ids/cat_NN``), and the default objective if
+    they logged it."""
+    names = sorted(known)
+    name = metric.lower().strip("/")
+    close = sorted((k for k in names if k.lower().endswith("/" + name)), key=lambda k: (k.count("/"), k))
+    by_lower = {k.lower(): k for k in names}
+    close += [by_lower[k] for k in difflib.get_close_matches(metric.lower(), list(by_lower), n=5, cutoff=0.6)]
+    close = list(dict.fromkeys(close))[:5]
+    rest = [k for k in names if k not in close]
+    groups: dict[str, list[str]] = {}
+    for k in rest:
+        groups.setdefault(k.split("/", 1)[0] + ("/*" if "/" in k else ""), []).append(k)
+    items = [x for g, ks in groups.items() for x in (ks if len(ks) <= 3 or len(rest) <= 8 else [f"{g} ({len(ks)})"])]
+    if len(items) > 16:
+        items = [f"{g} ({len(ks)})" if len(ks) > 1 else ks[0] for g, ks in groups.items()]
+        items = items[:16] + [f"and {len(items) - 16} more prefixes"] if len(items) > 16 else items
+    listed = ", ".join(items)
+    if not names:
+        return f"--metric {metric}: no trial logged it as a number; they logged no number yet. Nothing was written"
+    what = (f"the closest they logged: {', '.join(close)}" + (f"; the {len(rest)} others: {listed}" if rest else "")
+            if close else f"they logged {len(rest)} {'key' if len(rest) == 1 else 'keys'}: {listed}")
+    default = f", or leave --metric out to rank by {objective}, the task's objective" if objective in known else ""
+    return f"--metric {metric}: no trial logged it as a number; {what}. Give one of those{default}. Nothing was written"
 
 
 def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:

@@ -133,8 +133,9 @@ def test_a_trial_without_a_status_is_unfinished_not_ok(tmp_path):
 def test_an_unknown_metric_and_an_out_that_cannot_be_made_are_refused_writing_nothing(multirun, tmp_path, capsys):
     assert main([str(multirun), "--metric", "valid/nope", "--out", str(tmp_path / "r1")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --metric valid/nope: no trial logged it as a number; the trials logged ")
-    assert "train/loss" in err
+    assert err == ("error: --metric valid/nope: no trial logged it as a number; they logged 5 keys: grad_norm, "
+                   "train/auc_click, train/loss, valid/auc_click, valid/auc_mean. Give one of those, or leave --metric "
+                   "out to rank by valid/auc_mean, the task's objective. Nothing was written\n")
     assert not (tmp_path / "r1").exists()
     (tmp_path / "afile").write_text("mine")
     assert main([str(multirun), "--out", str(tmp_path / "afile" / "sub")]) == 2
@@ -142,6 +143,44 @@ def test_an_unknown_metric_and_an_out_that_cannot_be_made_are_refused_writing_no
                                               f"written (Not a directory); give a folder that can be written. Nothing "
                                               f"was written")
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+RUN_KEYS = {"train/loss": 0.5, "train/auc": 0.8, "valid/auc": 0.7, "valid/logloss": 0.5, "valid/accuracy": 0.7,
+            "test/auc": 0.7, "bayes/valid/auc": 0.9, "dense/grad_norm": 0.1, "emb/grad_norm": 0.1,
+            "emb/stale_rows": 3, "emb/unique_rows": 40, "perf/step_time_ms": 30.0,
+            **{f"emb/dropped_ids/cat_{j:02d}": 0 for j in range(1, 27)}}
+
+
+@pytest.mark.parametrize("metric, closest", [
+    ("valid/acu", "valid/auc, valid/accuracy, bayes/valid/auc, valid/ndcg@10"),  # a typo: the most alike first
+    ("auc", "test/auc, train/auc, valid/auc, bayes/valid/auc"),  # a bare name: the keys it ends
+    ("Valid/LogLoss", "valid/logloss, train/loss"),
+])
+def test_an_unknown_metric_names_the_closest_keys_first_and_counts_a_long_prefix(tmp_path, capsys, metric, closest):
+    """A ranking run logs 60 keys and more (26 of them emb/dropped_ids/cat_NN): the message named every one on
+    one line. The closest come first, the others by name, a prefix of more than 3 keys counted."""
+    _write_trial(tmp_path / "0", ["a=1"], [{"step": 10, **RUN_KEYS}])
+    _write_trial(tmp_path / "1", ["a=2"], [{"step": 10, **RUN_KEYS, "valid/ndcg@10": 0.4}])
+    assert main([str(tmp_path), "--metric", metric, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    head = f"error: --metric {metric}: no trial logged it as a number; the closest they logged: {closest}; the "
+    assert err.startswith(head) and err.count("\n") == 1 and len(err) < 600, err
+    others = err[len(head):].split(": ", 1)[1].split(". Give one of those")[0].split(", ")
+    assert err.split("; the ")[2].startswith(f"{len(RUN_KEYS) + 1 - len(closest.split(', '))} others: ")
+    assert others == sorted(others) and "emb/* (29)" in others and not any("cat_" in k for k in others)
+    shown = set(closest.split(", ")) | set(others)
+    assert shown == {k for k in [*RUN_KEYS, "valid/ndcg@10"] if not k.startswith("emb/")} | {"emb/* (29)"}
+    # no "leave --metric out": the default objective (valid/auc_mean, trials of unnamed data) was not logged
+    assert err.endswith(". Give one of those. Nothing was written\n") and not (tmp_path / "r").exists()
+
+
+def test_an_unknown_metric_among_keys_of_many_prefixes_names_16_and_counts_the_others():
+    from runner.report.summary import unknown_metric
+
+    text = unknown_metric("zzz", {f"g{i:02d}/k{j}" for i in range(30) for j in range(2)}, "valid/auc")
+    assert text == ("--metric zzz: no trial logged it as a number; they logged 60 keys: "
+                    + ", ".join(f"g{i:02d}/* (2)" for i in range(16)) + ", and 14 more prefixes. Give one of those. "
+                    "Nothing was written")
 
 
 def test_a_metric_that_is_no_number_is_refused_like_one_no_trial_logged(multirun, tmp_path, capsys):
