@@ -96,6 +96,10 @@ def entry() -> None:
     from hydra.errors import HydraException
 
     _hide_schema_groups()
+    clash = debug_preset_clash(sys.argv[1:])
+    if clash is not None:
+        print(f"error: {clash}", file=sys.stderr)
+        sys.exit(2)
     signal.signal(signal.SIGTERM, _terminated)  # the train loop answers it at a step boundary; elsewhere: this
     try:
         main()
@@ -108,6 +112,63 @@ def entry() -> None:
         lines = [str(e).strip()] + ([str(cause).strip()] if cause is not None and str(cause).strip() else [])
         print("error: " + "\n".join(lines), file=sys.stderr)
         sys.exit(2)
+
+
+# The debug presets (conf/debug/) and the models and data sources each one's settings are written for: another's
+# schema lacks its keys, and Hydra stopped inside composition ("Key 'hidden' not in 'DLRMModelConfig'", exit 1)
+DEBUG_PRESETS = {"tiny": (("ranking",), ("synthetic",)), "tiny_criteo": (("dlrm", "dcn"), ("criteo",)),
+                 "tiny_sequences": (("sequential",), ("synthetic_sequences",))}
+GROUPS = ("debug", "model", "data", "experiment")  # the groups that decide whether a preset fits
+
+
+def debug_preset_clash(args: list[str]) -> str | None:
+    """Why the command line ``args`` pick a debug preset for a model or data source it is not written for
+    (``debug=tiny model=dlrm``, ``debug=tiny experiment=criteo_synthetic``, any trial of a sweep), naming the
+    preset that is; None otherwise, and for anything Hydra reports itself. The choices are Hydra's own (its
+    defaults list, the experiment's and the preset's overrides applied), worked out only when ``debug`` is set."""
+    if not any("debug" in a for a in args):
+        return None
+    import itertools
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+        chosen = [o for o in parsed if o.key_or_group in GROUPS]
+        sweeps = [o for o in chosen if o.is_sweep_override()]  # each value a trial's; without -m, Hydra's error
+        if (not any(o.key_or_group == "debug" for o in chosen) or not all(o.is_choice_sweep() for o in sweeps)
+                or sweeps and not {"-m", "--multirun"} & set(args)):
+            return None
+        lines = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                 else [o.input_line] for o in chosen]
+        loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
+        for trial in itertools.product(*lines):
+            c = loader.compute_defaults_list("config", list(trial), RunMode.RUN).overrides.known_choices
+            models, datas = DEBUG_PRESETS.get(c.get("debug"), ((c.get("model"),), (c.get("data"),)))
+            if c.get("model") not in models or c.get("data") not in datas:
+                return _clash(c["debug"], c.get("model"), c.get("data"), c.get("experiment"), bool(sweeps))
+    except Exception:  # noqa: BLE001 - an override Hydra cannot apply: its own message follows
+        return None
+    return None
+
+
+def _clash(debug: str, model: str, data: str, experiment: str | None, trial: bool) -> str:
+    """The message: what the preset is for, what the run (or a ``trial`` of a sweep) has, and the preset for that
+    (by its model, else by its data)."""
+    models, datas = DEBUG_PRESETS[debug]
+    others = {p: v for p, v in DEBUG_PRESETS.items() if p != debug}
+    fit = next((p for p, (ms, ds) in others.items() if model in ms and data in ds), None)
+    near = (next((p for p, (ms, _) in others.items() if model in ms), None)
+            or next((p for p, (_, ds) in others.items() if data in ds), None))
+    fix = (f"use debug={fit} in its place" if fit else
+           f"use debug={near} in its place (model={'/'.join(others[near][0])} on data={'/'.join(others[near][1])})"
+           if near else f"no debug preset shrinks model={model} on data={data}: leave debug out and shrink the run by "
+           f"hand (trainer.steps, trainer.batch_size, model.emb_width)")
+    run = "the sweep trial's" if trial else "this run's"
+    return (f"debug={debug} is written for model={'/'.join(models)} on data={'/'.join(datas)}, not for {run} "
+            f"model={model} on data={data}" + (f" (experiment={experiment})" if experiment else "") + f"; {fix}")
 
 
 def _terminated(signum, frame) -> None:

@@ -22,6 +22,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from runner import launch, report
+from runner.__main__ import DEBUG_PRESETS, debug_preset_clash
 from runner.build import build
 from runner.errors import PreflightError
 from runner.preflight import check_selection
@@ -175,6 +176,66 @@ def test_wrong_type_is_refused_when_composing():
         compose_config(["async_emb.staleness=1.5"])
     with pytest.raises(ConfigCompositionException, match="model.emb_width=abc"):
         compose_config(["model.emb_width=abc"])
+
+
+# ---- debug presets: each with the models and data sources it is written for ------------------------------
+
+FOR_RANKING = "debug=tiny is written for model=ranking on data=synthetic, not for "
+PRESET_CLASHES = [
+    (["debug=tiny", "model=dlrm"], FOR_RANKING + "this run's model=dlrm on data=synthetic; use debug=tiny_criteo in "
+                                                 "its place (model=dlrm/dcn on data=criteo)"),
+    (["debug=tiny", "model=dcn"], FOR_RANKING + "this run's model=dcn on data=synthetic; use debug=tiny_criteo in its "
+                                                "place (model=dlrm/dcn on data=criteo)"),
+    (["debug=tiny", "model=sequential"], FOR_RANKING + "this run's model=sequential on data=synthetic; use "
+                                                       "debug=tiny_sequences in its place (model=sequential on "
+                                                       "data=synthetic_sequences)"),
+    (["debug=tiny", "experiment=criteo_synthetic"],
+     FOR_RANKING + "this run's model=dlrm on data=criteo (experiment=criteo_synthetic); use debug=tiny_criteo in its "
+                   "place"),
+    (["-m", "debug=tiny", "model=ranking,dcn"], FOR_RANKING + "the sweep trial's model=dcn on data=synthetic; use "
+                                                              "debug=tiny_criteo in its place (model=dlrm/dcn on "
+                                                              "data=criteo)"),
+    (["debug=tiny_sequences", "model=dlrm"], "debug=tiny_sequences is written for model=sequential on "
+                                             "data=synthetic_sequences, not for this run's model=dlrm on "
+                                             "data=synthetic_sequences; use debug=tiny_criteo in its place "
+                                             "(model=dlrm/dcn on data=criteo)"),
+    (["debug=tiny_sequences", "data=movielens"], "debug=tiny_sequences is written for model=sequential on "
+                                                 "data=synthetic_sequences, not for this run's model=sequential on "
+                                                 "data=movielens; no debug preset shrinks model=sequential on "
+                                                 "data=movielens: leave debug out and shrink the run by hand "
+                                                 "(trainer.steps, trainer.batch_size, model.emb_width)"),
+]
+
+
+@pytest.mark.parametrize("args, message", PRESET_CLASHES, ids=[" ".join(a) for a, _ in PRESET_CLASHES])
+def test_a_debug_preset_for_another_model_or_data_is_refused_naming_the_one_for_them(args, message):
+    """Hydra stopped inside composition with "Key 'hidden' not in 'DLRMModelConfig'" (exit 1); the choices are
+    Hydra's own, so a model an experiment picks, or one trial of a sweep, is named too."""
+    assert debug_preset_clash(args) == message
+
+
+@pytest.mark.parametrize("args", [["debug=tiny"], ["debug=tiny_criteo"], ["debug=tiny_criteo", "model=dcn"],
+                                  ["debug=tiny_sequences"], ["debug=tiny_sequences", "experiment=ml1m_sasrec"],
+                                  ["model=dlrm", "data=criteo"], ["debug=tiny", "model=ranking,dcn"],
+                                  ["debug=tiny", "model=nope"], ["--cfg", "job", "debug=tiny", "model=ranking"]])
+def test_a_debug_preset_for_its_own_model_and_data_or_an_error_of_hydras_passes(args):
+    """The presets' own (the experiment's data replaced by the preset's), and what Hydra reports itself: a sweep
+    without -m, a model that does not exist."""
+    assert debug_preset_clash(args) is None
+
+
+def test_the_presets_table_is_conf_debug_and_names_a_preset_for_every_model():
+    """Each preset composes with each model and data source it lists, every model has one, and any other model
+    with it is refused (a new preset or model must be added to runner.__main__.DEBUG_PRESETS)."""
+    assert set(DEBUG_PRESETS) == {p.stem for p in (ROOT / "conf" / "debug").glob("*.yaml")}
+    models = {p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")}
+    assert set().union(*(m for m, _ in DEBUG_PRESETS.values())) == models
+    for preset, (theirs, datas) in DEBUG_PRESETS.items():
+        for model in theirs:
+            for data in datas:
+                compose_config([f"debug={preset}", f"model={model}", f"data={data}"], tiny=False)
+        for model in models - set(theirs):
+            assert debug_preset_clash([f"debug={preset}", f"model={model}"]).startswith(f"debug={preset} is written ")
 
 
 # ---- embedding optimizer hyperparameters: the ranges each optimizer class declares ---------------------
@@ -547,6 +608,15 @@ def test_help_beside_an_override_that_cannot_apply_is_one_message():
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
     assert proc.stderr.startswith("error: Error merging override model.emb_width=abc\nValue 'abc' of type 'str' "
                                   "could not be converted to Integer")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [["debug=tiny", "model=dlrm"], ["-m", "debug=tiny", "model=ranking,dcn"]])
+def test_a_debug_preset_for_another_model_is_refused_by_the_command_with_exit_2_before_any_trial(tmp_path, args):
+    proc = run_cli(*args, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path / "run")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr == f"error: {debug_preset_clash(args)}\n" and "use debug=tiny_criteo in its place" in proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.slow
