@@ -141,6 +141,8 @@ def debug_preset_clash(args: list[str]) -> str | None:
         if (not any(o.key_or_group == "debug" for o in chosen) or not all(o.is_choice_sweep() for o in sweeps)
                 or sweeps and not {"-m", "--multirun"} & set(args)):
             return None
+        if all(o.key_or_group == "debug" for o in chosen):  # a preset alone picks its own model and data
+            return None
         lines = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
                  else [o.input_line] for o in chosen]
         loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
