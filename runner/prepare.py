@@ -17,7 +17,7 @@ import sys
 
 from .errors import Terminated, sigterm_unwinds, stopped
 from .tasks.criteo.prepare import PrepareError, convert
-from .tasks.criteo.synthetic import CriteoSpec, write_logs
+from .tasks.criteo.synthetic import CriteoSpec, NoRoom, write_logs
 from .tasks.criteo.tsv import NUM_CAT, ONE_HOT, FormatError, check_bags
 
 
@@ -75,8 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                                   "split": m["split"], "bad_lines": m["bad_lines"]}))
             else:
                 spec = CriteoSpec(lines=a.lines, days=a.days, seed=a.seed, gzip=a.gzip, bags=a.bag_sizes or ONE_HOT)
-                for path in write_logs(spec, a.out):
-                    print(path)
+                try:
+                    for path in write_logs(spec, a.out):
+                        print(path)
+                except NoRoom as e:
+                    raise ValueError(f"--lines {a.lines}: {e}; give fewer --lines, "
+                                     + ("" if a.gzip else "add --gzip (about a third of the size), ")
+                                     + "or an --out on a file system with room. Nothing was written") from None
         except (FormatError, PrepareError, ValueError, OSError) as e:
             print(f"runner.prepare: {e}", file=sys.stderr)
             return 2

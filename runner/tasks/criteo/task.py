@@ -40,7 +40,7 @@ from .order import examples
 from .prepare import FORMAT, MIN_EXAMPLES, convert, split_rule, too_few
 from .report import REPORT
 from .shards import DamagedShard, Shards, read_manifest
-from .synthetic import CriteoSpec, write_logs
+from .synthetic import CriteoSpec, room_problem, write_logs
 from .tsv import NUM_DENSE, ONE_HOT, check_bags
 
 SPLITS = ("valid", "test")
@@ -83,6 +83,10 @@ def generated(cfg: DictConfig) -> Path:
         convert(write_logs(spec, work / "logs"), work / "shards", seed=spec.seed, bags=spec.bags)
         return work / "shards"
 
+    room = room_problem(spec, folder)
+    if room is not None:  # before a byte is written; the shards take more on top
+        raise PreflightError(f"data.lines={spec.lines}: {room}; lower data.lines, or set data.cache to a folder on a "
+                             f"file system with room")
     try:
         return once(folder, make)
     except OSError as e:

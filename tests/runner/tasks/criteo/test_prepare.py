@@ -535,3 +535,37 @@ def test_a_stray_carriage_return_is_one_bad_line_and_leaves_the_split_of_every_o
     assert main(["criteo", str(tmp_path / "cr" / "train.txt"), "--out", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.startswith(f"runner.prepare: {tmp_path / 'cr' / 'train.txt'}, line 100: a carriage "
                                               f"return (\\r) inside the line, in integer feature int_1; ")
+
+
+def test_generated_logs_that_cannot_fit_are_refused_before_a_byte_is_written(tmp_path, capsys, monkeypatch):
+    """criteo-synthetic --lines 2,147,483,647 ran for hours towards about 500 GB before a full disk stopped it; a
+    lower bound of the files' size (230 bytes a line, 80 gzipped) against the free space of --out's file system
+    refuses it at once, and so does a run generating its logs (data.lines) into data.cache."""
+    import shutil as shutil_module
+
+    from omegaconf import OmegaConf
+
+    from runner.errors import PreflightError
+    from runner.prepare import main
+    from runner.tasks.criteo import synthetic
+    from runner.tasks.criteo.task import generated
+
+    free = {"bytes": 10**9}
+    monkeypatch.setattr(synthetic.shutil, "disk_usage", lambda p: shutil_module._ntuple_diskusage(2 * 10**9, 0,
+                                                                                                   free["bytes"]))
+    out = tmp_path / "new" / "logs"  # not made yet: the nearest existing folder's file system is the one counted
+    assert main(["criteo-synthetic", "--out", str(out), "--lines", "5000000"]) == 2
+    assert capsys.readouterr().err == (
+        f"runner.prepare: --lines 5000000: 5,000,000 generated lines take at least 1.1 GB uncompressed, and the file "
+        f"system of {tmp_path} has 1.0 GB free; give fewer --lines, add --gzip (about a third of the size), or an "
+        f"--out on a file system with room. Nothing was written\n")
+    assert not (tmp_path / "new").exists()
+    assert synthetic.room_problem(CriteoSpec(lines=5_000_000, gzip=True), out) is None  # 0.4 GB gzipped: it fits
+    free["bytes"] = 10**8
+    assert main(["criteo-synthetic", "--out", str(tmp_path / "gz"), "--lines", "5000000", "--gzip"]) == 2
+    assert "5,000,000 generated lines take at least 0.4 GB gzipped" in capsys.readouterr().err
+    data = OmegaConf.create({"lines": 5_000_000, "days": 1, "seed": 0, "bags": None, "cache": str(tmp_path / "c")})
+    with pytest.raises(PreflightError, match=r"^data.lines=5000000: 5,000,000 generated lines take at least 1.1 GB "
+                                             r"uncompressed, and the file system of .* has 0.1 GB free; lower "
+                                             r"data.lines, or set data.cache to a folder on a file system with room$"):
+        generated(OmegaConf.create({"data": data}))
