@@ -294,11 +294,11 @@ def test_a_refusal_every_process_meets_after_the_join_is_given_by_process_0_alon
         "[p1] error: the run is refused (process 1): process 0's output says why"], proc.stdout[-3000:]
 
 
-@pytest.mark.slow
-def test_each_process_refused_after_the_join_exits_with_the_refusals_code(tmp_path):
-    """Started without the launcher, which reports the first failed process's code only."""
+def _two_runners(tmp_path: Path, env_of, *extra: str) -> tuple[list[int | None], list[str]]:
+    """Processes 0 and 1 started without the launcher (which reports the first failed process's code only), one
+    CPU device each, process ``i`` with ``env_of(i)`` added to its environment; their exit codes and outputs."""
     with reserved_port() as port:
-        procs = [_runner(tmp_path, i, port, "mesh.cpu_devices=1", "trainer.objective=nosuch") for i in range(2)]
+        procs = [_runner(tmp_path, i, port, "mesh.cpu_devices=1", *extra, env=env_of(i)) for i in range(2)]
         try:
             codes = [p.wait(timeout=300) for p in procs]
         finally:
@@ -306,7 +306,13 @@ def test_each_process_refused_after_the_join_exits_with_the_refusals_code(tmp_pa
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-    texts = [(tmp_path / f"p{i}.out").read_text() for i in range(2)]
+    return codes, [(tmp_path / f"p{i}.out").read_text() for i in range(2)]
+
+
+@pytest.mark.slow
+def test_each_process_refused_after_the_join_exits_with_the_refusals_code(tmp_path):
+    """Started without the launcher, which reports the first failed process's code only."""
+    codes, texts = _two_runners(tmp_path, lambda i: {}, "trainer.objective=nosuch")
     assert codes == [2, 2], texts
     assert [line for line in texts[0].splitlines() if line.startswith("error: ")] == [OBJECTIVE_REFUSED], texts[0]
     assert [line for line in texts[1].splitlines() if line.startswith("error: ")] == [
@@ -334,17 +340,8 @@ def test_a_peer_refused_while_process_0_starts_its_devices_ends_process_0_with_o
     start for it. The watch's notice of the death must not ask JAX for the process count (that waits for the same
     start): process 0 ends at once with its one line, where it hung until the heartbeat ran out and then died in
     a C++ abort (exit -6)."""
-    with reserved_port() as port:
-        procs = [_runner(tmp_path, i, port, "mesh.cpu_devices=1", "trainer.objective=${oc.env:OBJECTIVE}",
-                         env={"OBJECTIVE": "valid/auc_mean" if i == 0 else "nosuch"}) for i in range(2)]
-        try:
-            codes = [p.wait(timeout=300) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-    texts = [(tmp_path / f"p{i}.out").read_text() for i in range(2)]
+    codes, texts = _two_runners(tmp_path, lambda i: {"OBJECTIVE": "valid/auc_mean" if i == 0 else "nosuch"},
+                                "trainer.objective=${oc.env:OBJECTIVE}")
     assert codes == [1, 2], texts
     assert "process 0 of 2 stopped: another process died (process 1 of 2: killed, or it ended on an error; see its " \
            "log)" in texts[0], texts[0][-3000:]
