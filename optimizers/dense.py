@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ._lazy import jax, jnp, optax
+from .checks import check_update
 from .context import AsyncEmbContext
 from .record import update_token_ids
 from .hparams import hparam
@@ -32,6 +33,7 @@ class OptaxEmbOptimizer(AsyncEmbOptimizer):
         """Returns (table, state, norm, valid); a non-pending update, a non-finite gradient, or an update
         whose new table or state would not be finite (e.g. eps=0 on a zero gradient, b1=1, a learning rate
         that overflows) changes nothing, and ``valid`` is false."""
+        check_update(self, ctx, update, table, state)
         dense_g = dense_gradient(ctx, update, table.shape)
         norm = jnp.sqrt(jnp.sum(dense_g * dense_g))
         valid = jnp.isfinite(norm) & update.pending

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import jnp, lax
+from .checks import check_update
 from .fields import as_bias_correction, as_weight_decay_mode
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer
 from .row_update import EmbOptState, GlobalDecay, RowContext, WeightDecayMode, decay_mode
@@ -74,7 +75,9 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
     # The protocol -------------------------------------------------------------------------------------
     def gradient_update_start(self, context: AsyncEmbContext, update: AsyncEmbGradientUpdate,
                               table: jax.Array, state: EmbOptState, gate: jax.Array):
-        """Apply ``update`` (``apply_fused``); returns ``((norm, valid), table, state)``."""
+        """Apply ``update`` (``apply_fused``); returns ``((norm, valid), table, state)``. A table that is not a
+        float ``[context.stored_rows, context.stored_width]`` array, a state that is not ``self.init`` of those,
+        or a record built on another context is a ValueError naming it (``optimizers.checks``), at trace time."""
         table, state, norm, valid, rows = apply_fused(self, context, update, table, state, gate)
         context.results.update(norm=norm, valid=valid, rows_per_shard=rows)
         return (norm, valid), table, state
@@ -103,6 +106,7 @@ def apply_fused(opt: FusedEmbOptimizer, ctx: AsyncEmbContext, update: AsyncEmbGr
     rows past an owner's buffer (``ctx.owner_slots_for``) count (summed over the table shards). Column,
     ``"stop"``: the distinct ids past a device's exchange (``ctx.slots_for``, summed over devices);
     ``"reroute"``: such a step exchanges every device's whole buffer and nothing is refused (0)."""
+    check_update(opt, ctx, update, table, state)
     if ctx.compensates != (update.rows is not None):
         raise ValueError(f"an update record {'without' if ctx.compensates else 'with'} rows (w_then) on a context "
                          f"{'with' if ctx.compensates else 'without'} delay compensation (dc_lambda): build "

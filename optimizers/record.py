@@ -13,6 +13,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import P, jax, jnp
+from .checks import check_batch, check_ids
 from .indexing import take_rows
 from .protocol import AsyncEmbGradientUpdate
 from .scopes import in_phase
@@ -36,6 +37,17 @@ def dedupe_method(num_tokens: int, vocab: int) -> str:
     return "packed" if (vocab + 1) * max(num_tokens, 1) - 1 <= _INT32_MAX else "search"
 
 
+def int32_ids(ids: Any, vocab: int) -> jax.Array:
+    """``ids`` as int32; 64-bit ids (numpy's, or JAX's with x64 on) outside ``[0, vocab)`` first become -1, so an
+    id past int32 is dropped as out of range instead of wrapping onto a row (``2**32 + 5`` would be row 5)."""
+    if getattr(ids, "dtype", None) is not None and ids.dtype.itemsize > 4:
+        import numpy as np  # noqa: PLC0415
+
+        xp = jnp if isinstance(ids, jax.Array) else np
+        ids = xp.where((ids >= 0) & (ids < vocab), ids, -1)
+    return jnp.asarray(ids).astype(jnp.int32)
+
+
 @in_phase("dedupe")
 def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
            method: str | None = None) -> tuple[jax.Array, jax.Array]:
@@ -51,7 +63,8 @@ def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
       so each sorted key also says which token it came from and one scatter writes the segment ids
       (about 25% faster at 16K tokens). The default picks it whenever it fits; results are identical.
     """
-    ids = ids.reshape(-1).astype(jnp.int32)
+    check_ids(ids)
+    ids = int32_ids(ids, vocab).reshape(-1)
     n = ids.shape[0]
     method = method or dedupe_method(n, vocab)
     valid = (ids >= 0) & (ids < vocab)
@@ -88,7 +101,13 @@ def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending:
     dedupes only its own tokens (the batch split over every mesh axis, as the train step holds it) inside
     ``jax.shard_map``; ``unique_tokens`` is then
     ``mesh.size`` sorted blocks of ``ctx.local_unique``, one per device, and each token's segment id indexes
-    its own device's block. No device sees another's ids. Otherwise one dedupe of the whole batch."""
+    its own device's block. No device sees another's ids. Otherwise one dedupe of the whole batch.
+
+    Refused with a ValueError naming the fix (``optimizers.checks.check_batch``): ids that are not integers,
+    more of them than ``ctx.tokens_per_batch`` (the record could not hold their distinct ids), gradients that
+    are not one ``[ctx.emb_width]`` float row per id, a ``pending`` that is not a scalar. 64-bit ids outside
+    ``[0, ctx.stored_rows)`` are dropped like any id outside the table, not wrapped to int32."""
+    check_batch(ctx, ids, grads, pending)
     grads = grads.reshape(-1, grads.shape[-1])
     if ctx.per_device_record:
         axes = ctx.batch_axes

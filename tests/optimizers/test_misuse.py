@@ -1,0 +1,168 @@
+"""The library used directly, off the happy path: a table, state, ids, gradients or record that do not fit
+their ``AsyncEmbContext`` are refused by a ValueError naming the argument and the fix, before anything
+compiles (``optimizers.checks``), instead of failing deep in JAX or, worse, updating the wrong rows. And what
+is accepted computes what a plain numpy reference does: ids outside the table (64-bit ones past int32 too)
+update nothing."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import optimizers
+
+VOCAB, WIDTH, TOKENS, LR = 32, 8, 24, 0.1
+
+
+def fused_step(opt, ctx, table, state, ids, grads, **kw):
+    """make_update + start/done under one jit, as the runner runs them."""
+
+    def step(table, state, ids, grads):
+        c = ctx.fresh()
+        update = optimizers.make_update(c, ids, grads, **kw)
+        keep, table, state = opt.gradient_update_start(c, update, table, state, jnp.zeros((), jnp.int32))
+        norm, valid, _ = opt.gradient_update_done(c, keep[0])
+        return table, state, norm, valid
+
+    return jax.jit(step)(table, state, ids, grads)
+
+
+def sgd_reference(table, ids, grads, lr=LR):
+    """Plain numpy SGD: every token's gradient into its row; padding id 0 and ids outside the table skipped."""
+    out = np.array(table, np.float64)
+    g = np.zeros_like(out)
+    for i, row in zip(np.asarray(ids).reshape(-1), np.asarray(grads, np.float64).reshape(-1, WIDTH)):
+        if 0 < i < VOCAB:
+            g[i] += row
+    return out - lr * g
+
+
+@pytest.fixture
+def setup():
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(1, VOCAB, TOKENS), jnp.int32)
+    grads = jnp.asarray(rng.normal(size=(TOKENS, WIDTH)), jnp.float32)
+    table = jnp.asarray(rng.normal(size=(VOCAB, WIDTH)), jnp.float32)
+    sgd = optimizers.create("async_sgd", learning_rate=LR)
+    return optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS), sgd, table, ids, grads
+
+
+# ----- the table and its state against the context ---------------------------------------------------------
+@pytest.mark.parametrize("rows,width", [(16, WIDTH), (64, WIDTH), (VOCAB, 4), (VOCAB, 16)])
+def test_a_table_of_another_size_than_its_context_is_refused(setup, rows, width):
+    ctx, sgd, _, ids, grads = setup  # before: a table of 64 rows left rows 32.. untouched, valid true
+    table = jnp.zeros((rows, width), jnp.float32)
+    with pytest.raises(ValueError, match=rf"the table is \[{rows}, {width}\], but its context describes "
+                                         rf"\[{VOCAB}, {WIDTH}\] \(stored_rows, stored_width\)"):
+        fused_step(sgd, ctx, table, sgd.init(rows, width), ids, grads)
+
+
+@pytest.mark.parametrize("shape", [(VOCAB,), (1, VOCAB, WIDTH)])
+def test_a_table_that_is_not_a_matrix_is_refused(setup, shape):
+    ctx, sgd, _, ids, grads = setup
+    with pytest.raises(ValueError, match=r"the table is \[.*\], but its context describes \[32, 8\]"):
+        fused_step(sgd, ctx, jnp.zeros(shape), sgd.init(VOCAB, WIDTH), ids, grads)
+
+
+def test_an_integer_table_is_refused(setup):
+    ctx, sgd, table, ids, grads = setup  # before: every update rounded to an int, valid true
+    with pytest.raises(ValueError, match=r"the table must be floating point .* got \[32, 8\] int32"):
+        fused_step(sgd, ctx, (table * 10).astype(jnp.int32), sgd.init(VOCAB, WIDTH), ids, grads)
+
+
+def test_a_state_for_fewer_rows_is_refused(setup):
+    ctx, _, table, ids, grads = setup  # before: rows 16.. updated from zero moments, their state dropped
+    adam = optimizers.create("async_adam")
+    with pytest.raises(ValueError, match=r"the optimizer state's \.rows\.mu is \[16, 8\] float32, not \[32, 8\] "
+                                         r"float32: build it with opt\.init\(32, 8\)"):
+        fused_step(adam, ctx, table, adam.init(16, WIDTH), ids, grads)
+
+
+def test_another_optimizers_state_is_refused(setup):
+    ctx, sgd, table, ids, grads = setup  # before: TypeError: unsupported operand ... 'builtin_function_or_method'
+    adam = optimizers.create("async_adam")
+    with pytest.raises(ValueError, match=r"the optimizer state is not AsyncAdam's .*AdamRows"):
+        fused_step(adam, ctx, table, sgd.init(VOCAB, WIDTH), ids, grads)
+
+
+def test_the_dense_baseline_refuses_a_mismatched_table(setup):
+    ctx, _, _, ids, grads = setup
+    adam = optimizers.create("adam")
+    table = jnp.zeros((16, WIDTH), jnp.float32)
+    update = optimizers.make_update(ctx, ids, grads)
+    with pytest.raises(ValueError, match=r"the table is \[16, 8\], but its context describes \[32, 8\]"):
+        adam.apply_dense(ctx, update, table, adam.init(16, WIDTH))
+
+
+# ----- ids and gradients against the context (make_update) ---------------------------------------------------
+def test_more_tokens_than_the_context_holds_are_refused(setup):
+    _, sgd, table, ids, grads = setup  # before: distinct ids past the record's 13 slots silently dropped
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, 12)
+    with pytest.raises(ValueError, match=r"ids hold 24 tokens, more than the context's tokens_per_batch=12: .* "
+                                         r"build the context with tokens_per_batch=24"):
+        fused_step(sgd, ctx, table, sgd.init(VOCAB, WIDTH), ids, grads)
+
+
+def test_fewer_tokens_than_the_context_holds_match_the_reference(setup):
+    ctx, sgd, table, ids, grads = setup
+    out = fused_step(sgd, ctx, table, sgd.init(VOCAB, WIDTH), ids[:10], grads[:10])
+    assert bool(out[3])
+    np.testing.assert_allclose(np.asarray(out[0]), sgd_reference(table, ids[:10], grads[:10]), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bool_])
+def test_ids_that_are_not_integers_are_refused(setup, dtype):
+    ctx, sgd, table, ids, grads = setup  # before: float ids truncated onto rows, bools read as rows 0 and 1
+    with pytest.raises(ValueError, match=r"ids must be integers, got \[24\] (float32|bool)"):
+        fused_step(sgd, ctx, table, sgd.init(VOCAB, WIDTH), ids.astype(dtype), grads)
+    with pytest.raises(ValueError, match="ids must be integers"):
+        optimizers.dedupe(ids.astype(dtype), VOCAB, 25)
+
+
+@pytest.mark.parametrize("shape", [(TOKENS, 1), (TOKENS, 4), (TOKENS, 16), (TOKENS,), (WIDTH, TOKENS)])
+def test_gradients_of_another_width_are_refused(setup, shape):
+    ctx, sgd, table, ids, _ = setup  # before: [24, 1] was broadcast over the row; others a broadcasting TypeError
+    grads = jnp.ones(shape, jnp.float32)
+    with pytest.raises(ValueError, match=r"grads \[.*\] must end in the table's width 8 \(ctx\.emb_width\)"):
+        fused_step(sgd, ctx, table, sgd.init(VOCAB, WIDTH), ids, grads)
+
+
+@pytest.mark.parametrize("rows", [12, 48])
+def test_gradients_of_another_token_count_are_refused(setup, rows):
+    ctx, sgd, table, ids, _ = setup  # before: "Incompatible types for broadcasting"
+    grads = jnp.ones((rows, WIDTH), jnp.float32)
+    with pytest.raises(ValueError, match=rf"grads \[{rows}, 8\] hold {rows} gradient rows for 24 ids \[24\]: "
+                                         "give one row per id"):
+        fused_step(sgd, ctx, table, sgd.init(VOCAB, WIDTH), ids, grads)
+
+
+def test_integer_gradients_and_a_non_scalar_pending_are_refused(setup):
+    ctx, _, _, ids, grads = setup
+    with pytest.raises(ValueError, match=r"grads must be floating point, got \[24, 8\] int32"):
+        optimizers.make_update(ctx, ids, grads.astype(jnp.int32))
+    with pytest.raises(ValueError, match=r"pending must be a scalar bool, got shape \[2\]"):
+        optimizers.make_update(ctx, ids, grads, pending=jnp.array([True, False]))
+
+
+def test_a_record_from_another_context_is_refused(setup):
+    ctx, sgd, table, ids, grads = setup  # a record of a 16-row context on a 32-row table
+    update = optimizers.make_update(optimizers.AsyncEmbContext(VOCAB, WIDTH, 8), ids[:8], grads[:8])
+    with pytest.raises(ValueError, match=r"the update record's unique_tokens \[9\] are not of this context's size "
+                                         r"\(\[25\]\)"):
+        sgd.gradient_update_start(ctx.fresh(), update, table, sgd.init(VOCAB, WIDTH), jnp.zeros(()))
+    bad = optimizers.make_update(ctx, ids, grads)._replace(grads=grads[:, :1])
+    with pytest.raises(ValueError, match=r"the update record's grads are \[24, 1\], not \[tokens, 8\]"):
+        sgd.gradient_update_start(ctx.fresh(), bad, table, sgd.init(VOCAB, WIDTH), jnp.zeros(()))
+
+
+def test_64_bit_ids_past_int32_update_nothing(setup):
+    """A numpy int64 id of 2**32 + 5 used to wrap onto row 5 (JAX's int32); now it is out of range, dropped."""
+    ctx, sgd, table, ids, grads = setup
+    wide = np.asarray(ids, np.int64)
+    wide[:4] = [2**32 + 5, -(2**33), 2**31 + 1, VOCAB]
+    update = optimizers.make_update(ctx, wide, grads)
+    _, new, _ = sgd.gradient_update_start(ctx.fresh(), update, table, sgd.init(VOCAB, WIDTH), jnp.zeros(()))
+    expected = sgd_reference(table, np.where(np.arange(TOKENS) < 4, -1, wide), grads)
+    np.testing.assert_allclose(np.asarray(new), expected, atol=1e-6)
+    assert int(np.sum(np.asarray(update.segment_ids)[:4] >= 0)) == 0
