@@ -12,6 +12,7 @@ make a fresh context (``ctx.fresh()``) for every traced step.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import P, jax
@@ -39,6 +40,13 @@ def dc_lambda_problem(value: Any) -> str | None:
     return float32_problem("dc_lambda", value)
 
 
+def size_problem(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be a context's size ``name`` (rows, a width, tokens: a whole number >= 1), or None."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        return f"{name}={value!r} must be an int >= 1"
+    return None
+
+
 @dataclasses.dataclass(eq=False)
 class AsyncEmbContext:
     """One table's static facts and layout, as the fused update and the lookups see them.
@@ -46,7 +54,8 @@ class AsyncEmbContext:
     Attributes:
         stored_rows: rows of the table as stored (padded rows included); also the out-of-range padding id.
         emb_width: the width of a row.
-        tokens_per_batch: ids of one table per train batch (its update record's per-token rows).
+        tokens_per_batch: ids of one table per train batch (its update record's per-token rows): the most
+            ``make_update`` takes. The three sizes are ints >= 1, else a ValueError.
         mesh: the device mesh, or None (one device).
         table_axis: the mesh axis the table is sharded over; None = replicated.
         table_layout: how a sharded table is split (``TableLayout``, or its word).
@@ -87,6 +96,9 @@ class AsyncEmbContext:
     layout: Layout = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self):
+        for name in ("stored_rows", "emb_width", "tokens_per_batch") + (("stored_width",) if self.stored_width else ()):
+            if bad := size_problem(name, getattr(self, name)):
+                raise ValueError(bad)
         if self.dc_lambda is not None and (bad := dc_lambda_problem(self.dc_lambda)):
             raise ValueError(bad)
         self.table_layout = coerce(TableLayout, self.table_layout)

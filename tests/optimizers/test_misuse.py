@@ -166,3 +166,19 @@ def test_64_bit_ids_past_int32_update_nothing(setup):
     expected = sgd_reference(table, np.where(np.arange(TOKENS) < 4, -1, wide), grads)
     np.testing.assert_allclose(np.asarray(new), expected, atol=1e-6)
     assert int(np.sum(np.asarray(update.segment_ids)[:4] >= 0)) == 0
+
+
+# ----- the context and the schedule ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,line", [
+    (dict(stored_rows=0), "stored_rows=0 must be an int >= 1"),
+    (dict(stored_rows=-5), "stored_rows=-5 must be an int >= 1"),
+    (dict(stored_rows=32.0), "stored_rows=32.0 must be an int >= 1"),
+    (dict(emb_width="8"), "emb_width='8' must be an int >= 1"),
+    (dict(tokens_per_batch=0), "tokens_per_batch=0 must be an int >= 1"),
+    (dict(tokens_per_batch=True), "tokens_per_batch=True must be an int >= 1"),
+])
+def test_a_context_of_impossible_sizes_is_refused(kwargs, line):
+    args = dict(stored_rows=VOCAB, emb_width=WIDTH, tokens_per_batch=TOKENS) | kwargs
+    with pytest.raises(ValueError, match=line):
+        optimizers.AsyncEmbContext(**args)
+    assert optimizers.AsyncEmbContext(np.int64(VOCAB), WIDTH, TOKENS).num_unique == TOKENS + 1
