@@ -22,7 +22,7 @@ import enum
 import math
 
 from ._lazy import jax, jnp
-from .hparams import hparam
+from .hparams import hparam, problems
 
 
 class ScheduleKind(str, enum.Enum):
@@ -86,8 +86,8 @@ class Schedule:
 
     def __call__(self, count: jax.Array) -> jax.Array:
         """The float32 multiplier of update ``count`` (1-based, traced or not)."""
-        if self.problems():
-            raise ValueError(f"Schedule: {'; '.join(self.problems())}")
+        if bad := problems(self):  # its ranges too: a Schedule built by hand (not by create) is checked here
+            raise ValueError(f"Schedule: {'; '.join(bad)}")
         t = jnp.asarray(count, jnp.float32)
         if self.kind is ScheduleKind.constant:
             return jnp.ones((), jnp.float32)

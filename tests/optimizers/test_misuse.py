@@ -182,3 +182,17 @@ def test_a_context_of_impossible_sizes_is_refused(kwargs, line):
     with pytest.raises(ValueError, match=line):
         optimizers.AsyncEmbContext(**args)
     assert optimizers.AsyncEmbContext(np.int64(VOCAB), WIDTH, TOKENS).num_unique == TOKENS + 1
+
+
+@pytest.mark.parametrize("schedule,line", [
+    (optimizers.Schedule("step", step_every=-3), r"step_every=-3 is outside \[1, 2147483647\]"),
+    (optimizers.Schedule("cosine", decay_steps=10, end_ratio=-1.0), r"end_ratio=-1.0 is outside \[0, 1\]"),
+    (optimizers.Schedule("step", step_factor=2.0), r"step_factor=2.0 is outside \(0, 1\]"),
+    (optimizers.Schedule("warmup", warmup_steps="10"), r"warmup_steps='10' is not a number"),
+])
+def test_a_schedule_built_by_hand_checks_its_ranges_when_called(schedule, line):
+    """Before: ``Schedule("step", step_every=-3)(5)`` was 4.0 and ``end_ratio=-1`` a negative learning rate."""
+    with pytest.raises(ValueError, match="Schedule: " + line):
+        schedule(5)
+    with pytest.raises(ValueError, match="Schedule: " + line):  # and so an optimizer built by hand with it
+        optimizers.AsyncSGD(schedule=schedule).learning_rate_at(jnp.int32(5))
