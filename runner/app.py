@@ -120,7 +120,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
                         + notices.staleness_warnings(program.staleness, run_budget.steps, run_budget.source)
                         + notices.passes_warnings(run_budget, task)
                         + notices.mesh_warnings(cfg.mesh, plan, jax.device_count())
-                        + notices.unused_settings(cfg, run_budget.steps)):
+                        + notices.unused_settings(cfg, run_budget.steps, _typed())):
             say(warning)
         for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file
             say(note)
@@ -172,6 +172,16 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
     # A sweep gets the objective of the state selected on validation when the run selects, else the final one's.
     objective = s.get(f"best/{name}", s.get(name))
     return float(objective) if objective is not None else float("nan")
+
+
+def _typed() -> set[str] | None:
+    """The keys this run's command line set (Hydra's task overrides, ``+``/``~`` prefixes dropped), None without
+    Hydra (a run started from Python)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
 
 
 def _epochs(b: budget.Budget, steps: int) -> str:

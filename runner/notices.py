@@ -131,13 +131,14 @@ def _listed(given: Mapping[str, Any], prefix: str) -> str:
     return ", ".join(f"{prefix}{k}={_plain(v)}" for k, v in given.items())
 
 
-def unused_settings(cfg: Any, steps: int) -> list[str]:
+def unused_settings(cfg: Any, steps: int, typed: set[str] | None = None) -> list[str]:
     """Lines (each starting with ``warning:``) for settings the run was given that nothing in it reads: a
     schedule's fields its kind does not use (or a step schedule that never steps in ``steps``), delay
     compensation's lambda without compensation, hash-table settings on a dense table, sampled-softmax settings
     under another loss, DCN's low rank without cross layers, ranking's evaluation batches on another task, W&B
     settings without W&B, several processes' settings for one, a run id without checkpoints, a dense warmup longer
-    than the run."""
+    than the run. ``typed``: the keys the command line set (None: unknown), where a preset's own value (the
+    generated logs' size beside ``data.path``) is not the user's to leave out."""
     from optimizers import Schedule
 
     from . import config as schemas
@@ -206,7 +207,7 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
     if model == "dcn" and m.get("low_rank") is not None and int(m.get("cross_layers", 1)) == 0:
         out.append(f"warning: model.low_rank={m.low_rank} sets the cross layers' rank, and model.cross_layers=0: "
                    f"it has no effect")
-    out += _data_settings(cfg, model)
+    out += _data_settings(cfg, model, typed)
     if model != "ranking" and _given(cfg.trainer, schemas.TrainerConfig, ("eval_batches",)):
         out.append(f"warning: trainer.eval_batches={cfg.trainer.eval_batches} sizes the ranking task's evaluation; "
                    f"model={model} evaluates its whole held-out split, so it has no effect")
@@ -230,7 +231,7 @@ def unused_settings(cfg: Any, steps: int) -> list[str]:
     return out
 
 
-def _data_settings(cfg: Any, model: Any) -> list[str]:
+def _data_settings(cfg: Any, model: Any, typed: set[str] | None = None) -> list[str]:
     """The data source's settings another of its settings leaves unread: the Criteo generator's with logs in
     ``data.path``, one id mode's with the other, mean pooling of one-hot logs; generated sequences' duplicates."""
     from . import config as schemas
@@ -239,6 +240,7 @@ def _data_settings(cfg: Any, model: Any) -> list[str]:
     d, out = cfg.data, []
     if model in ("dlrm", "dcn") and d.get("name") == "criteo":
         idle = _given(d, CriteoDataConfig, ("lines", "days")) if d.get("path") else {}
+        idle = {k: v for k, v in idle.items() if typed is None or f"data.{k}" in typed}  # not a preset's own
         if idle:
             out.append(f"warning: {_listed(idle, 'data.')}: the generated logs' size, and data.path={d.path} names "
                        f"logs to read: {_they(idle, 'it has', 'they have')} no effect; leave "

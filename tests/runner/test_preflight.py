@@ -291,6 +291,25 @@ def test_criteo_data_settings_another_one_leaves_unread_are_named(overrides, war
         "generates its sequences without any: it has no effect"]
 
 
+def test_a_presets_own_generator_settings_beside_data_path_are_not_warned_about():
+    """debug=tiny_criteo (and experiment=criteo_synthetic) set data.lines themselves: with data.path given on the
+    command line, the warning told the user to leave out a value they never gave. Only the command line's own
+    (``typed``: Hydra's task overrides) are named; a run started from Python (None) is checked as before."""
+    from runner.app import _typed
+    from runner.notices import unused_settings
+
+    cfg = compose_config(["debug=tiny_criteo", "data.path=/logs"], tiny=False)
+    assert unused_settings(cfg, 6, typed={"debug", "data.path"}) == []
+    assert unused_settings(cfg, 6) == [
+        "warning: data.lines=20000: the generated logs' size, and data.path=/logs names logs to read: it has no "
+        "effect; leave it out, or unset data.path to train on generated logs"]
+    cfg = compose_config(["debug=tiny_criteo", "data.path=/logs", "data.lines=50000"], tiny=False)
+    assert unused_settings(cfg, 6, typed={"debug", "data.path", "data.lines"}) == [
+        "warning: data.lines=50000: the generated logs' size, and data.path=/logs names logs to read: it has no "
+        "effect; leave it out, or unset data.path to train on generated logs"]
+    assert _typed() is None  # no Hydra run here
+
+
 def test_a_budget_in_steps_of_several_passes_over_click_logs_is_warned_about():
     """model=dlrm's 880 steps of 1,024 are one pass over the generated default's 900,000 lines, five over 180,000."""
     from types import SimpleNamespace
