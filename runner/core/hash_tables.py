@@ -43,8 +43,7 @@ update's gradient for it is dropped (it was computed for the id that lost the sl
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +53,7 @@ from jax import lax
 from optimizers.indexing import take_rows
 from optimizers.rounding import mix32
 
+from .hash_ids import fingerprint  # noqa: F401 (raw ids on the host: hash_ids.py)
 from .hash_ops import either, first_min, windows
 
 
@@ -151,23 +151,6 @@ def held(spec: HashSpec, state: HashState) -> int:
 
 
 # ----- ids: fingerprints on the host, hashes in the step --------------------------------------------------
-def fingerprint(ids: Any) -> np.ndarray:
-    """uint32 [..., 2] (high, low) of raw ids: int64 ids as their own 64 bits, strings by an 8-byte blake2b.
-    Id 0 and the empty string are padding (0, 0); an id that would fingerprint to (0, 0) otherwise (string
-    hashes only) becomes 1."""
-    a = np.asarray(ids)
-    if a.dtype.kind in "iu":
-        u = a.astype(np.int64).view(np.uint64)
-    elif a.dtype.kind in "UOS":
-        flat = [int.from_bytes(hashlib.blake2b(str(s).encode(), digest_size=8).digest(), "little") if str(s) else 0
-                for s in a.reshape(-1)]
-        u = np.asarray(flat, np.uint64).reshape(a.shape)
-        u = np.where((u == 0) & (a != ""), np.uint64(1), u)
-    else:
-        raise TypeError(f"raw ids must be integers or strings, not {a.dtype}")
-    return np.stack([(u >> np.uint64(32)).astype(np.uint32), (u & np.uint64(0xFFFFFFFF)).astype(np.uint32)], -1)
-
-
 def key_hash(hi: jax.Array, lo: jax.Array, salt: int) -> jax.Array:
     """uint32 hash of a 64-bit id (hi, lo) under ``salt``: 0 = the home slot, 1.. = the sketch's rows."""
     h = mix32(hi ^ jnp.uint32((salt * 0x9E3779B9 + 0x7F4A7C15) & 0xFFFFFFFF))

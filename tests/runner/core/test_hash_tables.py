@@ -299,6 +299,28 @@ def test_fingerprints():
         ht.fingerprint(np.array([1.5]))
 
 
+def test_an_id_has_one_fingerprint_whatever_array_holds_it():
+    ints = ht.fingerprint(np.array([0, 7, -1, 2**40 + 3], np.int64))
+    # a pandas column of Python ints is an object array: its ids are the integers, 0 still padding (not "0" hashed)
+    assert ht.fingerprint(np.array([0, 7, -1, 2**40 + 3], object)).tolist() == ints.tolist()
+    assert ht.fingerprint(np.array([2**64 - 1], object)).tolist() == ht.fingerprint(np.array([-1])).tolist()
+    strings = ht.fingerprint(np.array(["", "user-1"]))
+    assert ht.fingerprint(np.array([b"", b"user-1"])).tolist() == strings.tolist()  # bytes hashed as they are
+    assert ht.fingerprint(np.array(["", b"user-1"], object)).tolist() == strings.tolist()
+
+
+@pytest.mark.parametrize("ids, message", [
+    (np.array([None, "a"], object), "raw ids must be integers or strings, not NoneType (None at index 0)"),
+    (np.array([1, 2.5], object), "raw ids must be integers or strings, not float (2.5 at index 1)"),
+    (np.array([True]), "raw ids must be integers or strings, not bool"),
+    (np.array([2**64], object), "raw id 18446744073709551616 at index 0 does not fit in 64 bits"),
+])
+def test_an_id_that_is_no_integer_or_string_is_refused_by_name(ids, message):
+    with pytest.raises(TypeError) as e:
+        ht.fingerprint(ids)
+    assert str(e.value).startswith(message)
+
+
 @pytest.mark.parametrize("n", [4096, 46_341])  # the rank-packed sort (N * N < 2**31) and the tuple sort above it
 def test_the_batch_dedupe_is_numpys_unique_of_the_64_bit_ids(n):
     rng = np.random.default_rng(n)
