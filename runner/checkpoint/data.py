@@ -12,6 +12,10 @@ A resume on a file whose size or hash differs from the checkpoint's is refused, 
 ``checkpoint.allow_data_change=true`` (then one warning). The same content at another path resumes (a moved
 data folder). A checkpoint written before fingerprints were recorded has none: it resumes with a warning
 that its data could not be checked.
+
+The ids a hash or modulo table is keyed by are part of its data too: a resume that turns ``data.raw_ids`` on or
+off (the checkpoint's rows keyed by the other kind of id, none of which this run's ids would find) is refused
+the same way (``check_ids``).
 """
 from __future__ import annotations
 
@@ -80,3 +84,27 @@ def check(meta: Mapping[str, Any], ours: Mapping[str, Any] | None, where: str, a
         f"data than the run started on. Put back the file the run started on, start a new run "
         f"(checkpoint.resume=never with another checkpoint.dir or trainer.run_id), or set {SETTING}=true to "
         f"resume on this data on purpose.")
+
+
+def check_ids(meta: Mapping[str, Any], data: Any, where: str, allow: bool) -> None:
+    """Refuse (as ``check``) a resume whose ``data.raw_ids`` (``data``: this run's data config) differs from the
+    checkpoint's while the checkpoint holds hash or modulo tables: their slots and rows are keyed by the ids the
+    run started on, and the other kind of id finds none of them (the tables would start over, unseen)."""
+    config = meta.get("config") if isinstance(meta.get("config"), Mapping) else {}
+    theirs = bool((config.get("data") or {}).get("raw_ids", False))
+    ours = bool(data.get("raw_ids", False)) if hasattr(data, "get") else False
+    keyed = sorted(n for n, t in (meta.get("tables") or {}).items()
+                   if isinstance(t, Mapping) and t.get("kind") in ("hash", "modulo"))
+    if theirs == ours or not keyed:
+        return
+    ids = ("raw 64-bit ids", "the data's ids")
+    what = (f"checkpoint {where} was trained with data.raw_ids={str(theirs).lower()}, and this run has "
+            f"data.raw_ids={str(ours).lower()}: its hash and modulo tables {keyed} hold rows keyed by "
+            f"{ids[not theirs]}, which {ids[not ours]} would never find")
+    if allow:
+        log.warning("%s; resuming on them anyway (%s=true): those tables start over", what, SETTING)
+        return
+    raise PreflightError(
+        f"{what} (the tables would start over while the run resumes). Resume with "
+        f"data.raw_ids={str(theirs).lower()}, start a new run (checkpoint.resume=never with another checkpoint.dir "
+        f"or trainer.run_id), or set {SETTING}=true to resume on these ids on purpose.")

@@ -204,6 +204,7 @@ class Checkpoints:
                     f"{meta['step']}), or move it out of the checkpoint directory")
             meta_lib.check_compatible(meta, self.program, str(where))  # a wrong config is an error, not a skip
             data_lib.check(meta, self.data, str(where), allow=bool(self.cfg.checkpoint.get("allow_data_change")))
+            data_lib.check_ids(meta, self.cfg.data, str(where), bool(self.cfg.checkpoint.get("allow_data_change")))
             moves = rebucket_lib.rebucketed(meta, meta_lib.tables_of(self.program))  # other partitions
             target = target_lib.restore_target(meta, abstract, shardings, mesh_lib.replicated(self.program.mesh),
                                                str(where), read_whole=set(moves))

@@ -1,0 +1,66 @@
+"""A hash or modulo table's rows are keyed by the ids the run started on: a resume that turns ``data.raw_ids``
+on or off is refused naming both values and the way out, and touches nothing (``checkpoint.allow_data_change``
+accepts it with a warning)."""
+import logging
+from pathlib import Path
+
+import pytest
+
+from runner.app import run
+from runner.build import build
+from runner.checkpoint import open_checkpoints
+from runner.checkpoint.lock import LOCK_FILE
+from runner.errors import PreflightError
+from tests.runner.checkpoint.test_data import tree
+from tests.runner.support import compose_config
+
+TABLES = ["model.tables.users.kind=hash", "model.tables.users.capacity=120", "model.tables.items.kind=modulo",
+          "model.tables.items.vocab=101", "trainer.steps=2", "trainer.log_interval=1", "checkpoint.interval=2",
+          "trainer.run_id=raw-ids"]
+
+
+def config(ck: Path, raw: bool, *overrides):
+    return compose_config([*TABLES, f"data.raw_ids={str(raw).lower()}", f"checkpoint.dir={ck}", *overrides])
+
+
+def open_on(ck: Path, raw: bool, *overrides):
+    cfg = config(ck, raw, *overrides)
+    program, task, plan = build(cfg)
+    return open_checkpoints(cfg, program, plan, ck.parent / "out", data_file=getattr(task, "data_file", None))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The checkpoint dir of a finished 2-step run on raw ids."""
+    d = tmp_path_factory.mktemp("raw")
+    run(config(d / "ck", True), d / "first")
+    return d / "ck"
+
+
+@pytest.mark.slow
+def test_a_resume_that_turns_raw_ids_off_is_refused_and_touches_nothing(trained, caplog):
+    before = tree(trained)
+    with pytest.raises(PreflightError) as e:
+        open_on(trained, False)
+    assert str(e.value) == (
+        f"checkpoint {trained / '2'} was trained with data.raw_ids=true, and this run has data.raw_ids=false: its "
+        f"hash and modulo tables ['items', 'users'] hold rows keyed by raw 64-bit ids, which the data's ids would "
+        f"never find (the tables would start over while the run resumes). Resume with data.raw_ids=true, start a new "
+        f"run (checkpoint.resume=never with another checkpoint.dir or trainer.run_id), or set "
+        f"checkpoint.allow_data_change=true to resume on these ids on purpose.")
+    assert tree(trained) == before and not (trained / LOCK_FILE).exists()
+
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        accepted = open_on(trained, False, "checkpoint.allow_data_change=true")
+    assert accepted.resume_point()[1] == 2
+    accepted.close()
+    assert "resuming on them anyway (checkpoint.allow_data_change=true): those tables start over" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_same_ids_resume(trained, caplog):
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        ckpts = open_on(trained, True)
+    assert ckpts.resume_point()[1] == 2
+    ckpts.close()
+    assert "data.raw_ids" not in caplog.text
