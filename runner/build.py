@@ -176,7 +176,7 @@ def table_specs(cfg: DictConfig, task: Any, plan: MeshPlan | None) -> dict[str, 
         if kind != "dense":
             parts = hash_partitions(plan, name, t, resumed)
             if kind == "hash" and t.capacity is not None and int(t.capacity) % parts:
-                rebucket_lib.refuse_resumed_capacity(resumed, name, int(t.capacity), parts)
+                rebucket_lib.refuse_resumed_capacity(resumed, name, int(t.capacity), parts, t.get("partitions"))
             specs[name] = keyed_table(name, t, tokens, cfg.model.emb_width, shards, parts)
             continue
         if id_range is None:

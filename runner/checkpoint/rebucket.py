@@ -182,14 +182,21 @@ def place(program: Any, state: Any, moves: Mapping[str, int], shardings: Any, wh
 
 
 def refuse_resumed_capacity(resumed: tuple[str, Mapping[str, Any]] | None, name: str, slots: int,
-                            parts: int) -> None:
+                            parts: int, given: int | None = None) -> None:
     """A resume keeps a hash table's capacity: when the checkpoint's (``resumed``: its step directory and its
-    tables, ``meta.resumed_tables``) does not split into this mesh's ``parts``, refuse naming where it does resume
-    (``runner.build.keyed_table``'s advice, to change the capacity, would not)."""
+    tables, ``meta.resumed_tables``) does not split into this run's ``parts``, refuse naming where it does resume
+    (``runner.build.keyed_table``'s advice, to change the capacity, would not). ``given``: the
+    ``model.tables.<name>.partitions`` set on the command line (None: the count followed the mesh), then named."""
     saved = resumed[1].get(name) if resumed is not None else None
     if not isinstance(saved, dict) or saved.get("kind") != "hash" or capacity(saved) != slots:
         return
     axes = [str(d) for d in range(2, min(slots, 4096) + 1) if slots % d == 0][:3]
+    if given is not None:
+        raise PreflightError(
+            f"model.tables.{name}.partitions={given} does not divide model.tables.{name}.capacity={slots}, which "
+            f"the checkpoint {resumed[0]} holds and a resume keeps: set model.tables.{name}.partitions to a divisor "
+            f"of {slots} that the mesh's row shards divide ({', '.join(['1', *axes])}, ...), or leave it unset (the "
+            f"checkpoint's {int(saved.get('partitions', 1))} where the mesh's row shards divide it)")
     where = "one device" + (f", or a mesh whose table axis divides it ({', '.join(axes)}, ...)" if axes else "")
     raise PreflightError(f"model.tables.{name}.capacity={slots} does not split into the {parts} partitions of "
                          f"this mesh (one or more a row shard), and the checkpoint {resumed[0]} holds the table with "

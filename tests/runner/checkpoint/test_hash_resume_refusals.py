@@ -1,6 +1,7 @@
-"""A hash or modulo table's rows are keyed by the ids the run started on: a resume that turns ``data.raw_ids``
-on or off is refused naming both values and the way out, and touches nothing (``checkpoint.allow_data_change``
-accepts it with a warning)."""
+"""Resumes of hash and modulo tables refused by name. Their rows are keyed by the ids the run started on: a
+resume that turns ``data.raw_ids`` on or off is refused naming both values and the way out, and touches nothing
+(``checkpoint.allow_data_change`` accepts it with a warning). A hash table's capacity is kept on a resume: a
+``partitions`` set on the command line that does not divide it is refused naming the setting, not the mesh."""
 import logging
 from pathlib import Path
 
@@ -64,3 +65,15 @@ def test_the_same_ids_resume(trained, caplog):
     assert ckpts.resume_point()[1] == 2
     ckpts.close()
     assert "data.raw_ids" not in caplog.text
+
+
+@pytest.mark.slow
+def test_partitions_that_do_not_divide_the_resumed_capacity_are_named_with_the_counts_that_do(trained):
+    with pytest.raises(PreflightError) as e:
+        build(config(trained, True, "model.tables.users.partitions=7"))
+    assert str(e.value) == (
+        f"model.tables.users.partitions=7 does not divide model.tables.users.capacity=120, which the checkpoint "
+        f"{trained / '2'} holds and a resume keeps: set model.tables.users.partitions to a divisor of 120 that the "
+        f"mesh's row shards divide (1, 2, 3, 4, ...), or leave it unset (the checkpoint's 1 where the mesh's row "
+        f"shards divide it)")
+    build(config(trained, True, "model.tables.users.partitions=4"))  # one that divides it: placed again
