@@ -134,7 +134,7 @@ def _listed(given: Mapping[str, Any], prefix: str) -> str:
 def unused_settings(cfg: Any, steps: int, typed: set[str] | None = None) -> list[str]:
     """Lines (each starting with ``warning:``) for settings the run was given that nothing in it reads: a
     schedule's fields its kind does not use (or a step schedule that never steps in ``steps``), delay
-    compensation's lambda without compensation, hash-table settings on a dense table, sampled-softmax settings
+    compensation's lambda without compensation, hash-table settings on a dense or modulo table, sampled-softmax settings
     under another loss, DCN's low rank without cross layers, ranking's evaluation batches on another task, W&B
     settings without W&B, several processes' settings for one, a run id without checkpoints, a dense warmup longer
     than the run. ``typed``: the keys the command line set (None: unknown), where a preset's own value (the
@@ -177,13 +177,13 @@ def unused_settings(cfg: Any, steps: int, typed: set[str] | None = None) -> list
         out.append(f"warning: async_emb.dc_lambda={a.dc_lambda} is delay compensation's, and it is off (it needs "
                    f"async_emb=on async_emb.compensation=dc): it has no effect")
     for name, table in (cfg.model.get("tables") or {}).items():
-        if _plain(table.get("kind") or "dense") == "dense":
+        kind = _plain(table.get("kind") or "dense")
+        if kind != "hash":
             idle = _given(table, schemas.TableConfig, HASH_ONLY)
             if idle:
+                what = "dense" if kind == "dense" else "a modulo table (its rows are hash(id) mod vocab - 1)"
                 out.append(f"warning: {_listed(idle, f'model.tables.{name}.')}: hash-table settings, and table "
-                           f"'{name}' is dense; set model.tables.{name}.kind=hash or leave them out")
-            continue
-        if _plain(table.get("kind")) != "hash":
+                           f"'{name}' is {what}; set model.tables.{name}.kind=hash or leave them out")
             continue
         prefix = f"model.tables.{name}."
         if _plain(table.get("evict") or "lru") != "ttl" and _given(table, schemas.TableConfig, ("ttl",)):

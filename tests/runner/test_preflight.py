@@ -219,6 +219,9 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
     (["model.tables.users.capacity=100", "model.tables.users.evict=lfu"], 6, [
         "warning: model.tables.users.capacity=100, model.tables.users.evict=lfu: hash-table settings, and table "
         "'users' is dense; set model.tables.users.kind=hash or leave them out"]),
+    (["model.tables.users.kind=modulo", "model.tables.users.vocab=101", "model.tables.users.capacity=100"], 6, [
+        "warning: model.tables.users.capacity=100: hash-table settings, and table 'users' is a modulo table (its rows "
+        "are hash(id) mod vocab - 1); set model.tables.users.kind=hash or leave them out"]),
     (["dense_optimizer.warmup_steps=1000"], 6, ["warning: dense_optimizer.warmup_steps=1000 is longer than the run "
                                                 "(6 steps): the dense learning rate never reaches "
                                                 "dense_optimizer.learning_rate"]),
@@ -244,7 +247,7 @@ def test_a_large_table_of_a_width_a_tpu_copies_is_warned_on_a_tpu_only():
         "has no effect; set checkpoint.interval above 0 to save and resume the run under it, or leave it out"]),
     (["trainer.run_id=drill", "checkpoint.interval=3"], 6, []),
 ], ids=["dc_lambda", "dc_lambda-used", "schedule", "schedule-used", "step", "step-used", "cosine-longer",
-        "warmup-cosine-longer", "cosine-used", "decay-mode-without-decay", "decay-mode-used", "hash-on-dense",
+        "warmup-cosine-longer", "cosine-used", "decay-mode-without-decay", "decay-mode-used", "hash-on-dense", "hash-on-modulo",
         "dense-warmup", "defaults", "wandb-without-wandb", "wandb-used", "processes-for-one", "hash-idle",
         "hash-used", "run-id-without-checkpoints", "run-id-used"])
 def test_settings_nothing_in_the_run_reads_are_named_in_a_warning(overrides, steps, warned):
