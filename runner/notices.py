@@ -134,10 +134,10 @@ def _listed(given: Mapping[str, Any], prefix: str) -> str:
 def unused_settings(cfg: Any, steps: int, typed: set[str] | None = None) -> list[str]:
     """Lines (each starting with ``warning:``) for settings the run was given that nothing in it reads: a
     schedule's fields its kind does not use (or a step schedule that never steps in ``steps``), delay
-    compensation's lambda without compensation, hash-table settings on a dense or modulo table, sampled-softmax settings
-    under another loss, DCN's low rank without cross layers, ranking's evaluation batches on another task, W&B
-    settings without W&B, several processes' settings for one, a run id without checkpoints, a dense warmup longer
-    than the run. ``typed``: the keys the command line set (None: unknown), where a preset's own value (the
+    compensation's lambda without compensation, hash-table settings on a dense or modulo table, sampled-softmax
+    settings under another loss, DCN's low rank without cross layers, ranking's evaluation batches on another task,
+    W&B settings without W&B, several processes' settings for one, a run id without checkpoints, a dense warmup
+    longer than the run. ``typed``: the keys the command line set (None: unknown), where a preset's own value (the
     generated logs' size beside ``data.path``) is not the user's to leave out."""
     from optimizers import Schedule
 
