@@ -323,15 +323,15 @@ def test_each_process_refused_after_the_join_exits_with_the_refusals_code(tmp_pa
 def test_a_refusal_only_another_process_meets_is_given_in_full(tmp_path):
     """Process 1 alone is refused (its own trainer.objective here, as its own data would be). Process 0 goes on and
     waits for process 1 to start its devices, so it never says how it fared: process 1 gives its message in full
-    after distributed.REFUSAL_WAIT_S, and the launcher stops process 0."""
+    after distributed.REFUSAL_WAIT_S, and process 0 ends on its death at once, or on the launcher's SIGTERM (both
+    exit about together: the launcher reports the code of the one it sees first, 2 or 1)."""
     out = _Capture()
     with reserved_port() as port:
         cmds = child_commands(2, [*TINY, "trainer.objective=${oc.env:OBJECTIVE}", f"hydra.run.dir={tmp_path}"], port)
         code = supervise(cmds, out=out, env={**ENV, "PYTHONPATH": str(ROOT)}, grace=5,
                          envs=[{"OBJECTIVE": "valid/auc_mean"}, {"OBJECTIVE": "nosuch"}])
-    assert code == 2, out.text[-3000:]
-    assert error_lines(out.text) == [f"[p1] {OBJECTIVE_REFUSED}"], out.text[-3000:]
-    assert "[launch] process 1 exited with code 2; stopping the others" in out.text, out.text[-3000:]
+    assert code in (1, 2), out.text[-3000:]
+    assert error_lines(out.text) == [f"[p1] {OBJECTIVE_REFUSED}"], out.text[-3000:]  # in full; no pointer line
 
 
 @pytest.mark.slow
