@@ -143,16 +143,16 @@ def test_an_address_space_limit_below_the_memory_left_is_the_one_checked_and_nam
 
 @pytest.mark.slow
 def test_a_run_under_ulimit_v_is_refused_before_it_builds_a_state_the_limit_cannot_hold(tmp_path):
-    """Under ``ulimit -v`` (6 GB) a 7.8 GB state (20M item rows of width 32 and Adam's two values each) is refused
+    """Under ``ulimit -v`` (6 GB) a 7.7 GB state (2M item rows of width 320 and Adam's two values each) is refused
     by the check, naming the limit; before the check saw it, XLA failed to allocate the table mid-build and the run
-    ended in a traceback."""
-    cmd = (f"ulimit -v 6000000 && exec {sys.executable} -m runner debug=tiny data.num_items=20000000 "
-           f"model.emb_width=32 hydra.run.dir={tmp_path / 'run'}")
+    ended in a traceback. (Wide rows rather than many: generating 20M items' data took a minute.)"""
+    cmd = (f"ulimit -v 6000000 && exec {sys.executable} -m runner debug=tiny data.num_items=2000000 "
+           f"model.emb_width=320 hydra.run.dir={tmp_path / 'run'}")
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
-        "error: the train state needs 7.8 GB on this host's device (tables 2.6 GB, their optimizer state 5.2 GB), and "
+        "error: the train state needs 7.7 GB on this host's device (tables 2.6 GB, their optimizer state 5.1 GB), and "
         "this process's address-space limit (ulimit -v) leaves "), proc.stderr[-2000:]
 
 
