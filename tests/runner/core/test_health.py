@@ -366,7 +366,7 @@ def test_a_runner_error_on_one_of_several_processes_ends_it_with_its_own_line_an
     from runner.errors import CheckpointError
 
     ended = []
-    monkeypatch.setattr(distributed, "_process", lambda: (0, 2))  # as jax.distributed holds them in a 2-process run
+    monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
     monkeypatch.setattr(distributed, "_end", lambda why, exc_info=False, code=1: ended.append((why, exc_info, code)))
     for error in (TrainingError("training diverged: ..."), CheckpointError("saving failed: ..."), KeyError("x"),
                   CheckpointError("saving failed: Gloo AllGather failed: Connection reset by peer")):
