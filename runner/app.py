@@ -179,9 +179,11 @@ def _typed() -> set[str] | None:
     Hydra (a run started from Python)."""
     from hydra.core.hydra_config import HydraConfig
 
+    from .launch import override_key
+
     if not HydraConfig.initialized():
         return None
-    return {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    return {override_key(o) for o in HydraConfig.get().overrides.task}
 
 
 def _epochs(b: budget.Budget, steps: int) -> str:

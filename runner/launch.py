@@ -69,10 +69,15 @@ def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
     return None
 
 
+def override_key(override: str) -> str:
+    """The key a command-line override sets (``+a.b=1``, ``~a.b`` and ``a.b=1`` all set ``a.b``)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def child_commands(n: int, overrides: Sequence[str], port: int, run_dir: str | None = None,
                    python: str = sys.executable) -> list[list[str]]:
     """The command line of every process: the user's overrides last, so they win over ours."""
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    given = {override_key(o) for o in overrides}
     if run_dir is None and "hydra.run.dir" not in given:
         run_dir = datetime.datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S")  # Hydra's default, shared
     cmds = []
@@ -216,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"processes; use it with python -m runner alone (e.g. python -m runner --cfg job <overrides> "
                      f"prints the config)")
     ours = ("distributed", "distributed.process_id", "distributed.num_processes", "distributed.coordinator_address")
-    taken_over = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") in ours]
+    taken_over = [o for o in args.overrides if override_key(o) in ours]
     if taken_over:
         parser.error(f"{taken_over[0]}: runner.launch sets distributed=local and each process's id, their count "
                      f"and the coordinator itself (-n, --port); leave it out. Its other settings (such as "
