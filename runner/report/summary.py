@@ -14,8 +14,8 @@ from typing import Any
 from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE
 from ..tasks import ReportMetrics, report_metrics
 from .charts import AucPanels, _plot_final, _plot_loss, _plot_metrics, auc_panels
-from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, _to_float, find_trials, label_trials, load_trial,
-                     other_task, shown_metrics)
+from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, find_trials, label_trials, load_trial, other_task,
+                     shown_metrics)
 
 CSV_COLUMNS = [
     "trial",
@@ -113,9 +113,9 @@ def build_report(
                           f"folder")
     trials = [load_trial(d, label=(d.relative_to(root).as_posix() if d != root else root.name)) for d in dirs]
     shown = shown_metrics(trials)
-    if metric is not None and not any(metric in t.keys() or _to_float(t.summary.get(metric)) is not None
-                                      for t in trials):  # a number: a flag such as emb/valid_step ranks nothing
-        raise ReportError(unknown_metric(metric, {k for t in trials for k in t.keys()}, shown.objective))
+    known = {k for t in trials for k in t.ranked_keys()}  # numbers: a flag such as emb/valid_step ranks nothing
+    if metric is not None and metric not in known:
+        raise ReportError(unknown_metric(metric, known, shown.objective))
     metric = shown.objective if metric is None else metric
     warnings = _mixed_tasks(root, trials, shown, metric)
     if notes is not None:
@@ -155,7 +155,8 @@ def build_report(
 
 
 def unknown_metric(metric: str, known: set[str], objective: str) -> str:
-    """Why ``--metric`` ranks nothing: the keys the trials logged (``known``) closest to it first (the same name
+    """Why ``--metric`` ranks nothing: the keys the trials logged as numbers, in metrics.jsonl or summary.json
+    (``known``, ``Trial.ranked_keys``), closest to it first (the same name
     under a prefix, then the most alike), then the rest by name, those of a prefix of more than 3 keys counted
     (a ranking run logs 60 and more, 26 of them ``emb/dropped_ids/cat_NN``), and the default objective if
     they logged it."""

@@ -156,10 +156,16 @@ class Trial:
         return xs, ys
 
     def keys(self) -> set[str]:
+        """The keys its metrics.jsonl logged as numbers (what the charts draw)."""
         out: set[str] = set()
         for r in self.records:
             out.update(k for k, v in r.items() if k != "step" and _to_float(v) is not None)
         return out
+
+    def ranked_keys(self) -> set[str]:
+        """The keys ``--metric`` can rank it by: those it logged as numbers and the numbers of its summary.json
+        (the keys only a run's end writes: ``final/*``, ``<key>/best``, ``steps``)."""
+        return self.keys() | {k for k, v in self.summary.items() if _to_float(v) is not None}
 
     @property
     def last_step(self) -> int | None:

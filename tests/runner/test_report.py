@@ -133,9 +133,9 @@ def test_a_trial_without_a_status_is_unfinished_not_ok(tmp_path):
 def test_an_unknown_metric_and_an_out_that_cannot_be_made_are_refused_writing_nothing(multirun, tmp_path, capsys):
     assert main([str(multirun), "--metric", "valid/nope", "--out", str(tmp_path / "r1")]) == 2
     err = capsys.readouterr().err
-    assert err == ("error: --metric valid/nope: no trial logged it as a number; they logged 5 keys: grad_norm, "
-                   "train/auc_click, train/loss, valid/auc_click, valid/auc_mean. Give one of those, or leave --metric "
-                   "out to rank by valid/auc_mean, the task's objective. Nothing was written\n")
+    assert err == ("error: --metric valid/nope: no trial logged it as a number; they logged 6 keys: exit_code, "
+                   "grad_norm, train/auc_click, train/loss, valid/auc_click, valid/auc_mean. Give one of those, or "
+                   "leave --metric out to rank by valid/auc_mean, the task's objective. Nothing was written\n")
     assert not (tmp_path / "r1").exists()
     (tmp_path / "afile").write_text("mine")
     assert main([str(multirun), "--out", str(tmp_path / "afile" / "sub")]) == 2
@@ -172,6 +172,20 @@ def test_an_unknown_metric_names_the_closest_keys_first_and_counts_a_long_prefix
     assert shown == {k for k in [*RUN_KEYS, "valid/ndcg@10"] if not k.startswith("emb/")} | {"emb/* (29)"}
     # no "leave --metric out": the default objective (valid/auc_mean, trials of unnamed data) was not logged
     assert err.endswith(". Give one of those. Nothing was written\n") and not (tmp_path / "r").exists()
+
+
+def test_a_typo_of_a_key_only_summary_json_holds_is_answered_with_that_key(tmp_path, capsys):
+    """A run writes some numbers only into summary.json as it ends (final/*, <key>/best, a test split's): --metric
+    ranks by them, but a typo of one was answered with the keys of metrics.jsonl alone."""
+    _write_trial(tmp_path / "0", ["a=1"], [{"step": 10, "train/loss": 0.5, "valid/auc_mean": 0.7}],
+                 summary={"final/test/auc_mean": 0.71, "valid/auc_mean/best": 0.7, "emb/valid_step": True})
+    assert main([str(tmp_path), "--metric", "final/test/auc_maen", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == (
+        "error: --metric final/test/auc_maen: no trial logged it as a number; the closest they logged: "
+        "final/test/auc_mean, valid/auc_mean; the 2 others: train/loss, valid/auc_mean/best. Give one of those, or "
+        "leave --metric out to rank by valid/auc_mean, the task's objective. Nothing was written\n")
+    assert main([str(tmp_path), "--metric", "final/test/auc_mean", "--out", str(tmp_path / "r")]) == 0
+    assert float(_rows(tmp_path / "r")[0]["final_objective"]) == pytest.approx(0.71)
 
 
 def test_an_unknown_metric_among_keys_of_many_prefixes_names_16_and_counts_the_others():
