@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m runner.report multirun/2026-11-29/12-00-00 [--out DIR] [--metric valid/auc_mean]
+    python -m runner.report multirun/2026-11-29/12-00-00 [--out DIR] [--metric valid/auc_mean] [--overwrite]
 
 A *trial* is a directory holding ``metrics.jsonl`` (written by
 :class:`runner.tracking.JsonlTracker`), ``.hydra/overrides.yaml`` or a ``FAILED``
@@ -29,9 +29,14 @@ the Bayes-optimal AUC ``bayes/<metric>`` on the ``<metric>`` panel (``bayes/test
 ``eval/auc_mean``). Malformed lines (such as a truncated last line of a trial that was killed), ``null``
 values and missing keys are tolerated. A folder without any trial is refused and nothing is written.
 
+``report.md`` records the folder it reports (a comment under its title): a report of the same folder updates it,
+while an output folder holding another folder's report, or files of the report's names that are no report of
+DIR, is refused (nothing written) unless ``--overwrite`` is given; so is an ``--out`` in another run's folder.
+
 - ``trials.py``: finding and reading the trials, labelling them;
 - ``charts.py``: the charts;
-- ``summary.py``: ``report.md`` and ``report.csv``.
+- ``summary.py``: ``report.md`` and ``report.csv``;
+- ``folder.py``: whose report an output folder holds.
 """
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ __all__ = ["AucPanels", "ReportError", "Trial", "auc_figure", "auc_panels", "bui
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m runner.report DIR [--out DIR] [--metric M] [--goal G]``; returns the exit code (2: refused;
+    """``python -m runner.report DIR [--out DIR] [--metric M] [--goal G] [--overwrite]``; returns the exit code (2: refused;
     130/143: stopped by Ctrl-C/SIGTERM, the report's temporary folder removed)."""
     p = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="run directory or Hydra multirun directory")
@@ -59,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--metric", default=None,
                    help="objective metric (default: the task's, e.g. valid/auc_mean for ranking)")
     p.add_argument("--goal", choices=["maximize", "minimize"], default="maximize")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the report of another folder, or files named like the report's, already in the "
+                        "output folder (a report of DIR there is always updated)")
     args = p.parse_args(argv)
     notes: list[str] = []
     with sigterm_unwinds():  # SIGTERM unwinds like Ctrl-C: build_report's finally removes its temporary folder
@@ -70,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ReportError("--out is empty; give a folder (it is created if missing), or leave --out out to "
                                   "write into the run or sweep folder")
             path = build_report(Path(args.dir), Path(args.out) if args.out is not None else None,
-                                metric=args.metric, goal=args.goal, notes=notes)
+                                metric=args.metric, goal=args.goal, notes=notes, overwrite=args.overwrite)
         except ReportError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -14,6 +14,7 @@ from typing import Any
 from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE
 from ..tasks import ReportMetrics, report_metrics
 from .charts import AucPanels, _plot_final, _plot_loss, _plot_metrics, auc_panels
+from .folder import REPORT_MD, check_out, record_line
 from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, find_trials, label_trials, load_trial, other_task,
                      shown_metrics)
 
@@ -71,12 +72,17 @@ def _check_dirs(root: Path, out: Path | None) -> tuple[Path, Path]:
     out = out if out is not None else root
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out} is a file; give a folder (it is created if missing)")
-    inside = next((d for d in (out.resolve(), *out.resolve().parents) if d != root.resolve() and
-                   root.resolve() in d.parents and _is_trial_dir(d)), None)
-    if inside is not None:
+    root_r = root.resolve()
+    inside = next((d for d in (out.resolve(), *out.resolve().parents) if d != root_r and d not in root_r.parents
+                   and _is_trial_dir(d)), None)
+    if inside is not None and root_r in inside.parents:
         raise ReportError(f"--out {out} is inside the trial {inside} of {root}: the report would be written among "
                           f"that trial's files and the trial left out of it. Give a folder outside the trials (the "
                           f"default, {root}, or any other)")
+    if inside is not None:
+        raise ReportError(f"--out {out} is {'' if inside == out.resolve() else 'inside '}the run folder {inside}, "
+                          f"not {root}'s: the report of {root} would be written among another run's files. Give a "
+                          f"folder of its own (or leave --out out to write it into {root})")
     return root, out
 
 
@@ -86,6 +92,7 @@ def build_report(
     metric: str | None = None,
     goal: str = "maximize",
     notes: list[str] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write ``report.md``, ``report.csv``, ``loss.png``, the task's metrics chart (``auc.png`` for ranking) and
     ``final_metric.png`` into ``out`` (default ``root``); return the ``report.md`` path.
@@ -97,9 +104,12 @@ def build_report(
         goal: ``maximize`` or ``minimize`` the objective.
         notes: where the warnings the report's header carries are also appended (trials of another task), for
             the command line to print: a mixed report is written, but not without a word.
+        overwrite: replace the report of another folder in ``out``, or files of the report's names it did not
+            write (refused without it: ``folder.check_out``); a report of ``root`` there is always updated.
 
     Raises:
-        ReportError: before writing anything, for a missing folder, a file, or a folder without any trial.
+        ReportError: before writing anything, for a missing folder, a file, a folder without any trial, or an
+            ``out`` inside another run's folder or holding another folder's report.
     """
     if goal not in ("maximize", "minimize"):
         raise ReportError(f"goal must be 'maximize' or 'minimize', got {goal!r}")
@@ -122,6 +132,7 @@ def build_report(
         notes.extend(warnings)
     common = label_trials(trials)
     rows = [_row(t, metric, goal) for t in trials]
+    check_out(root, out, given, overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=".report-", dir=out))  # written whole, then moved into place
@@ -138,8 +149,10 @@ def build_report(
         _plot_final(rows, trials, stage, metric)
         lines = (_header(root, trials, rows, common, metric, goal, panels, warnings) + _table(trials, rows, metric)
                  + _charts(panels, shown, metric))
-        (stage / "report.md").write_text("\n".join(lines), encoding="utf-8")
-        made = sorted(p.name for p in stage.iterdir())
+        lines.insert(1, record_line(root, out))  # under the title: the folder it reports (folder.check_out)
+        (stage / REPORT_MD).write_text("\n".join(lines), encoding="utf-8")
+        # report.md first: a report stopped midway is its own folder's, which the same command then completes
+        made = sorted((p.name for p in stage.iterdir()), key=lambda name: (name != REPORT_MD, name))
         blocked = [out / name for name in made if (out / name).is_dir()]
         if blocked:
             raise ReportError(f"{blocked[0]} is a folder where the report writes a file; move it away or give "

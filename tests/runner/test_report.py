@@ -608,3 +608,80 @@ def test_a_finished_trials_final_value_is_its_summarys_when_its_metrics_were_cut
     build_report(root)
     finals = {r["trial"]: r["final_objective"] for r in _rows(root)}
     assert finals == {"0": "0.401869", "1": "0.455"}
+
+
+# --------------------------------------------------------------------------- whose report --out holds
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+
+
+def test_an_out_holding_another_folder_s_report_is_refused_unless_overwrite(multirun, tmp_path, capsys):
+    """The report of B into the --out that holds A's replaced A's files without a word. A report of A there is
+    updated in place; B's is refused, A's files untouched, until --overwrite says to replace it."""
+    out, a, b = tmp_path / "X", multirun / "0", multirun / "1"
+    assert main([str(a), "--out", str(out)]) == 0
+    assert main([str(a), "--out", str(out), "--metric", "train/loss"]) == 0  # the same folder: updated
+    assert _rows(out)[0]["objective"] == "train/loss"
+    capsys.readouterr()
+    before = _files(out)
+    assert main([str(b), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {out} holds the report of {a.resolve()}; the report of {b} "
+                                       f"would replace it. Give another --out (a folder of its own), or add "
+                                       f"--overwrite to replace it. Nothing was written\n")
+    assert _files(out) == before and sorted(p.name for p in out.iterdir()) == sorted(before)  # no .report-* left
+    assert main([str(b), "--out", str(out), "--overwrite"]) == 0
+    assert [r["trial"] for r in _rows(out)] == ["1"] and (out / "report.md").read_text().startswith(f"# Report: {b}")
+    assert main([str(a), "--out", str(out)]) == 2  # now it is B's
+    assert "holds the report of " + str(b.resolve()) in capsys.readouterr().err
+
+
+def test_files_of_the_report_s_names_it_did_not_write_are_refused_unless_overwrite(multirun, tmp_path, capsys):
+    """A user's folder holding a loss.png (or a report.md that is no report of DIR) kept nothing of them."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "loss.png").write_bytes(b"my plot")
+    (mine / "notes.txt").write_text("mine")
+    assert main([str(multirun), "--out", str(mine)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {mine} holds loss.png, not known to be a report of {multirun}; "
+                                       f"give another --out (a new folder), or add --overwrite to replace it. "
+                                       f"Nothing was written\n")
+    assert _files(mine) == {"loss.png": b"my plot", "notes.txt": b"mine"}
+    (multirun / "report.md").write_text("# My notes\n")  # the default --out: DIR itself
+    assert main([str(multirun)]) == 2
+    assert capsys.readouterr().err == (f"error: {multirun} (where the report goes without --out) holds "
+                                              f"report.md, not known to be a report of {multirun}; give --out a "
+                                              f"new folder, or add --overwrite to replace it. Nothing was written\n")
+    assert (multirun / "report.md").read_text() == "# My notes\n"
+    assert main([str(multirun), "--out", str(mine), "--overwrite"]) == 0
+    assert _rows(mine)[0]["trial"] == "0" and (mine / "notes.txt").read_text() == "mine"
+
+
+def test_a_report_moved_with_its_folder_or_of_before_records_is_still_its_own(multirun, tmp_path):
+    """A sweep copied whole (to another machine, say) keeps its report's folder; a report.md written before reports
+    recorded their folder is its own folder's when it is in that folder (elsewhere: not known, refused)."""
+    import shutil
+
+    assert main([str(multirun)]) == 0
+    moved = shutil.copytree(multirun, tmp_path / "copy")
+    assert main([str(moved)]) == 0 and (moved / "report.md").read_text().startswith(f"# Report: {moved}")
+    legacy = "# Report: multirun/2026-11-29/12-00-00\n\n- trials: 3\n"
+    (moved / "report.md").write_text(legacy)
+    assert main([str(moved)]) == 0 and (moved / "report.md").read_text() != legacy
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "report.md").write_text(legacy)
+    assert main([str(moved), "--out", str(tmp_path / "old")]) == 2
+    assert (tmp_path / "old" / "report.md").read_text() == legacy
+
+
+def test_an_out_in_another_run_s_folder_is_refused(multirun, tmp_path, capsys):
+    """The report of trial 0 written among trial 1's files (and later taken for trial 1's own report)."""
+    other = multirun / "1"
+    before = _files(other)
+    for out, what in ((other, "is the run folder"), (other / "sub", "is inside the run folder")):
+        assert main([str(multirun / "0"), "--out", str(out), "--overwrite"]) == 2
+        assert capsys.readouterr().err == (f"error: --out {out} {what} {other}, not {multirun / '0'}'s: the report of "
+                                           f"{multirun / '0'} would be written among another run's files. Give a "
+                                           f"folder of its own (or leave --out out to write it into {multirun / '0'})\n")
+    assert _files(other) == before and not (other / "sub").exists()
