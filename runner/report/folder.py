@@ -27,7 +27,7 @@ def record_line(root: Path, out: Path) -> str:
     """The line of ``report.md`` that names the folder it reports: its absolute path, and its path from the
     report's folder (a tree moved or copied whole keeps its report's)."""
     root_r, out_r = Path(root).resolve(), Path(out).resolve()
-    text = json.dumps({"dir": str(root_r), "from_out": os.path.relpath(root_r, out_r)}, ensure_ascii=False)
+    text = json.dumps({"dir": str(root_r), "from_out": os.path.relpath(root_r, out_r)})  # ASCII: a name not UTF-8 too
     return RECORD + text.replace(">", "\\u003e") + " -->"  # a path holding "-->" does not end the comment
 
 

@@ -16,7 +16,7 @@ from ..tasks import ReportMetrics, report_metrics
 from .charts import AucPanels, _plot_final, _plot_loss, _plot_metrics, auc_panels
 from .folder import REPORT_MD, check_out, record_line
 from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, find_trials, label_trials, load_trial, other_task,
-                     shown_metrics)
+                     printable, shown_metrics)
 
 CSV_COLUMNS = [
     "trial",
@@ -150,7 +150,7 @@ def build_report(
         lines = (_header(root, trials, rows, common, metric, goal, panels, warnings) + _table(trials, rows, metric)
                  + _charts(panels, shown, metric))
         lines.insert(1, record_line(root, out))  # under the title: the folder it reports (folder.check_out)
-        (stage / REPORT_MD).write_text("\n".join(lines), encoding="utf-8")
+        (stage / REPORT_MD).write_text(printable("\n".join(lines)), encoding="utf-8")
         # report.md first: a report stopped midway is its own folder's, which the same command then completes
         made = sorted((p.name for p in stage.iterdir()), key=lambda name: (name != REPORT_MD, name))
         blocked = [out / name for name in made if (out / name).is_dir()]
@@ -198,7 +198,7 @@ def unknown_metric(metric: str, known: set[str], objective: str) -> str:
 
 def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     """``report.csv``: one row per trial, its full overrides included."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:  # a folder name not UTF-8
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()
         for r in rows:

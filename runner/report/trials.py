@@ -38,6 +38,16 @@ def _to_float(v: Any) -> float | None:
     return None
 
 
+def printable(text: str) -> str:
+    """``text`` with what a UTF-8 file and the charts' fonts cannot hold escaped: a folder name that is not UTF-8
+    (bytes Python keeps as surrogates) shows as ``\\xff``."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def _unreadable(path: Path, e: BaseException) -> str:
     """What the report says of a file that is there but cannot be read or parsed."""
     why = getattr(e, "strerror", None) or ("nested too deeply" if isinstance(e, RecursionError) else
@@ -214,9 +224,10 @@ def load_trial(trial_dir: Path, label: str | None = None) -> Trial:
     except OSError:
         failed = False
     failed = failed or str(summary.get("status", "")).lower() == "failed"
+    label = label if label is not None else trial_dir.name
     return Trial(
         path=trial_dir,
-        label=label if label is not None else trial_dir.name,
+        label=printable(label),
         overrides=overrides,
         records=records,
         bad_lines=bad,

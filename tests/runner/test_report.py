@@ -685,3 +685,20 @@ def test_an_out_in_another_run_s_folder_is_refused(multirun, tmp_path, capsys):
                                            f"{multirun / '0'} would be written among another run's files. Give a "
                                            f"folder of its own (or leave --out out to write it into {multirun / '0'})\n")
     assert _files(other) == before and not (other / "sub").exists()
+
+
+def test_a_folder_name_that_is_not_utf8_is_shown_escaped_not_a_traceback(multirun, tmp_path):
+    """A trial folder whose name is not UTF-8 (bytes Python keeps as surrogates) stopped the report with a
+    UnicodeEncodeError in report.csv (and matplotlib's TypeError in the charts' labels)."""
+    import os
+
+    odd = multirun.parent / os.fsdecode(b"sweep\xff")
+    multirun.rename(odd)
+    for _ in range(2):  # the second time, the report of the same folder is updated
+        assert main([str(odd)]) == 0
+    assert (odd / "report.md").read_text(encoding="utf-8").startswith("# Report: " + str(odd.parent) + "/sweep\\xff\n")
+    assert [r["trial"] for r in _rows(odd)] == ["0", "1", "2"]
+    os.rename(odd / "1", odd / os.fsdecode(b"1\xfe"))
+    assert main([str(odd), "--out", str(tmp_path / "r")]) == 0
+    assert [r["trial"] for r in _rows(tmp_path / "r")] == ["0", "1\\xfe", "2"]
+    _assert_png(tmp_path / "r" / "loss.png")
