@@ -14,7 +14,6 @@ from .trials import ReportError
 REPORT_MD = "report.md"
 TITLE = "# Report: "
 RECORD = "<!-- runner.report "  # report.md's second line: <!-- runner.report {"dir": ..., "from_out": ...} -->
-_LEGACY = "legacy"  # a report.md with a title but no record: written before reports recorded their folder
 
 
 def report_files() -> list[str]:
@@ -31,9 +30,10 @@ def record_line(root: Path, out: Path) -> str:
     return RECORD + text.replace(">", "\\u003e") + " -->"  # a path holding "-->" does not end the comment
 
 
-def recorded(md: Path) -> dict[str, Any] | str | None:
-    """What ``md`` says of the folder it reports: its record, ``"legacy"`` (a report's title, no record), or
-    None (no report.md, or not one the report wrote)."""
+def recorded(md: Path) -> dict[str, Any] | None:
+    """What ``md`` says of the folder it reports: its record (``dir``, ``from_out``); of a report written before
+    reports recorded their folder, the folder its title names as it was given (``title``); None without a
+    report.md or of one the report did not write."""
     try:
         with open(md, encoding="utf-8", errors="replace") as f:
             head = f.read(1 << 16).splitlines()[:3]
@@ -46,19 +46,25 @@ def recorded(md: Path) -> dict[str, Any] | str | None:
             except ValueError:
                 return None
             return record if isinstance(record, dict) and isinstance(record.get("dir"), str) else None
-    return _LEGACY if head and head[0].startswith(TITLE) else None
+    return {"title": head[0][len(TITLE):]} if head and head[0].startswith(TITLE) else None
 
 
 def _same(record: dict[str, Any], root: Path, out: Path) -> bool:
-    root_r = root.resolve()
+    """Whether ``record`` is of ``root``: the same absolute path, or the same path from the report's folder; a
+    report of before records is its own folder's, or the title's folder's (from the current folder)."""
+    root_r, out_r = root.resolve(), out.resolve()
+    if "dir" not in record:
+        try:
+            return out_r == root_r or Path(record["title"]).resolve() == root_r
+        except (OSError, ValueError):  # a title that is no path (a NUL in it)
+            return False
     relative = record.get("from_out")
-    return record["dir"] == str(root_r) or (isinstance(relative, str) and (out.resolve() / relative).resolve() == root_r)
+    return record["dir"] == str(root_r) or (isinstance(relative, str) and (out_r / relative).resolve() == root_r)
 
 
 def check_out(root: Path, out: Path, given: bool, overwrite: bool) -> None:
     """Refuse, before anything is written, an ``out`` holding the report of another folder than ``root``, or
-    files of the report's names not known to be a report of ``root`` (a report written before reports recorded
-    their folder is taken as its own folder's, in the folder itself); ``overwrite`` replaces them."""
+    files of the report's names not known to be a report of ``root`` (``_same``); ``overwrite`` replaces them."""
     if overwrite:
         return
     # a folder of one of those names is refused as the report is written: no flag replaces it
@@ -67,14 +73,12 @@ def check_out(root: Path, out: Path, given: bool, overwrite: bool) -> None:
         return
     where = f"--out {out}" if given else f"{out} (where the report goes without --out)"
     record = recorded(out / REPORT_MD)
-    if isinstance(record, dict):
-        if _same(record, root, out):
-            return
+    if record is not None and _same(record, root, out):
+        return
+    if record is not None and "dir" in record:
         own = "another --out (a folder of its own)" if given else "--out a folder of its own"
         raise ReportError(f"{where} holds the report of {record['dir']}; the report of {root} would replace it. "
                           f"Give {own}, or add --overwrite to replace it. Nothing was written")
-    if record == _LEGACY and out.resolve() == root.resolve():
-        return
     new = "another --out (a new folder)" if given else "--out a new folder"
     raise ReportError(f"{where} holds {', '.join(present)}, not known to be a report of {root}; give {new}, or add "
                       f"--overwrite to replace {'it' if len(present) == 1 else 'them'}. Nothing was written")

@@ -702,3 +702,18 @@ def test_a_folder_name_that_is_not_utf8_is_shown_escaped_not_a_traceback(multiru
     assert main([str(odd), "--out", str(tmp_path / "r")]) == 0
     assert [r["trial"] for r in _rows(tmp_path / "r")] == ["0", "1\\xfe", "2"]
     _assert_png(tmp_path / "r" / "loss.png")
+
+
+def test_a_report_of_before_records_is_its_folder_s_when_its_title_names_dir(multirun, tmp_path, monkeypatch, capsys):
+    """A report.md written before reports recorded their folder: updated when its title names DIR as given from
+    here (the same command again), refused otherwise, and a title that is no path is no crash."""
+    monkeypatch.chdir(multirun.parent)
+    out = tmp_path / "X"
+    out.mkdir()
+    for title, code in (("12-00-00", 0), ("12-00-00/0", 2), ("a\0b", 2)):
+        (out / "report.md").write_text(f"# Report: {title}\n\n- trials: 3\n")
+        assert main(["12-00-00", "--out", str(out)]) == code
+        err = capsys.readouterr().err
+        assert err == ("" if code == 0 else f"error: --out {out} holds auc.png, final_metric.png, loss.png, report.csv, "
+                       f"report.md, not known to be a report of 12-00-00; give another --out (a new folder), or add "
+                       f"--overwrite to replace them. Nothing was written\n")
