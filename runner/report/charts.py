@@ -18,6 +18,8 @@ def _plt():
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    # labels are folder names, overrides and metric keys, not TeX: a=${x}_${y} stopped the report with a ParseError
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt

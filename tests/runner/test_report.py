@@ -717,3 +717,16 @@ def test_a_report_of_before_records_is_its_folder_s_when_its_title_names_dir(mul
         assert err == ("" if code == 0 else f"error: --out {out} holds auc.png, final_metric.png, loss.png, report.csv, "
                        f"report.md, not known to be a report of 12-00-00; give another --out (a new folder), or add "
                        f"--overwrite to replace them. Nothing was written\n")
+
+
+def test_labels_holding_dollar_signs_are_text_not_tex(tmp_path):
+    """An override such as a=${x}_${y} (an interpolation) in a chart's legend was parsed as matplotlib's TeX and
+    stopped the report with a ParseSyntaxException traceback."""
+    from runner.report import auc_figure, load_trial
+
+    _write_trial(tmp_path / "0", ["a=${x}_${y}"], [{"step": 1, "train/loss": 0.5, "valid/auc_mean$": 0.7}])
+    _write_trial(tmp_path / "1", ["a=2"], [{"step": 1, "train/loss": 0.6, "valid/auc_mean$": 0.6}])
+    build_report(tmp_path, tmp_path / "r", metric="valid/auc_mean$")
+    _assert_png(tmp_path / "r" / "loss.png")
+    fig = auc_figure([load_trial(tmp_path / "0")])
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["0: a=${x}_${y}"]
