@@ -78,6 +78,8 @@ def read_metrics(path: Path, problems: list[str] | None = None) -> tuple[list[di
             bad += 1
             continue
         if isinstance(obj, dict):
+            if "\\u" in line:  # a key of a lone surrogate escape ("\ud800") that no chart's font can draw
+                obj = {printable(k): v for k, v in obj.items()}
             records.append(obj)
         else:
             bad += 1

@@ -730,3 +730,11 @@ def test_labels_holding_dollar_signs_are_text_not_tex(tmp_path):
     _assert_png(tmp_path / "r" / "loss.png")
     fig = auc_figure([load_trial(tmp_path / "0")])
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["0: a=${x}_${y}"]
+
+
+def test_a_key_of_a_lone_surrogate_escape_is_shown_escaped_not_a_traceback(tmp_path):
+    """json reads "\\ud800" as a lone surrogate, which neither a UTF-8 report.md nor the charts' font can hold."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/loss": 0.5, "valid/auc_\\ud800": 0.7}\n')
+    md = build_report(tmp_path).read_text(encoding="utf-8")
+    assert "AUC keys: `valid/auc_\\ud800`" in md
+    _assert_png(tmp_path / "auc.png")
