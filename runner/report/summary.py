@@ -63,13 +63,29 @@ def _row(t: Trial, metric: str, goal: str) -> dict[str, Any]:
 
 
 def _check_dirs(root: Path, out: Path | None) -> tuple[Path, Path]:
-    if not root.exists():
-        raise ReportError(f"{root} does not exist; give a run folder (outputs/<date>/<time>) or a sweep folder "
-                          f"(multirun/<date>/<time>)")
-    if not root.is_dir():
+    try:
+        if not root.exists():
+            raise ReportError(f"{root} does not exist; give a run folder (outputs/<date>/<time>) or a sweep folder "
+                              f"(multirun/<date>/<time>)")
+        is_dir = root.is_dir()
+    except OSError as e:  # a folder above it that cannot be entered, a name too long
+        raise ReportError(f"{root} cannot be looked at ({e.strerror or e}); give a run or sweep folder that can be "
+                          f"read") from None
+    if not is_dir:
         hint = f"; give the folder that holds it: {root.parent}" if root.name in (METRICS_FILE, SUMMARY_FILE) else ""
         raise ReportError(f"{root} is a file, not a folder{hint or '; give a run or sweep folder'}")
-    out = out if out is not None else root
+    try:
+        _check_out_place(root, out)
+    except OSError as e:
+        raise ReportError(f"--out {out} cannot be looked at ({e.strerror or e}); give a folder that can be written. "
+                          f"Nothing was written") from None
+    return root, out if out is not None else root
+
+
+def _check_out_place(root: Path, out: Path | None) -> None:
+    """Refuse an ``out`` that is a file, or inside a trial (of ``root``'s, or another run's folder)."""
+    if out is None:
+        return
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out} is a file; give a folder (it is created if missing)")
     root_r = root.resolve()
@@ -83,7 +99,6 @@ def _check_dirs(root: Path, out: Path | None) -> tuple[Path, Path]:
         raise ReportError(f"--out {out} is {'' if inside == out.resolve() else 'inside '}the run folder {inside}, "
                           f"not {root}'s: the report of {root} would be written among another run's files. Give a "
                           f"folder of its own (or leave --out out to write it into {root})")
-    return root, out
 
 
 def build_report(

@@ -738,3 +738,16 @@ def test_a_key_of_a_lone_surrogate_escape_is_shown_escaped_not_a_traceback(tmp_p
     md = build_report(tmp_path).read_text(encoding="utf-8")
     assert "AUC keys: `valid/auc_\\ud800`" in md
     _assert_png(tmp_path / "auc.png")
+
+
+def test_a_path_that_cannot_be_looked_at_is_one_line_not_a_traceback(multirun, tmp_path, capsys):
+    """A name longer than the file system allows (or, for a user, a folder above it they cannot enter): the
+    os.stat error came out of Path.exists as a traceback."""
+    long = tmp_path / ("a" * 300)
+    assert main([str(long)]) == 2
+    assert capsys.readouterr().err == (f"error: {long} cannot be looked at (File name too long); give a run or "
+                                       f"sweep folder that can be read\n")
+    assert main([str(multirun), "--out", str(long / "r")]) == 2
+    assert capsys.readouterr().err == (f"error: --out {long / 'r'} cannot be looked at (File name too long); give a "
+                                       f"folder that can be written. Nothing was written\n")
+    assert sorted(p.name for p in multirun.iterdir()) == ["0", "1", "2", "multirun.yaml"]
