@@ -36,10 +36,10 @@ def recorded(md: Path) -> dict[str, Any] | None:
     report.md or of one the report did not write."""
     try:
         with open(md, encoding="utf-8", errors="replace") as f:
-            head = f.read(1 << 16).splitlines()[:3]
+            head = f.read(1 << 16).splitlines()
     except OSError:  # missing, a folder, unreadable
         return None
-    for line in head[1:]:
+    for line in head[1:]:  # the line under the title (further down where the title's path held a line break)
         if line.startswith(RECORD) and line.endswith(" -->"):
             try:
                 record = json.loads(line[len(RECORD):-len(" -->")])

@@ -253,7 +253,7 @@ def _header(root: Path, trials: Sequence[Trial], rows: Sequence[dict[str, Any]],
         if not t.failed and r["best_objective"] is not None and math.isfinite(r["best_objective"])
     ]
     lines = [
-        f"# Report: {root}",
+        "# Report: " + str(root).replace("\r", "\\r").replace("\n", "\\n"),  # one line, whatever the name holds
         "",
         f"- trials: {len(trials)} ({len(trials) - n_failed - n_unfinished - len(unreadable)} ok, {n_failed} failed"
         + (f", {n_unfinished} unfinished: no summary.json status, still running or stopped" if n_unfinished else "")

@@ -751,3 +751,12 @@ def test_a_path_that_cannot_be_looked_at_is_one_line_not_a_traceback(multirun, t
     assert capsys.readouterr().err == (f"error: --out {long / 'r'} cannot be looked at (File name too long); give a "
                                        f"folder that can be written. Nothing was written\n")
     assert sorted(p.name for p in multirun.iterdir()) == ["0", "1", "2", "multirun.yaml"]
+
+
+def test_a_folder_name_holding_a_line_break_keeps_its_title_one_line_and_its_report_its_own(multirun, tmp_path):
+    """The title spread the name over three lines, which pushed the record of the folder below where it was
+    looked for: the same command again was refused as a report of another folder."""
+    odd = multirun.rename(multirun.parent / "a\nb\nc")
+    for _ in range(2):
+        assert main([str(odd), "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "report.md").read_text().splitlines()[0] == f"# Report: {odd.parent}/a\\nb\\nc"
