@@ -56,8 +56,8 @@ __all__ = ["AucPanels", "ReportError", "Trial", "auc_figure", "auc_panels", "bui
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m runner.report DIR [--out DIR] [--metric M] [--goal G] [--overwrite]``; returns the exit code (2: refused;
-    130/143: stopped by Ctrl-C/SIGTERM, the report's temporary folder removed)."""
+    """``python -m runner.report DIR [--out DIR] [--metric M] [--goal G] [--overwrite]``; returns the exit code (2:
+    refused; 130/143: stopped by Ctrl-C/SIGTERM, the report's temporary folder removed)."""
     p = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="run directory or Hydra multirun directory")
     p.add_argument("--out", default=None, help="output directory (default: DIR)")

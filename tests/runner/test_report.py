@@ -683,7 +683,8 @@ def test_an_out_in_another_run_s_folder_is_refused(multirun, tmp_path, capsys):
         assert main([str(multirun / "0"), "--out", str(out), "--overwrite"]) == 2
         assert capsys.readouterr().err == (f"error: --out {out} {what} {other}, not {multirun / '0'}'s: the report of "
                                            f"{multirun / '0'} would be written among another run's files. Give a "
-                                           f"folder of its own (or leave --out out to write it into {multirun / '0'})\n")
+                                           f"folder of its own (or leave --out out to write it into "
+                                           f"{multirun / '0'})\n")
     assert _files(other) == before and not (other / "sub").exists()
 
 
@@ -714,8 +715,8 @@ def test_a_report_of_before_records_is_its_folder_s_when_its_title_names_dir(mul
         (out / "report.md").write_text(f"# Report: {title}\n\n- trials: 3\n")
         assert main(["12-00-00", "--out", str(out)]) == code
         err = capsys.readouterr().err
-        assert err == ("" if code == 0 else f"error: --out {out} holds auc.png, final_metric.png, loss.png, report.csv, "
-                       f"report.md, not known to be a report of 12-00-00; give another --out (a new folder), or add "
+        assert err == ("" if code == 0 else f"error: --out {out} holds auc.png, final_metric.png, loss.png, "
+                       f"report.csv, report.md, not known to be a report of 12-00-00; give another --out (a new folder), or add "
                        f"--overwrite to replace them. Nothing was written\n")
 
 
