@@ -308,8 +308,13 @@ def processes_problems(config: Any, optuna: bool) -> list[str]:
                        OmegaConf.select(config, "distributed.kind", default="none")))
     launcher = OmegaConf.select(config, "hydra.launcher._target_", default=BASIC_LAUNCHER)
     seeded = OmegaConf.select(config, "hydra.sweeper.sampler.seed", default=None) is not None
-    if not optuna or kind == "none" or launcher != BASIC_LAUNCHER or seeded:
+    if not optuna or kind == "none" or launcher != BASIC_LAUNCHER or (seeded and not is_grid(config)):
         return []
+    if is_grid(config):  # optuna 2's GridSampler takes no seed: it picks each trial's point with Python's random
+        return [f"hydra/sweeper/sampler=grid with distributed={kind}: every process runs this search itself, and the "
+                f"grid sampler (no seed) would give their trials other points; search with one process "
+                f"(distributed=none), or with a seeded sampler (e.g. hydra/sweeper/sampler=tpe "
+                f"hydra.sweeper.sampler.seed=0)"]
     return [f"hydra.sweeper.sampler.seed=null with distributed={kind}: every process runs this search itself, and "
             f"unseeded samplers would give their trials other values; set hydra.sweeper.sampler.seed=0 (the "
             f"processes then draw alike), or search with one process (distributed=none)"]

@@ -356,8 +356,9 @@ class SweepSummary(Callback):
         overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
         optuna = "optuna" in str(sweeper.get("_target_", "")).lower()
         problems = optuna_problems(sweeper) if optuna else []
-        if optuna:
-            overrides += [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+        if optuna:  # a key given on the command line is searched as given there, not as hydra.sweeper.params says
+            given = {o.split("=", 1)[0] for o in overrides}
+            overrides += [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items() if str(k) not in given]
         problems += override_problems(overrides, config, optuna=optuna, basic=sweeper.get("_target_") == BASIC)
         problems += sweep_checks.processes_problems(config, optuna)
         sweep_checks.refuse(problems)  # SystemExit, not an Exception: Hydra's callback runner would only warn

@@ -38,6 +38,9 @@ class RunnerOptunaSweeper(OptunaSweeper):
 
         impl = self.sweeper
         _hide_passwords(logging.getLogger(type(impl).__module__), sweep_checks.mask_password)
+        given = {a.split("=", 1)[0] for a in arguments}  # the command line's keys replace hydra.sweeper.params's: the
+        if impl.params:  # plugin would grid the replaced interval anyway (GridSampler only supports discrete ...)
+            impl.params = OmegaConf.create({k: v for k, v in impl.params.items() if str(k) not in given})
         sweep_checks.refuse_bad_storage(impl.storage)
         space, fixed, texts = sweep_checks.search_space(impl, arguments)
         loader = impl.hydra_context.config_loader

@@ -266,6 +266,11 @@ def test_an_unseeded_search_over_several_processes_is_refused():
         "samplers would give their trials other values; set hydra.sweeper.sampler.seed=0 (the processes then draw "
         "alike), or search with one process (distributed=none)"]
     assert processes_problems(cfg(seed=0), optuna=True) == []
+    grid = OmegaConf.merge(cfg(), {"hydra": {"sweeper": {"sampler": {"_target_": "optuna.samplers.GridSampler"}}}})
+    assert processes_problems(grid, optuna=True) == [  # no seed to set: it used to be told to set one
+        "hydra/sweeper/sampler=grid with distributed=local: every process runs this search itself, and the grid "
+        "sampler (no seed) would give their trials other points; search with one process (distributed=none), or "
+        "with a seeded sampler (e.g. hydra/sweeper/sampler=tpe hydra.sweeper.sampler.seed=0)"]
     assert processes_problems(cfg(kind="none"), optuna=True) == []
     assert processes_problems(cfg(), optuna=False) == []  # the basic sweeper lists the same trials in every process
     assert processes_problems(cfg(launcher="hydra_plugins.hydra_submitit_launcher.submitit_launcher."
@@ -602,6 +607,50 @@ def test_searches_are_optuna_over_existing_keys_and_async_optimizers(name):
                 assert OmegaConf.select(trial, key) is not None, key
 
 
+STARTUP = {"optuna_emb_lr": 8, "optuna_ml100k": 8, "optuna_ranking": 5}  # each search's random trials before TPE
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+def test_a_search_draws_its_tpe_trials_and_takes_another_sampler(name):
+    """A search's sampler is chosen in its defaults list (conf/hydra/sweeper/sampler/), so another sampler replaces
+    it whole: ``hydra/sweeper/sampler=grid`` used to stop at composing (Key 'seed' not in 'SamplerConfig')."""
+    import optuna
+    from hydra.utils import instantiate
+
+    sampler = compose_with_hydra([f"hparams_search={name}"]).hydra.sweeper.sampler
+    assert (sampler._target_, sampler.seed, sampler.n_startup_trials) == ("optuna.samplers.TPESampler", 0, STARTUP[name])
+
+    def drawn(made):  # the values a sampler draws for a few trials, each told a value
+        study = optuna.create_study(sampler=made, direction="maximize")
+        for i in range(STARTUP[name] + 2):
+            trial = study.ask()
+            study.tell(trial, trial.suggest_float("x", 0.001, 0.3, log=True) + trial.suggest_int("w", 8, 64) / 100)
+        return [t.params for t in study.trials]
+
+    reference = optuna.samplers.TPESampler(seed=0, n_startup_trials=STARTUP[name])  # the preset's sampler as it was
+    assert drawn(instantiate(sampler)) == drawn(reference)
+    grid = compose_with_hydra([f"hparams_search={name}", "hydra/sweeper/sampler=grid"]).hydra.sweeper.sampler
+    assert OmegaConf.to_container(grid) == {"_target_": "optuna.samplers.GridSampler", "_partial_": True}
+    other = compose_with_hydra([f"hparams_search={name}", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=3"])
+    assert OmegaConf.to_container(other.hydra.sweeper.sampler) == {"_target_": "optuna.samplers.RandomSampler", "seed": 3}
+
+
+def test_a_grid_over_a_searchs_intervals_names_each_and_a_key_given_on_the_command_line_is_searched_as_given(capsys):
+    cfg = compose_with_hydra(["hparams_search=optuna_ranking", "hydra/sweeper/sampler=grid"])
+    with pytest.raises(SystemExit) as e:
+        sweeps.SweepSummary().on_multirun_start(cfg)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == ["error: invalid sweep:"] + [
+        f"  - {key}=tag(log, interval({low}, {high})): the grid sampler tries listed values only, and an interval on "
+        f"a log scale lists none: write {key}=choice(...) with the values to try, or use another sampler "
+        f"(hydra/sweeper/sampler=tpe)"
+        for key, low, high in (("optimizer.learning_rate", 0.005, 0.15), ("dense_optimizer.learning_rate", 0.0005, 0.01))]
+    given = ["optimizer.learning_rate=choice(0.01,0.02)", "dense_optimizer.learning_rate=0.001"]  # replace the
+    cfg.hydra.overrides.task += given  # search's own (as the plugin searches them): no refusal
+    sweeps.SweepSummary().on_multirun_start(cfg)
+    assert capsys.readouterr().err == ""
+
+
 # --------------------------------------------------------------------------- end to end (subprocesses)
 
 
@@ -762,3 +811,16 @@ def test_a_plain_optuna_search_with_a_value_hydra_cannot_apply_stops_before_its_
     assert proc.stderr.splitlines()[-1].startswith("  - optimizer=choice(async_adam,async_sgdd): optimizer=async_sgdd "
                                                    "cannot be applied (Could not find 'optimizer/async_sgdd'")
     assert trial_dirs(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_search_runs_its_grid_when_the_grid_sampler_is_chosen(tmp_path):
+    proc = runner_cli("hparams_search=optuna_ranking", "hydra/sweeper/sampler=grid", f"hydra.sweep.dir={tmp_path}",
+                      "dense_optimizer.learning_rate=choice(0.001,0.002)", "optimizer.learning_rate=0.01",
+                      "model.emb_width=8", "logger=none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Sampler: GridSampler" in proc.stderr + proc.stdout
+    tried = sorted(yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())[0] for d in trial_dirs(tmp_path))
+    assert tried == ["dense_optimizer.learning_rate=0.001", "dense_optimizer.learning_rate=0.002"]  # the grid, once
+    result = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert set(result["best_params"]) == {"dense_optimizer.learning_rate"}
