@@ -22,7 +22,6 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .errors import first_line
 
 log = logging.getLogger("runner.sweeps")
 
@@ -260,9 +259,9 @@ def resumed_seed_note(storage: Any, study_name: Any, seed: Any) -> str | None:
 # --------------------------------------------------------------------------- trials left unfinished
 
 
-def track_asked(impl: Any) -> list[Any]:
+def track_asked(impl: Any, on_batch: Callable[[list[Any]], None] | None = None) -> list[Any]:
     """The list that will hold every trial ``impl`` (the plugin's ``OptunaSweeperImpl``) asks its study for: it
-    hands each batch to its ``_configure_trials``, wrapped here to note them."""
+    hands each batch to its ``_configure_trials``, wrapped here to note them (and to call ``on_batch`` with them)."""
     asked: list[Any] = []
     configure = getattr(impl, "_configure_trials", None)
     if configure is None:  # another version of the plugin: nothing is noted, nothing marked
@@ -270,6 +269,8 @@ def track_asked(impl: Any) -> list[Any]:
 
     def configure_noted(trials: list[Any], *args: Any, **kwargs: Any) -> Any:
         asked.extend(trials)
+        if on_batch is not None:
+            on_batch(list(trials))
         return configure(trials, *args, **kwargs)
 
     impl._configure_trials = configure_noted
@@ -318,28 +319,3 @@ def processes_problems(config: Any, optuna: bool) -> list[str]:
     return [f"hydra.sweeper.sampler.seed=null with distributed={kind}: every process runs this search itself, and "
             f"unseeded samplers would give their trials other values; set hydra.sweeper.sampler.seed=0 (the "
             f"processes then draw alike), or search with one process (distributed=none)"]
-
-
-def storage_problem(storage: Any) -> str | None:
-    """Why Optuna cannot open ``hydra.sweeper.storage`` (None: it can, or the study is kept in memory).
-
-    Opening an RDB URL creates its database (``sqlite:///optuna.db``: the file), as the search itself would."""
-    if storage is None:
-        return None
-    fix = "give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a study kept in memory"
-    if not isinstance(storage, str) or not storage.strip():
-        return f"hydra.sweeper.storage={storage!r} is not a database URL: {fix}"
-    import optuna
-
-    try:
-        optuna.storages.get_storage(storage)
-    except Exception as e:  # noqa: BLE001 - SQLAlchemy's and the database drivers' errors vary
-        return mask_password(  # the URL's password is not for the terminal or a log
-            f"hydra.sweeper.storage={storage} cannot be opened ({type(e).__name__}: {first_line(e)}): {fix}")
-    return None
-
-
-def refuse_bad_storage(storage: Any) -> None:
-    """Exit code 2 with one message before the first trial if the study's storage cannot be opened."""
-    problem = storage_problem(storage)
-    refuse([problem] if problem else [])

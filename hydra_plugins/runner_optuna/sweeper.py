@@ -10,8 +10,10 @@ launches it, so one bad ``choice`` value ends the whole search there). This subc
 stored study and every value a trial could be given (``runner.sweep_checks``) before the first trial (exit code
 2, one line each), and turns the first two into the end-of-sweep summary (one line per failed trial) plus one
 line naming the cause and the fix (exit code 1). Trials a search leaves unfinished (Ctrl-C, SIGTERM, a crash)
-are marked failed in the stored study, where Optuna would keep them running for good. The plugin's own
-``Storage: <URL>`` log line shows a database URL's password as ``***``. The runner's
+are marked failed in the stored study, where Optuna would keep them running for good; those a search killed
+outright left (SIGKILL, a machine gone) are marked failed by the next search of the study, which finds them by
+their heartbeat (``runner.sweep_storage``; the storage is opened once, for the checks and the search). The
+plugin's own ``Storage: <URL>`` log line shows a database URL's password as ``***``. The runner's
 ``sweep_summary`` callback (``runner.sweeps.SweepSummary``) swaps it in for the plugin's class, so
 ``hydra/sweeper=optuna`` gets it too.
 """
@@ -34,14 +36,16 @@ class RunnerOptunaSweeper(OptunaSweeper):
         """The plugin's search over ``arguments`` (the command line's overrides), after the checks that refuse one
         that cannot work (exit code 2); a search it stops is summarised (exit code 1), and the trials it leaves
         unfinished are marked failed."""
-        from runner import sweep_checks, sweeps
+        from runner import sweep_checks, sweep_storage, sweeps
 
         impl = self.sweeper
         _hide_passwords(logging.getLogger(type(impl).__module__), sweep_checks.mask_password)
         given = {a.split("=", 1)[0] for a in arguments}  # the command line's keys replace hydra.sweeper.params's: the
         if impl.params:  # plugin would grid the replaced interval anyway (GridSampler only supports discrete ...)
             impl.params = OmegaConf.create({k: v for k, v in impl.params.items() if str(k) not in given})
-        sweep_checks.refuse_bad_storage(impl.storage)
+        storage = sweep_storage.opened_or_refused(impl.storage)  # opened once, for the checks and the search
+        if isinstance(storage, sweep_storage.RunnerStorage):
+            impl.storage = storage
         space, fixed, texts = sweep_checks.search_space(impl, arguments)
         loader = impl.hydra_context.config_loader
 
@@ -49,19 +53,20 @@ class RunnerOptunaSweeper(OptunaSweeper):
             return loader.load_sweep_config(impl.config, overrides)
 
         sweep_checks.refuse(sweep_checks.value_problems(space, fixed, texts, compose) +
-                            sweep_checks.stored_study_problems(impl.storage, impl.study_name,
+                            sweep_checks.stored_study_problems(storage, impl.study_name,
                                                                impl._get_directions(), space))
         seed = OmegaConf.select(impl.config, "hydra.sweeper.sampler.seed", default=None)
-        note = sweep_checks.resumed_seed_note(impl.storage, impl.study_name, seed)
+        note = sweep_checks.resumed_seed_note(storage, impl.study_name, seed)
         if note:
             print(note, file=sys.stderr, flush=True)
-        asked = sweep_checks.track_asked(impl)
-        try:
-            return super().sweep(arguments)
-        except Exception as error:  # noqa: BLE001 - sorted out (or re-raised) by sweeps.optuna_stopped
-            sweeps.optuna_stopped(impl.config.hydra.sweep.dir, error, impl.max_failure_rate)
-        finally:  # normally a no-op: every trial asked for was told its end
-            sweep_checks.fail_unfinished(asked)
+        with sweep_storage.Heartbeat(storage) as heartbeat:  # a killed search's trials: failed as a batch starts
+            asked = sweep_checks.track_asked(impl, heartbeat.batch)
+            try:
+                return super().sweep(arguments)
+            except Exception as error:  # noqa: BLE001 - sorted out (or re-raised) by sweeps.optuna_stopped
+                sweeps.optuna_stopped(impl.config.hydra.sweep.dir, error, impl.max_failure_rate)
+            finally:  # normally a no-op: every trial asked for was told its end
+                sweep_checks.fail_unfinished(asked)
 
 
 class _PasswordMask(logging.Filter):

@@ -17,7 +17,7 @@ import yaml
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from runner import sweep_checks, sweeps
+from runner import sweep_checks, sweep_storage, sweeps
 from runner.errors import PreflightError
 from tests.runner.support import CONF, TINY, compose_config
 
@@ -315,24 +315,24 @@ def test_an_optuna_search_runs_with_the_runners_sweeper_and_a_storage_is_opened_
     assert sweeps.RUNNER_OPTUNA in {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
 
     fix = "give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a study kept in memory"
-    assert sweep_checks.storage_problem(None) is None
+    assert sweep_storage.storage_problem(None) is None
     url = f"sqlite:///{tmp_path}/study.db"  # a study kept in a file (SQLAlchemy 2 breaks optuna 2's; pyproject.toml)
-    assert sweep_checks.storage_problem(url) is None and (tmp_path / "study.db").is_file()
+    assert sweep_storage.storage_problem(url) is None and (tmp_path / "study.db").is_file()
     import optuna
 
     study = optuna.create_study(storage=url, study_name="s", direction="maximize", load_if_exists=True)
     study.tell(study.ask(), 0.75)
     assert optuna.load_study(storage=url, study_name="s").best_value == 0.75  # what a resumed search reads
     missing = f"sqlite:///{tmp_path}/no/such/folder/study.db"
-    assert sweep_checks.storage_problem(missing) == (
+    assert sweep_storage.storage_problem(missing) == (
         f"hydra.sweeper.storage={missing} cannot be opened (OperationalError: (sqlite3.OperationalError) unable to "
         f"open database file): {fix}")
-    assert sweep_checks.storage_problem("optuna.db").startswith(
+    assert sweep_storage.storage_problem("optuna.db").startswith(
         "hydra.sweeper.storage=optuna.db cannot be opened (Argument")
-    assert sweep_checks.storage_problem("  ") == f"hydra.sweeper.storage='  ' is not a database URL: {fix}"
+    assert sweep_storage.storage_problem("  ") == f"hydra.sweeper.storage='  ' is not a database URL: {fix}"
     capsys.readouterr()  # optuna's own log lines
     with pytest.raises(SystemExit) as e:
-        sweep_checks.refuse_bad_storage(missing)
+        sweep_storage.opened_or_refused(missing)
     assert e.value.code == 2 and capsys.readouterr().err.startswith(f"error: invalid sweep:\n  - hydra.sweeper.storage={missing}")
 
 
@@ -473,6 +473,78 @@ def test_a_stored_study_searched_otherwise_is_refused_and_unfinished_trials_are_
     assert kept[1].params["optimizer"] in launcher.batches[0][0][0]
 
 
+def _heartbeat_age(db: Path, trial_id: int) -> float | None:
+    """Seconds since ``trial_id``'s last heartbeat in the sqlite study ``db`` (None: it has none), by the database's
+    own clock, as Optuna reads it."""
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        row = con.execute("SELECT (julianday('now') - julianday(heartbeat)) * 86400 FROM trial_heartbeats "
+                          "WHERE trial_id = ?", (trial_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def _age_heartbeat(db: Path, trial_id: int, *modifiers: str) -> None:
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        con.execute(f"UPDATE trial_heartbeats SET heartbeat = datetime('now', {', '.join('?' * len(modifiers))}) "
+                    f"WHERE trial_id = ?", (*modifiers, trial_id))
+
+
+class _Beating(_Launcher):
+    """A trial that runs a while: its heartbeat, aged 10 minutes as it starts, is read back after a second."""
+
+    def launch(self, overrides, initial_job_idx):
+        import time
+
+        self.trial_id = self.ids()[-1]
+        _age_heartbeat(self.db, self.trial_id, "-10 minutes")
+        time.sleep(1.0)
+        self.age = _heartbeat_age(self.db, self.trial_id)
+        return super().launch(overrides, initial_job_idx)
+
+
+def test_a_killed_searchs_running_trials_are_failed_when_its_study_resumes(tmp_path, monkeypatch, caplog):
+    """A search killed mid-trial (SIGKILL, a machine gone) left the trial RUNNING in its stored study for good. A
+    search now records a heartbeat for its running trials, and one of the same study marks FAIL, as a batch starts,
+    each RUNNING trial whose heartbeat is over GRACE_S old; a trial that beats (a search running elsewhere) or never
+    beat is left alone. Optuna 2's own check reads an age modulo a day: 1 day and 30 s looked 30 s old. The storage
+    is opened once (the storage check, the stored-study check, a seeded search's seed note and the plugin each opened
+    it)."""
+    import logging
+
+    import optuna
+    from optuna.storages._rdb import storage as rdb
+    from optuna.trial import TrialState
+
+    db, url = tmp_path / "study.db", f"sqlite:///{tmp_path}/study.db"
+    study = optuna.create_study(storage=url, study_name="s", direction="maximize")
+    trials = [study.ask() for _ in range(4)]  # a killed search's, one more search's still running, and one without
+    storage = optuna.storages.RDBStorage(url, heartbeat_interval=60)
+    for trial in trials:
+        trial.suggest_categorical("optimizer", ["async_adam", "async_rowwise_adagrad"])
+    for trial in trials[:3]:
+        storage.record_heartbeat(trial._trial_id)
+    _age_heartbeat(db, trials[0]._trial_id, "-10 minutes")
+    _age_heartbeat(db, trials[1]._trial_id, "-1 day", "-30 seconds")
+    _age_heartbeat(db, trials[2]._trial_id, "-60 seconds")  # within the grace period: its search still runs
+    monkeypatch.setattr(sweep_storage, "HEARTBEAT_S", 0.2)
+    engines, create_engine = [], rdb.create_engine
+    monkeypatch.setattr(rdb, "create_engine", lambda *a, **k: engines.append(a) or create_engine(*a, **k))
+    launcher = _Beating(SystemExit(143))
+    launcher.db, launcher.ids = db, lambda: [t._trial_id for t in storage.get_all_trials(study._study_id)]
+    with caplog.at_level(logging.WARNING, logger="runner.sweeps"), pytest.raises(SystemExit):
+        optuna_search(tmp_path, ["optimizer=choice(async_adam,async_rowwise_adagrad)"], launcher, storage=url)
+    assert len(engines) == 1
+    kept = optuna.load_study(storage=url, study_name="s").trials
+    assert [t.state for t in kept] == [TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING,
+                                       TrialState.FAIL]  # the resumed search's own trial: failed as it stopped
+    assert "marked FAIL 2 trial(s) of study s a killed search left running (no heartbeat for 180 s): #0, #1" in [
+        r.getMessage() for r in caplog.records]
+    assert launcher.trial_id == kept[4]._trial_id and launcher.age < 5  # it beat while its trial ran
+
+
 def test_a_seeded_search_resuming_a_stored_study_is_told_its_draws_repeat(tmp_path):
     """The sampler's random draws restart from the seed: a resumed search drew the earlier session's values again."""
     import optuna
@@ -493,7 +565,7 @@ def test_a_seeded_search_resuming_a_stored_study_is_told_its_draws_repeat(tmp_pa
 
 
 def test_a_storage_refused_does_not_show_its_password():
-    problem = sweep_checks.storage_problem("mysql://u:secret@host/db")
+    problem = sweep_storage.storage_problem("mysql://u:secret@host/db")
     assert problem.startswith("hydra.sweeper.storage=mysql://u:***@host/db cannot be opened (") and "secret" not in problem
 
 
@@ -824,3 +896,33 @@ def test_a_search_runs_its_grid_when_the_grid_sampler_is_chosen(tmp_path):
     assert tried == ["dense_optimizer.learning_rate=0.001", "dense_optimizer.learning_rate=0.002"]  # the grid, once
     result = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
     assert set(result["best_params"]) == {"dense_optimizer.learning_rate"}
+
+
+@pytest.mark.slow
+def test_a_search_killed_mid_trial_leaves_a_trial_its_resumed_study_marks_failed(tmp_path):
+    import time
+
+    import optuna
+    from optuna.trial import TrialState
+
+    db, url = tmp_path / "optuna.db", f"sqlite:///{tmp_path}/optuna.db"
+    search = ["hparams_search=optuna_emb_lr", "hydra.sweeper.n_trials=1", f"hydra.sweeper.storage={url}", "logger=none"]
+    killed = subprocess.Popen([sys.executable, "-m", "runner", *search, *TINY, f"hydra.sweep.dir={tmp_path}/killed"],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "killed" / "0" / ".hydra").is_dir():  # Hydra has made the trial's folder: it runs
+            assert killed.poll() is None and time.monotonic() < deadline, killed.returncode
+            time.sleep(0.1)
+    finally:
+        killed.kill()  # SIGKILL: nothing of the search runs on
+        killed.wait()
+    (trial,) = optuna.load_study(storage=url, study_name="emb_lr").trials
+    assert trial.state == TrialState.RUNNING and _heartbeat_age(db, trial._trial_id) < 60
+    _age_heartbeat(db, trial._trial_id, "-10 minutes")  # as if it was killed 10 minutes ago
+    resumed = runner_cli(*search, f"hydra.sweep.dir={tmp_path}/resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ("marked FAIL 1 trial(s) of study emb_lr a killed search left running (no heartbeat for 180 s): #0"
+            in resumed.stdout + resumed.stderr)
+    assert [t.state for t in optuna.load_study(storage=url, study_name="emb_lr").trials] == [
+        TrialState.FAIL, TrialState.COMPLETE]
