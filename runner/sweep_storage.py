@@ -53,8 +53,8 @@ class RunnerStorage(RDBStorage):
 
 
 def open_storage(storage: Any) -> tuple[Any, str | None]:
-    """(the opened storage, None), or (None, why Optuna cannot open ``hydra.sweeper.storage``); (None, None) for a
-    study kept in memory. Opening a database URL creates its database (``sqlite:///optuna.db``: the file)."""
+    """(the opened storage, None), or (None, why Optuna cannot open or write ``hydra.sweeper.storage``); (None, None)
+    for a study kept in memory. Opening a database URL creates its database (``sqlite:///optuna.db``: the file)."""
     if storage is None:
         return None, None
     fix = "give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a study kept in memory"
@@ -62,13 +62,30 @@ def open_storage(storage: Any) -> tuple[Any, str | None]:
         return None, f"hydra.sweeper.storage={storage!r} is not a database URL: {fix}"
     import optuna
 
+    done = "opened"
     try:
         if storage.startswith("redis"):  # Optuna 2's RedisStorage keeps no heartbeat
             return optuna.storages.get_storage(storage), None
-        return RunnerStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S), None
+        opened = RunnerStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        done = "written"
+        _write_nothing(opened)
+        return opened, None
     except Exception as e:  # noqa: BLE001 - SQLAlchemy's and the database drivers' errors vary
         return None, mask_password(  # the URL's password is not for the terminal or a log
-            f"hydra.sweeper.storage={storage} cannot be opened ({type(e).__name__}: {first_line(e)}): {fix}")
+            f"hydra.sweeper.storage={storage} cannot be {done} ({type(e).__name__}: {first_line(e)}): {fix}")
+
+
+def _write_nothing(storage: RDBStorage) -> None:
+    """Raises if ``storage`` cannot be written (a read-only database opens and reads, and would fail the search at
+    its first write): an update of no row, rolled back."""
+    from sqlalchemy import text
+
+    with storage.engine.connect() as con:
+        transaction = con.begin()
+        try:
+            con.execute(text("UPDATE version_info SET schema_version = schema_version WHERE 1 = 0"))
+        finally:
+            transaction.rollback()
 
 
 def storage_problem(storage: Any) -> str | None:

@@ -564,6 +564,22 @@ def test_a_seeded_search_resuming_a_stored_study_is_told_its_draws_repeat(tmp_pa
     assert sweep_checks.resumed_seed_note(url, "s", None) is None and sweep_checks.resumed_seed_note(None, "s", 0) is None
 
 
+def test_a_storage_that_opens_but_cannot_be_written_is_refused_before_the_first_trial(tmp_path):
+    """A read-only database opened and read, and the search ended in a traceback at its first write
+    (StorageInternalError: An exception is raised during the commit)."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path}/study.db"
+    optuna.create_study(storage=url, study_name="s", direction="maximize")
+    before = (tmp_path / "study.db").read_bytes()
+    assert sweep_storage.storage_problem(url) is None and (tmp_path / "study.db").read_bytes() == before
+    read_only = f"sqlite:///file:{tmp_path}/study.db?mode=ro&uri=true"
+    assert sweep_storage.storage_problem(read_only) == (
+        f"hydra.sweeper.storage={read_only} cannot be written (OperationalError: (sqlite3.OperationalError) attempt "
+        f"to write a readonly database): give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a "
+        f"study kept in memory")
+
+
 def test_a_storage_refused_does_not_show_its_password():
     problem = sweep_storage.storage_problem("mysql://u:secret@host/db")
     assert problem.startswith("hydra.sweeper.storage=mysql://u:***@host/db cannot be opened (") and "secret" not in problem
