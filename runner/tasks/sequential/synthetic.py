@@ -147,9 +147,47 @@ def write_ratings_dat(inter: Interactions, path: str | Path) -> Path:
     return path
 
 
-if __name__ == "__main__":  # python -m runner.tasks.sequential.synthetic OUT_DIR [num_users num_items num_clusters]
-    import sys
+def main(argv: list[str] | None = None) -> None:
+    """``python -m runner.tasks.sequential.synthetic OUT_DIR [num_users [num_items [num_clusters]]]``: the world's
+    sequences as ``OUT_DIR/ratings.dat`` (MovieLens-1M's format: ``data=movielens data.path=OUT_DIR`` reads it).
+    A ``ratings.dat`` already there (a MovieLens copy, say) is never replaced, and a bad argument is refused with
+    one line (exit code 2) before anything is written."""
+    import argparse  # noqa: PLC0415 (only the command line needs them)
+    import contextlib  # noqa: PLC0415
+    import os  # noqa: PLC0415
 
-    args = [int(a) for a in sys.argv[2:5]]
-    spec = SequenceSpec(**dict(zip(("num_users", "num_items", "num_clusters"), args)))
-    print(write_ratings_dat(SequenceWorld(spec).interactions(), Path(sys.argv[1]) / "ratings.dat"))
+    p = argparse.ArgumentParser(prog="python -m runner.tasks.sequential.synthetic",
+                                description="Write the synthetic sequences (a planted next-item pattern) as "
+                                            "OUT_DIR/ratings.dat, in MovieLens-1M's format.")
+    p.add_argument("out", metavar="OUT_DIR", help="the folder to write ratings.dat into (made if missing)")
+    p.add_argument("sizes", metavar="N", type=int, nargs="*", default=[],
+                   help="num_users num_items num_clusters, in that order (default 2000 1000 50)")
+    a = p.parse_args(argv)
+    if len(a.sizes) > 3:
+        p.error(f"{len(a.sizes)} sizes given ({' '.join(map(str, a.sizes))}); give at most three: "
+                f"num_users num_items num_clusters")
+    spec = SequenceSpec(**dict(zip(("num_users", "num_items", "num_clusters"), a.sizes)))
+    if spec.problems():
+        p.error("; ".join(spec.problems()))
+    if not a.out.strip():
+        p.error("OUT_DIR is empty; give the folder to write ratings.dat into")
+    if Path(a.out).exists() and not Path(a.out).is_dir():
+        p.error(f"OUT_DIR {a.out} is a file, not a folder; give the folder to write ratings.dat into")
+    path = Path(a.out) / "ratings.dat"
+    if path.exists() or path.is_symlink():
+        p.error(f"{path} already exists, and it is never replaced (it may be real MovieLens data); give another "
+                f"OUT_DIR, or remove that file first")
+    part = path.with_name(f".ratings.dat.{os.getpid()}.part")  # written whole, then moved into place
+    try:
+        write_ratings_dat(SequenceWorld(spec).interactions(), part)
+        os.replace(part, path)
+    except OSError as e:
+        p.error(f"writing {path} failed ({e.strerror or e}); give an OUT_DIR this user can write")
+    finally:
+        with contextlib.suppress(OSError):  # a write that failed leaves no part file behind (nor one to remove)
+            part.unlink()
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
