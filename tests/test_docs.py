@@ -1,5 +1,6 @@
 """The documentation site builds in strict mode (what `make docs` runs), shows the optimizer API from the
-package's docstrings and the benchmarks' plots, and a broken link fails the build."""
+package's docstrings and the benchmarks' plots, and a broken link fails the build; every runner command the docs
+give composes, and every setting they name is one the config has."""
 import importlib.util
 import os
 import shutil
@@ -120,3 +121,69 @@ def test_every_documented_command_parses_and_composes():
             compose_config([w.split(",")[0] if w in sweep else w for w in words if "=" in w], tiny=False)
         except Exception as e:  # noqa: BLE001 - the command's place in the docs, then why
             raise AssertionError(f"{where}: {' '.join(words)}: {e}") from None
+
+
+SECTIONS = ("optimizer", "table_optimizers", "async_emb", "mesh", "distributed", "model", "data", "logger", "trainer",
+            "dense_optimizer", "checkpoint")
+NOT_KEYS = ("py", "yaml", "md", "json", "jsonl", "npz", "npy", "txt", "log", "dat", "csv")  # file names (model.py)
+
+
+def settings() -> set[str]:
+    """Every key the config schemas declare (``runner/config.py``, the optimizers' dataclasses), dotted, with ``*``
+    for a name the user picks (a table, a mesh axis): the union over every option of the model, data and optimizer
+    groups, read from the schemas (nothing is composed)."""
+    import dataclasses
+    import typing
+
+    import optimizers
+    from runner import config
+
+    def walk(schema: type, prefix: str) -> set[str]:
+        out = set()
+        for name, hint in typing.get_type_hints(schema).items():
+            if name not in {f.name for f in dataclasses.fields(schema)}:
+                continue
+            out.add(prefix + name)
+            args = typing.get_args(hint)
+            if dataclasses.is_dataclass(hint):
+                out |= walk(hint, f"{prefix}{name}.")
+            elif typing.get_origin(hint) is dict:  # Dict[str, X]: keys the user names
+                out.add(f"{prefix}{name}.*")
+                if dataclasses.is_dataclass(args[1]):
+                    out |= walk(args[1], f"{prefix}{name}.*.")
+        return out
+
+    groups = {"model": [s for g, _, s in config.task_schemas() if g == "model"]
+              + [config.RankingModelConfig, config.SequentialModelConfig],
+              "data": [s for g, _, s in config.task_schemas() if g == "data"]
+              + [config.SyntheticDataConfig, config.MovieLensDataConfig, config.SyntheticSequencesDataConfig],
+              "optimizer": [config.optimizer_schema(c) for c in optimizers.REGISTRY.values()]}
+    groups["table_optimizers.*"] = groups["optimizer"]
+    known = walk(config.Config, "")
+    for prefix, schemas in groups.items():
+        for schema in schemas:
+            known |= walk(schema, prefix + ".")
+    return known
+
+
+def test_every_setting_the_docs_name_is_in_the_config():
+    """A dotted key the docs or a config's comments name (``trainer.max_skipped_updates``, ``mesh.route_capacity=1.2``,
+    ``model.tables.<name>.stored_width``), in prose as in commands, is one the config has: a renamed or mistyped
+    key in the text would send a user to a setting that fails to compose."""
+    import re
+
+    known = settings()
+    pattern = re.compile(r"(?<![\w./+@~-])(?:" + "|".join(SECTIONS) + r")(?:\.(?:<[^>\s]+>|\w+))+")
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "conf").rglob("*.yaml"))]
+    def fits(parts: list[str], setting: str) -> bool:  # a key, or a section above keys (mesh.axes); <name>: any
+        want = setting.split(".")[:len(parts)]
+        return len(want) == len(parts) and all(w in ("*", p) or p.startswith("<") for w, p in zip(want, parts))
+
+    wrong = []
+    for path in sources:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for key in pattern.findall(line):
+                parts = key.split(".")
+                if parts[-1] not in NOT_KEYS and not any(fits(parts, s) for s in known):
+                    wrong.append(f"{path.relative_to(ROOT)}:{i}: {key}")
+    assert len(known) > 150 and not wrong, wrong
