@@ -166,7 +166,7 @@ def settings() -> set[str]:
     return known
 
 
-def test_every_setting_the_docs_name_is_in_the_config():
+def test_every_setting_the_docs_name_is_in_the_config(checkout):
     """A dotted key the docs or a config's comments name (``trainer.max_skipped_updates``, ``mesh.route_capacity=1.2``,
     ``model.tables.<name>.stored_width``), in prose as in commands, is one the config has: a renamed or mistyped
     key in the text would send a user to a setting that fails to compose."""
