@@ -35,10 +35,25 @@ def check_ids(ids: Any) -> None:
                          "(and a bool read as row 0 or 1); convert the ids with .astype(jnp.int32)")
 
 
+def check_pending(pending: Any, what: str = "pending") -> None:
+    """A ValueError unless ``pending`` is a scalar bool: Python's or numpy's, or a 0-d bool array (JAX's or
+    numpy's, traced or not). Anything else is refused rather than read as a truth value: ``jnp.asarray("no",
+    bool)`` is True, and so are 0.5 and 2, so ``pending="no"`` used to apply the update."""
+    if isinstance(pending, bool):
+        return
+    dtype = getattr(pending, "dtype", None)  # numpy's bool scalar has one too
+    if dtype is None or not jnp.issubdtype(dtype, jnp.bool_):
+        got = _kind(pending) if dtype is not None else f"{pending!r} ({type(pending).__name__})"
+        raise ValueError(f"{what} must be a bool (True: the update is applied, False: it is skipped), got {got}: "
+                         "pass True or False, or a bool array such as jnp.asarray(step > 0)")
+    if jnp.ndim(pending) != 0:
+        raise ValueError(f"{what} must be a scalar bool, got shape {_shape(pending)}")
+
+
 def check_batch(ctx: AsyncEmbContext, ids: Any, grads: Any, pending: Any) -> None:
     """``make_update``'s arguments against ``ctx``: integer ids, no more than ``ctx.tokens_per_batch`` of them
     (the record's unique buffer holds that many distinct ids: more would be dropped), one gradient row of
-    ``ctx.emb_width`` per id, and a scalar ``pending``."""
+    ``ctx.emb_width`` per id, and a scalar bool ``pending`` (``check_pending``)."""
     check_ids(ids)
     tokens = int(jnp.size(ids))
     if tokens > ctx.tokens_per_batch:
@@ -53,12 +68,12 @@ def check_batch(ctx: AsyncEmbContext, ids: Any, grads: Any, pending: Any) -> Non
     if (rows := int(jnp.size(grads)) // ctx.emb_width) != tokens:
         raise ValueError(f"grads {_shape(grads)} hold {rows} gradient rows for {tokens} ids {_shape(ids)}: "
                          "give one row per id")
-    if jnp.ndim(pending) != 0:
-        raise ValueError(f"pending must be a scalar bool, got shape {_shape(pending)}")
+    check_pending(pending)
 
 
 def check_record(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate) -> None:
-    """An update record's shapes against ``ctx`` (``make_update``/``empty_update`` build it so)."""
+    """An update record's shapes against ``ctx`` (``make_update``/``empty_update`` build it so), and its
+    ``pending`` a scalar bool (``check_pending``: a record built by hand with ``pending=1.0`` or ``"no"``)."""
     grads, seg, unique = update.grads, update.segment_ids, update.unique_tokens
     if jnp.ndim(grads) != 2 or jnp.shape(grads)[1] != ctx.emb_width:
         raise ValueError(f"the update record's grads are {_shape(grads)}, not [tokens, {ctx.emb_width}] (the "
@@ -72,6 +87,7 @@ def check_record(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate) -> None:
                          "tokens_per_batch); build it with make_update on the table's own context")
     if update.rows is not None and jnp.shape(update.rows) != jnp.shape(grads):
         raise ValueError(f"the update record's rows {_shape(update.rows)} do not match its grads {_shape(grads)}")
+    check_pending(update.pending, "the update record's pending")
 
 
 def check_table(ctx: AsyncEmbContext, table: Any) -> None:

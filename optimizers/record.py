@@ -105,7 +105,8 @@ def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending:
 
     Refused with a ValueError naming the fix (``optimizers.checks.check_batch``): ids that are not integers,
     more of them than ``ctx.tokens_per_batch`` (the record could not hold their distinct ids), gradients that
-    are not one ``[ctx.emb_width]`` float row per id, a ``pending`` that is not a scalar. 64-bit ids outside
+    are not one ``[ctx.emb_width]`` float row per id, a ``pending`` that is not a scalar bool (Python's, numpy's
+    or a 0-d bool array: ``"no"``, ``1`` or ``0.5`` are refused, not read as truth values). 64-bit ids outside
     ``[0, ctx.stored_rows)`` are dropped like any id outside the table, not wrapped to int32."""
     check_batch(ctx, ids, grads, pending)
     grads = grads.reshape(-1, grads.shape[-1])

@@ -5,6 +5,8 @@ is accepted computes what a plain numpy reference does: ids outside the table (6
 update nothing."""
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -143,6 +145,37 @@ def test_integer_gradients_and_a_non_scalar_pending_are_refused(setup):
         optimizers.make_update(ctx, ids, grads.astype(jnp.int32))
     with pytest.raises(ValueError, match=r"pending must be a scalar bool, got shape \[2\]"):
         optimizers.make_update(ctx, ids, grads, pending=jnp.array([True, False]))
+
+
+@pytest.mark.parametrize("pending, got", [("no", "'no' (str)"), (0.5, "0.5 (float)"), (1, "1 (int)"),
+                                          (None, "None (NoneType)"), (np.float32(1), "[] float32"),
+                                          (jnp.int32(0), "[] int32")])
+def test_a_pending_that_is_not_a_bool_is_refused(setup, pending, got):
+    """Before: ``jnp.asarray("no", bool)`` is True, so ``pending="no"`` (or 0.5) applied the update."""
+    ctx, sgd, table, ids, grads = setup
+    line = re.escape(f"pending must be a bool (True: the update is applied, False: it is skipped), got {got}: pass "
+                     "True or False, or a bool array such as jnp.asarray(step > 0)")
+    with pytest.raises(ValueError, match="^" + line):
+        optimizers.make_update(ctx, ids, grads, pending=pending)
+    record = optimizers.make_update(ctx, ids, grads)._replace(pending=pending)  # a record built by hand
+    with pytest.raises(ValueError, match="^the update record's " + line):
+        sgd.gradient_update_start(ctx.fresh(), record, table, sgd.init(VOCAB, WIDTH), jnp.zeros(()))
+
+
+def test_a_traced_pending_that_is_not_a_bool_is_refused(setup):
+    ctx, _, _, ids, grads = setup
+    with pytest.raises(ValueError, match=r"pending must be a bool .*, got \[\] float32: pass True or False"):
+        jax.jit(lambda p: optimizers.make_update(ctx, ids, grads, pending=p))(jnp.float32(0.5))
+
+
+@pytest.mark.parametrize("pending", [True, False, np.True_, np.asarray(False), jnp.asarray(True)])
+def test_a_bool_pending_of_any_kind_is_taken_as_it_is(setup, pending):
+    ctx, sgd, table, ids, grads = setup
+    for make in (optimizers.make_update, jax.jit(optimizers.make_update, static_argnums=0)):
+        assert bool(make(ctx, ids, grads, pending).pending) == bool(pending)
+    out = fused_step(sgd, ctx, table, sgd.init(VOCAB, WIDTH), ids, grads, pending=pending)
+    assert bool(out[3]) == bool(pending)
+    np.testing.assert_allclose(np.asarray(out[0]), sgd_reference(table, ids, grads) if pending else table, atol=1e-6)
 
 
 def test_a_record_from_another_context_is_refused(setup):
