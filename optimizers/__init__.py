@@ -21,7 +21,7 @@ from .dense import Adagrad, Adam, OptaxEmbOptimizer
 from .fused import EmbOptState, FusedEmbOptimizer, RowContext
 from .row_update import GlobalDecay, WeightDecayMode
 from .hparams import Range, describe, hparam, problems, ranges
-from .layouts import ROUTE_CAPACITY, Choice, Layout, RouteOverflow, Routing, TableLayout, select
+from .layouts import ROUTE_CAPACITY, ROUTE_CAPACITY_MAX, Choice, Layout, RouteOverflow, Routing, TableLayout, select
 from .protocol import AsyncEmbGradientUpdate, AsyncEmbOptimizer, no_fused_update_message, supports_async_emb
 from .record import (dedupe, empty_update, make_update, num_unique_for, record_for, record_token_ids, segment_rows,
                      segment_sum, without_rows)
@@ -34,7 +34,7 @@ from .xla import compiler_options
 __all__ = [
     "AsyncEmbOptimizer", "AsyncEmbGradientUpdate", "supports_async_emb", "no_fused_update_message",
     "AsyncEmbContext", "layouts", "Layout", "select", "Choice", "TableLayout", "Routing", "RouteOverflow",
-    "ROUTE_CAPACITY", "make_update", "empty_update", "without_rows", "dedupe", "num_unique_for", "segment_sum",
+    "ROUTE_CAPACITY", "ROUTE_CAPACITY_MAX", "make_update", "empty_update", "without_rows", "dedupe", "num_unique_for", "segment_sum",
     "segment_rows", "record_for", "record_token_ids", "FusedEmbOptimizer", "EmbOptState", "RowContext",
     "OptaxEmbOptimizer", "AsyncAdam",
     "AsyncRowwiseAdagrad", "AsyncAdagrad", "AsyncSGD", "AsyncFtrl", "AsyncPartialRowwiseAdam",

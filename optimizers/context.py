@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._lazy import P, jax
 from .hparams import INF, Range, float32_problem, is_number
-from .layouts import ROUTE_CAPACITY, ROUTE_MIN_SLOTS, Layout, RouteOverflow, Routing, TableLayout, coerce, select
+from .layouts import (ROUTE_CAPACITY, ROUTE_CAPACITY_MAX, ROUTE_MIN_SLOTS, Layout, RouteOverflow, Routing, TableLayout,
+                      coerce, select)
 from .record import num_unique_for
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ __all__ = ["AsyncEmbContext", "num_unique_for"]
 
 
 DC_LAMBDA_RANGE = Range(0.0, INF, high_open=True)
+ROUTE_CAPACITY_RANGE = Range(0.0, ROUTE_CAPACITY_MAX, low_open=True)
 
 
 def dc_lambda_problem(value: Any) -> str | None:
@@ -47,6 +49,26 @@ def size_problem(name: str, value: Any) -> str | None:
     return None
 
 
+def routing_problem(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be a context's routing setting ``name``, or None: ``route_capacity`` a number in
+    ``ROUTE_CAPACITY_RANGE``, ``route_min_slots`` an int >= 0, ``route_peak`` None or an int >= 0 (0: the sampled
+    batches held no id of the table; the slots are then ``route_min_slots``). Slots are at least 1 whatever these
+    are, so 0 and 1 are alike as a floor. A bool is no number here."""
+    if name == "route_capacity":
+        doc = "routing slots per destination, as a multiple of route_peak or of the even share"
+        if not is_number(value):
+            return f"route_capacity={value!r} is not a number ({doc})"
+        return None if ROUTE_CAPACITY_RANGE.contains(value) else (
+            f"route_capacity={value!r} is outside {ROUTE_CAPACITY_RANGE} ({doc})")
+    if value is None and name == "route_peak":
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+        doc = ("None or an int >= 0 (the most distinct ids one device sent one shard in sampled batches)"
+               if name == "route_peak" else "an int >= 0 (the fewest routing slots per destination)")
+        return f"{name}={value!r} must be {doc}"
+    return None
+
+
 @dataclasses.dataclass(eq=False)
 class AsyncEmbContext:
     """One table's static facts and layout, as the fused update and the lookups see them.
@@ -60,10 +82,12 @@ class AsyncEmbContext:
         table_axis: the mesh axis the table is sharded over; None = replicated.
         table_layout: how a sharded table is split (``TableLayout``, or its word).
         routing: how the row layout's ids reach their owners (``Routing``, or its word).
-        route_capacity: per-destination slots, a multiple of ``route_peak`` or else of the even share.
-        route_min_slots: per-destination slots never fall below this.
+        route_capacity: per-destination slots, a multiple of ``route_peak`` or else of the even share: a number
+            in ``(0, ROUTE_CAPACITY_MAX]`` (1024, as ``mesh.route_capacity``).
+        route_min_slots: per-destination slots never fall below this (an int >= 0; slots are at least 1 anyway).
         route_peak: the most distinct ids one device sent one shard in sampled train batches (column layout:
-            the most one device held); when given, slots are ``route_capacity`` times it.
+            the most one device held); when given, slots are ``route_capacity`` times it. None or an int >= 0.
+            A routing setting out of its range is a ValueError (``routing_problem``), whatever the layout.
         route_overflow: what a step with more ids for one shard (column: one device) than its slots does.
         stored_width: the columns a row is stored with, at least ``emb_width``; None = ``emb_width``. Wider
             (e.g. a 64-wide table padded to 128 lanes on a TPU, where XLA otherwise stores a narrow table
@@ -101,6 +125,9 @@ class AsyncEmbContext:
                 raise ValueError(bad)
         if self.dc_lambda is not None and (bad := dc_lambda_problem(self.dc_lambda)):
             raise ValueError(bad)
+        for name in ("route_capacity", "route_min_slots", "route_peak"):
+            if bad := routing_problem(name, getattr(self, name)):
+                raise ValueError(bad)
         self.table_layout = coerce(TableLayout, self.table_layout)
         self.routing = coerce(Routing, self.routing)
         self.route_overflow = coerce(RouteOverflow, self.route_overflow)

@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 import optimizers
-from optimizers import ROUTE_CAPACITY, Choice, RouteOverflow, Routing, TableLayout, hparam
+from optimizers import ROUTE_CAPACITY, ROUTE_CAPACITY_MAX, Choice, RouteOverflow, Routing, TableLayout, hparam
 
 # Sane caps, declared once: the preflight refuses a value outside its field's range before anything runs.
 MAX_IDS = 10**8  # ids / rows of a generated data source or a table
@@ -133,7 +133,7 @@ class MeshConfig:
         f"multiple of the most it sent one shard in the first {ROUTE_SAMPLE_BATCHES} train batches (sampled before "
         "compiling; never below 64 slots); column layout: distinct ids one device exchanges per step, as a multiple "
         "of the most one device held in those batches; raise it if emb/route_overflow is often above 0", low=0.0,
-        high=1024.0, low_open=True)
+        high=ROUTE_CAPACITY_MAX, low_open=True)
     route_overflow: RouteOverflow = RouteOverflow.reroute  # a step with more ids for one shard (column: one
     # device) than its slots
     cpu_devices: Optional[int] = hparam(None, "virtual CPU devices to create before JAX starts; CPU only",

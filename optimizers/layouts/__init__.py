@@ -14,7 +14,7 @@ model) plus one line in ``REGISTRY`` (and, if no existing word selects it, a mem
 from __future__ import annotations
 
 from .base import ROUTE_METRICS, Layout
-from .choices import ROUTE_CAPACITY, ROUTE_MIN_SLOTS, Choice, RouteOverflow, Routing, TableLayout
+from .choices import ROUTE_CAPACITY, ROUTE_CAPACITY_MAX, ROUTE_MIN_SLOTS, Choice, RouteOverflow, Routing, TableLayout
 from .column import Column
 from .row_gather import RowGather
 from .row_routed import RowRouted
@@ -53,4 +53,4 @@ def coerce(kind: type[Choice], value: Choice | str) -> Choice:
 
 
 __all__ = ["Layout", "REGISTRY", "SINGLE", "select", "coerce", "Choice", "TableLayout", "Routing", "RouteOverflow",
-           "ROUTE_CAPACITY", "ROUTE_MIN_SLOTS", "ROUTE_METRICS", "Single", "RowRouted", "RowGather", "Column"]
+           "ROUTE_CAPACITY", "ROUTE_CAPACITY_MAX", "ROUTE_MIN_SLOTS", "ROUTE_METRICS", "Single", "RowRouted", "RowGather", "Column"]

@@ -10,6 +10,9 @@ from enum import Enum
 
 ROUTE_CAPACITY = 1.2  # per-destination slots, as a multiple of the sampled peak (or of the even share)
 ROUTE_MIN_SLOTS = 64  # per-destination slots never fall below this (small batches route exactly)
+# route_capacity's largest value: well past every exact routing (capacity >= the table shards, or >= 1 over a peak),
+# and small enough that capacity times any batch's ids stays a float (mesh.route_capacity's bound as well)
+ROUTE_CAPACITY_MAX = 1024.0
 
 
 class Choice(str, Enum):

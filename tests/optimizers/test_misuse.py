@@ -5,6 +5,7 @@ is accepted computes what a plain numpy reference does: ids outside the table (6
 update nothing."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -215,6 +216,44 @@ def test_a_context_of_impossible_sizes_is_refused(kwargs, line):
     with pytest.raises(ValueError, match=line):
         optimizers.AsyncEmbContext(**args)
     assert optimizers.AsyncEmbContext(np.int64(VOCAB), WIDTH, TOKENS).num_unique == TOKENS + 1
+
+
+CAPACITY_DOC = "(routing slots per destination, as a multiple of route_peak or of the even share)"
+
+
+@pytest.mark.parametrize("kwargs,line", [
+    (dict(route_capacity=-1.0), f"route_capacity=-1.0 is outside (0, 1024] {CAPACITY_DOC}"),
+    (dict(route_capacity=0), f"route_capacity=0 is outside (0, 1024] {CAPACITY_DOC}"),
+    (dict(route_capacity=float("nan")), f"route_capacity=nan is outside (0, 1024] {CAPACITY_DOC}"),
+    (dict(route_capacity=float("inf")), f"route_capacity=inf is outside (0, 1024] {CAPACITY_DOC}"),
+    (dict(route_capacity=1025.0), f"route_capacity=1025.0 is outside (0, 1024] {CAPACITY_DOC}"),
+    (dict(route_capacity="1.2"), f"route_capacity='1.2' is not a number {CAPACITY_DOC}"),
+    (dict(route_capacity=True), f"route_capacity=True is not a number {CAPACITY_DOC}"),
+    (dict(route_min_slots=-1), "route_min_slots=-1 must be an int >= 0 (the fewest routing slots per destination)"),
+    (dict(route_min_slots=2.5), "route_min_slots=2.5 must be an int >= 0"),
+    (dict(route_min_slots=True), "route_min_slots=True must be an int >= 0"),
+    (dict(route_peak=-5), "route_peak=-5 must be None or an int >= 0 (the most distinct ids one device sent one "
+                          "shard in sampled batches)"),
+    (dict(route_peak=3.0), "route_peak=3.0 must be None or an int >= 0"),
+    (dict(route_peak=False), "route_peak=False must be None or an int >= 0"),
+])
+def test_a_context_of_impossible_routing_settings_is_refused(kwargs, line):
+    """Before, on a 2x4 routed table: ``route_capacity=-1.0`` gave 8 slots and ``route_peak=-5`` one slot per
+    destination without a word, ``nan`` failed with ``cannot convert float NaN to integer`` and ``"1.2"`` with
+    ``can't multiply sequence by non-int of type 'float'``. The same check holds in ``dataclasses.replace``."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "table"))
+    args = dict(stored_rows=64, emb_width=WIDTH, tokens_per_batch=64, mesh=mesh, table_axis="table")
+    with pytest.raises(ValueError, match="^" + re.escape(line)):
+        optimizers.AsyncEmbContext(**args, **kwargs)
+    with pytest.raises(ValueError, match="^" + re.escape(line)):
+        dataclasses.replace(optimizers.AsyncEmbContext(**args), **kwargs)
+
+
+def test_routing_settings_at_their_bounds_are_taken():
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, route_capacity=1024, route_min_slots=0, route_peak=0)
+    assert (ctx.route_capacity, ctx.route_min_slots, ctx.route_peak) == (1024, 0, 0)
+    ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, route_capacity=np.float32(1e-3), route_peak=np.int64(3))
+    assert ctx.route_slots >= 1
 
 
 @pytest.mark.parametrize("schedule,line", [

@@ -10,7 +10,10 @@ import math
 import numpy as np
 import pytest
 
+import optimizers
+from optimizers import ranges
 from runner.build import build
+from runner.config import MeshConfig
 from runner.core import loop
 from runner.errors import PreflightError, TrainingError
 from tests.runner.core.test_health import Recorder
@@ -21,11 +24,18 @@ ROW = ["mesh=data_table", "mesh.axes={data:2,table:4}", "mesh.table_layout=row"]
 
 @pytest.mark.parametrize("value, needle", [("0", "mesh.route_capacity=0.0 is outside (0, 1024]"),
                                            ("-1", "mesh.route_capacity=-1.0 is outside (0, 1024]"),
-                                           ("nan", "mesh.route_capacity=nan is outside (0, 1024]")])
+                                           ("nan", "mesh.route_capacity=nan is outside (0, 1024]"),
+                                           ("1025", "mesh.route_capacity=1025.0 is outside (0, 1024]")])
 def test_route_capacity_outside_its_range_is_refused(value, needle):
     with pytest.raises(PreflightError) as e:
         build(compose_config([*ROW, f"mesh.route_capacity={value}"]))
     assert needle in str(e.value)
+
+
+def test_the_runner_and_the_library_bound_route_capacity_alike():
+    """``mesh.route_capacity``'s range is ``AsyncEmbContext``'s (``optimizers.context.ROUTE_CAPACITY_RANGE``): the
+    preflight refuses, in the config's words, every value the context would, and lets through none it refuses."""
+    assert ranges(MeshConfig)["route_capacity"] == optimizers.context.ROUTE_CAPACITY_RANGE
 
 
 def test_unknown_routing_is_refused_when_composed():
