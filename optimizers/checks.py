@@ -1,18 +1,20 @@
-"""Static checks of what a library user hands the update: the ids, gradients and record, the table and its
-optimizer state, against the table's ``AsyncEmbContext``.
+"""Static checks of what a library user hands the update: the optimizer's hyperparameters, and the ids,
+gradients and record, the table and its optimizer state, against the table's ``AsyncEmbContext``.
 
 Each check reads only shapes, dtypes and the context (static while a step is traced), so it runs once per
 trace and adds nothing to the compiled step. Without them a mismatch either fails deep inside JAX with a
 broadcasting error that names no argument, or, worse, runs: a table of more rows than its context drops the
 updates of the rows past the context's, a record of too many tokens for the context drops distinct ids, a
 ``[tokens, 1]`` gradient is broadcast over the whole row, float ids are truncated, an integer table rounds
-every update away. Each error names the argument, what it is, what it should be, and how to build it right.
+every update away, an optimizer built from its class with a negative learning rate ascends the loss. Each
+error names the argument, what it is, what it should be, and how to build it right.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import jax, jnp
+from .hparams import problems
 
 if TYPE_CHECKING:
     from .context import AsyncEmbContext
@@ -121,8 +123,20 @@ def check_state(opt: Any, ctx: AsyncEmbContext, state: Any) -> None:
                              f"{_shape(exp)} {exp.dtype}: {how}")
 
 
+def check_hparams(opt: Any) -> None:
+    """A ValueError holding the lines of ``optimizers.problems(opt)``, if any: an optimizer built from its class
+    (``optimizers.AsyncSGD(learning_rate=-1.0)``), which checks nothing when built, would otherwise train
+    silently wrong (a negative step ascends the loss; ``b1=1.5`` grows the moments). ``optimizers.create`` and the
+    runner's preflight refuse the same values earlier, in their own words."""
+    if bad := problems(opt):
+        raise ValueError(f"{type(opt).__name__}: {'; '.join(bad)}; build it with values in range "
+                         "(optimizers.create checks them as it builds it)")
+
+
 def check_update(opt: Any, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table: Any, state: Any) -> None:
-    """Every check an update's arguments get before it is traced: the table, its state and the record."""
+    """Every check an update's arguments get before it is traced: the optimizer's hyperparameters, the table,
+    its state and the record."""
+    check_hparams(opt)
     check_table(ctx, table)
     check_state(opt, ctx, state)
     check_record(ctx, update)

@@ -31,8 +31,9 @@ class OptaxEmbOptimizer(AsyncEmbOptimizer):
 
     def apply_dense(self, ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, table, state):
         """Returns (table, state, norm, valid); a non-pending update, a non-finite gradient, or an update
-        whose new table or state would not be finite (e.g. eps=0 on a zero gradient, b1=1, a learning rate
-        that overflows) changes nothing, and ``valid`` is false."""
+        whose new table or state would not be finite (e.g. a learning rate that overflows) changes nothing, and
+        ``valid`` is false. Hyperparameters outside their ranges (eps=0, b1=1, a negative learning rate) are a
+        ValueError when it is traced (``optimizers.checks.check_update``)."""
         check_update(self, ctx, update, table, state)
         dense_g = dense_gradient(ctx, update, table.shape)
         norm = jnp.sqrt(jnp.sum(dense_g * dense_g))

@@ -75,9 +75,10 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
     # The protocol -------------------------------------------------------------------------------------
     def gradient_update_start(self, context: AsyncEmbContext, update: AsyncEmbGradientUpdate,
                               table: jax.Array, state: EmbOptState, gate: jax.Array):
-        """Apply ``update`` (``apply_fused``); returns ``((norm, valid), table, state)``. A table that is not a
-        float ``[context.stored_rows, context.stored_width]`` array, a state that is not ``self.init`` of those,
-        or a record built on another context is a ValueError naming it (``optimizers.checks``), at trace time."""
+        """Apply ``update`` (``apply_fused``); returns ``((norm, valid), table, state)``. Hyperparameters outside
+        their ranges (``optimizers.problems``), a table that is not a float ``[context.stored_rows,
+        context.stored_width]`` array, a state that is not ``self.init`` of those, or a record built on another
+        context is a ValueError naming it (``optimizers.checks``), at trace time."""
         table, state, norm, valid, rows = apply_fused(self, context, update, table, state, gate)
         context.results.update(norm=norm, valid=valid, rows_per_shard=rows)
         return (norm, valid), table, state
@@ -86,8 +87,9 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
         """``(norm, valid, done_pin)``: ``norm`` is the global L2 norm of the deduped gradient; ``valid`` is
         true only when the update was pending, its gradient finite and the rows and state it computed
         finite, i.e. when it was written. A refused update (``valid`` false with a finite ``norm``: the
-        rule's result overflowed or was NaN, e.g. eps=0 on a zero gradient, b1=1, a huge learning rate)
-        left table and state bit-for-bit unchanged, exactly like a non-finite gradient."""
+        rule's result overflowed or was NaN, e.g. a huge learning rate, or eps=0 on a zero gradient in a class
+        that declares no ranges: the built-in ones refuse eps=0 or b1=1 when the update is traced) left table
+        and state bit-for-bit unchanged, exactly like a non-finite gradient."""
         if "norm" not in context.results:
             raise RuntimeError("gradient_update_done called before gradient_update_start on this context")
         norm, valid = context.results["norm"], context.results["valid"]

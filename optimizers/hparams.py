@@ -1,7 +1,8 @@
 """Hyperparameters declared once, beside their field: meaning, valid range, default.
 
 Each optimizer dataclass declares its fields with :func:`hparam`; :func:`problems` checks an instance
-against those ranges (the runner's preflight calls it for built-in and ``_target_`` optimizers alike) and
+against those ranges (``optimizers.create`` and the runner's preflight call it for built-in and ``_target_``
+optimizers alike, and an update once more when it is traced: ``optimizers.checks.check_hparams``) and
 :func:`describe` renders the table a docstring or ``--help`` shows.
 
 ``weight_decay`` of the fused optimizers is, in the default ``weight_decay_mode=decoupled``, **lazy**: an update decays only the rows its batch touches

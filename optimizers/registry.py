@@ -35,8 +35,10 @@ def create(name: str, **hparams):
     learning_rate=-1.0)`` raises ``learning_rate=-1.0 is outside (0, inf) (step size)``.
 
     Building the class itself (``optimizers.AsyncSGD(learning_rate=-1.0)``) does not check the values, so that a
-    caller can report their problems in its own words (the runner names its config keys,
-    ``optimizer.learning_rate=...``)."""
+    caller can report their problems in its own words (the runner's preflight names its config keys,
+    ``optimizer.learning_rate=...``). Its update still does, when it is traced (``optimizers.checks.check_hparams``,
+    for the fused and the dense optimizers alike): ``AsyncSGD: learning_rate=-1.0 is outside (0, inf) (step size);
+    build it with values in range ...``, rather than training silently wrong."""
     try:
         cls = REGISTRY[name]
     except KeyError:

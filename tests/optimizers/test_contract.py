@@ -14,6 +14,7 @@ The library runs as the runner runs it: ``make_update``, then ``gradient_update_
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -123,10 +124,21 @@ def updater(layout: str = "single"):
 
 
 @functools.lru_cache(maxsize=None)
+def unranged(cls: type) -> type:
+    """``cls`` with its hyperparameters' ranges lifted: the same rule, fields and defaults, but, like a user's class
+    that declares no ranges, nothing for ``optimizers.problems`` to refuse, so the update's own check
+    (``optimizers.checks.check_hparams``) lets it through. ``POISON``'s values are out of range on purpose."""
+    lifted = [(f.name, f.type, dataclasses.field(default=f.default)) for f in dataclasses.fields(cls)
+              if "range" in f.metadata]
+    return dataclasses.make_dataclass(f"Unranged{cls.__name__}", lifted, bases=(cls,), frozen=True)
+
+
+@functools.lru_cache(maxsize=None)
 def _library(name: str, hp: tuple, layout: str):
-    # The class itself, which checks no range: POISON's values are out of range on purpose (optimizers.create
-    # refuses them); test_every_case_passes_create checks that the other cases are valid.
-    opt = optimizers.REGISTRY[name](**dict(hp))
+    # The class itself, or, for POISON's values (out of range on purpose: optimizers.create and the update's own
+    # check refuse them), the class without ranges; test_every_case_passes_create checks that the cases are valid.
+    cls = optimizers.REGISTRY[name]
+    opt = (unranged(cls) if optimizers.problems(cls(**dict(hp))) else cls)(**dict(hp))
     return opt, fused_step(opt, context(layout))
 
 

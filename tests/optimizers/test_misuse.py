@@ -202,6 +202,48 @@ def test_64_bit_ids_past_int32_update_nothing(setup):
     assert int(np.sum(np.asarray(update.segment_ids)[:4] >= 0)) == 0
 
 
+# ----- the optimizer's hyperparameters -------------------------------------------------------------------------
+HOW = "; build it with values in range (optimizers.create checks them as it builds it)"
+
+
+@pytest.mark.parametrize("opt, line", [
+    (optimizers.AsyncSGD(learning_rate=-1.0), "AsyncSGD: learning_rate=-1.0 is outside (0, inf) (step size)"),
+    (optimizers.AsyncAdam(b1=1.5, eps=0.0), "AsyncAdam: b1=1.5 is outside [0, 1) (decay of the first-moment (mean) "
+     "estimate); eps=0.0 is outside (0, inf) (added to sqrt(second moment): keeps the step finite for a zero "
+     "gradient)"),
+    (optimizers.AsyncSGD(learning_rate="0.1"), "AsyncSGD: learning_rate='0.1' is not a number (step size)"),
+    (optimizers.AsyncSGD(learning_rate=0.5, weight_decay=4.0, weight_decay_mode="decoupled_global"),
+     "AsyncSGD: weight_decay=4.0 with learning_rate=0.5 decays a row by 1 - 2 per update under "
+     "weight_decay_mode=decoupled_global: their product must be below 1"),
+    (optimizers.AsyncSGD(schedule=optimizers.Schedule("step", step_factor=2.0)),
+     "AsyncSGD: schedule.step_factor=2.0 is outside (0, 1] (the step schedule's multiplier per step)"),
+], ids=["negative-lr", "two-at-once", "a-word", "across-fields", "schedule"])
+def test_an_optimizer_built_out_of_range_is_refused_when_its_update_is_traced(setup, opt, line):
+    """The class checks nothing when built (its caller may say it in its own words, as the runner does); before,
+    ``AsyncSGD(learning_rate=-1.0)`` then trained: every update moved the rows up their gradient, valid true."""
+    ctx, _, table, ids, grads = setup
+    with pytest.raises(ValueError, match="^" + re.escape(line + HOW)):
+        fused_step(opt, ctx, table, opt.init(VOCAB, WIDTH), ids, grads)
+
+
+def test_a_dense_optimizer_built_out_of_range_is_refused_when_its_update_is_traced(setup):
+    ctx, _, table, ids, grads = setup  # before: optax.adamw with a negative step, valid true
+    adam = optimizers.Adam(learning_rate=-0.05)
+    with pytest.raises(ValueError, match="^" + re.escape("Adam: learning_rate=-0.05 is outside (0, inf) (step "
+                                                         "size)" + HOW)):
+        jax.jit(lambda t, s, u: adam.apply_dense(ctx, u, t, s))(table, adam.init(VOCAB, WIDTH),
+                                                                 optimizers.make_update(ctx, ids, grads))
+
+
+def test_an_optimizer_built_in_range_from_its_class_trains_as_create_builds_it(setup):
+    ctx, sgd, table, ids, grads = setup
+    by_hand = optimizers.AsyncSGD(learning_rate=np.float32(LR))  # numpy numbers are numbers
+    a = fused_step(by_hand, ctx, table, by_hand.init(VOCAB, WIDTH), ids, grads)
+    b = fused_step(sgd, ctx, table, sgd.init(VOCAB, WIDTH), ids, grads)
+    np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(b[0]))
+    np.testing.assert_allclose(np.asarray(a[0]), sgd_reference(table, ids, grads), atol=1e-6)
+
+
 # ----- the context and the schedule ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs,line", [
     (dict(stored_rows=0), "stored_rows=0 must be an int >= 1"),

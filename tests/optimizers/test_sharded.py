@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 import optimizers
 from optimizers import Routing, TableLayout
 from tests.optimizers.test_contract import CASES, CTX, DRAWN, FIRST_OF_EACH, POISON, TOKENS, VOCAB, WIDTH, batch, \
-    build_update, case_id, fused_step, initial_table, library
+    build_update, case_id, fused_step, initial_table, library, unranged
 
 # FIRST_OF_EACH: each optimizer's first configured case: every optimizer on every mesh here; every configuration
 # of each one on every layout is the contract's (tests/optimizers/test_contract.py, 2x4 mesh).
@@ -203,7 +203,7 @@ def poisoned_updates():
 def test_refusal_of_a_non_finite_result_is_one_decision_on_every_shard(name, layout):
     """Only one row shard (row layout) or every column shard holds the non-finite result; every shard
     refuses the whole update: table and state bit-for-bit unchanged, valid false, like one device."""
-    opt = optimizers.REGISTRY[name](**POISON[name])  # out of range on purpose: the class, not create's checks
+    opt = unranged(optimizers.REGISTRY[name])(**POISON[name])  # out of range on purpose: a class without ranges
     mesh = MESHES["2x4"]()
     ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS, mesh=mesh, table_axis="table", table_layout=layout)
     sharded, single = fused_step(opt, ctx), fused_step(opt, CTX)
