@@ -54,7 +54,8 @@ def check_pending(pending: Any, what: str = "pending") -> None:
 
 def check_batch(ctx: AsyncEmbContext, ids: Any, grads: Any, pending: Any) -> None:
     """``make_update``'s arguments against ``ctx``: integer ids, no more than ``ctx.tokens_per_batch`` of them
-    (the record's unique buffer holds that many distinct ids: more would be dropped), one gradient row of
+    (the record's unique buffer holds that many distinct ids: more would be dropped) and, where each device
+    dedupes its own (``ctx.per_device_record``), a multiple of the mesh's devices, one gradient row of
     ``ctx.emb_width`` per id, and a scalar bool ``pending`` (``check_pending``)."""
     check_ids(ids)
     tokens = int(jnp.size(ids))
@@ -62,6 +63,10 @@ def check_batch(ctx: AsyncEmbContext, ids: Any, grads: Any, pending: Any) -> Non
         raise ValueError(f"ids hold {tokens} tokens, more than the context's tokens_per_batch="
                          f"{ctx.tokens_per_batch}: its update record has room for that many distinct ids, the "
                          "rest would be dropped; build the context with tokens_per_batch=" + str(tokens))
+    if ctx.per_device_record and tokens % ctx.mesh.size:
+        raise ValueError(f"ids hold {tokens} tokens, which do not split evenly over the mesh's {ctx.mesh.size} "
+                         f"devices: the {ctx.layout.name} layout dedupes each device's own share of the batch; give a "
+                         f"multiple of {ctx.mesh.size} tokens (pad with id -1, outside the table: it updates nothing)")
     if jnp.ndim(grads) < 1 or jnp.shape(grads)[-1] != ctx.emb_width:
         raise ValueError(f"grads {_shape(grads)} must end in the table's width {ctx.emb_width} "
                          f"(ctx.emb_width): one gradient row per id, [..., {ctx.emb_width}]")

@@ -79,7 +79,9 @@ class AsyncEmbContext:
         tokens_per_batch: ids of one table per train batch (its update record's per-token rows): the most
             ``make_update`` takes. The three sizes are ints >= 1, else a ValueError.
         mesh: the device mesh, or None (one device).
-        table_axis: the mesh axis the table is sharded over; None = replicated.
+        table_axis: the mesh axis the table is sharded over (one of the mesh's, else a ValueError); None =
+            replicated. A layout that splits the table's rows (its width) over the axis needs ``stored_rows``
+            (``emb_width``) to divide over its shards, else a ValueError (``split_problem``).
         table_layout: how a sharded table is split (``TableLayout``, or its word).
         routing: how the row layout's ids reach their owners (``Routing``, or its word).
         route_capacity: per-destination slots, a multiple of ``route_peak`` or else of the even share: a number
@@ -131,7 +133,13 @@ class AsyncEmbContext:
         self.table_layout = coerce(TableLayout, self.table_layout)
         self.routing = coerce(Routing, self.routing)
         self.route_overflow = coerce(RouteOverflow, self.route_overflow)
+        if self.mesh is not None and self.table_axis is not None and self.table_axis not in self.mesh.axis_names:
+            raise ValueError(f"table_axis={self.table_axis!r} is not an axis of the mesh (its axes: "
+                             f"{', '.join(map(repr, self.mesh.axis_names))}): name one of them, or give None to "
+                             "replicate the table")
         self.layout = select(self.table_layout, self.routing, self.table_shards)
+        if bad := self.split_problem():
+            raise ValueError(bad)
         if self.stored_width is None:
             self.stored_width = self.emb_width
         if not self.emb_width <= self.stored_width:
@@ -140,6 +148,22 @@ class AsyncEmbContext:
         if self.padded and self.layout.splits_width:
             raise ValueError(f"stored_width={self.stored_width} pads rows of width {self.emb_width}, which the "
                              f"{self.layout.name} layout splits over its shards: pad only a table it does not split")
+
+    def split_problem(self) -> str | None:
+        """Why the table cannot be split over its shards as its layout splits it, or None: a layout that gives each
+        shard a block of rows needs ``stored_rows`` to divide over them, one that gives each a slice of every row
+        ``emb_width`` (else a ``shard_map`` deep in the update fails to split it)."""
+        n, axis = self.table_shards, self.table_axis
+        if self.layout.splits_rows and self.stored_rows % n:
+            return (f"stored_rows={self.stored_rows} does not divide over the {n} shards of mesh axis {axis!r}, "
+                    f"which the {self.layout.name} layout gives a block of rows each: store the table with a multiple "
+                    f"of {n} rows (e.g. {-(-self.stored_rows // n) * n}; rows no id names are never touched), or use "
+                    "table_layout='column'")
+        if self.layout.splits_width and self.emb_width % n:
+            return (f"emb_width={self.emb_width} does not divide over the {n} shards of mesh axis {axis!r}, which "
+                    f"the {self.layout.name} layout gives a slice of every row each: use a width that is a multiple "
+                    f"of {n}, or table_layout='row'")
+        return None
 
     @property
     def padded(self) -> bool:

@@ -260,6 +260,47 @@ def test_a_context_of_impossible_sizes_is_refused(kwargs, line):
     assert optimizers.AsyncEmbContext(np.int64(VOCAB), WIDTH, TOKENS).num_unique == TOKENS + 1
 
 
+def mesh_2x4():
+    return jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "table"))
+
+
+@pytest.mark.parametrize("kwargs,line", [
+    (dict(table_axis="tabel"), "table_axis='tabel' is not an axis of the mesh (its axes: 'data', 'table'): name one "
+                               "of them, or give None to replicate the table"),
+    (dict(stored_rows=30), "stored_rows=30 does not divide over the 4 shards of mesh axis 'table', which the "
+                           "row_routed layout gives a block of rows each: store the table with a multiple of 4 rows "
+                           "(e.g. 32; rows no id names are never touched), or use table_layout='column'"),
+    (dict(stored_rows=30, routing="gather"), "stored_rows=30 does not divide over the 4 shards of mesh axis 'table', "
+                                             "which the row_gather layout"),
+    (dict(emb_width=6, table_layout="column"), "emb_width=6 does not divide over the 4 shards of mesh axis 'table', "
+                                               "which the column layout gives a slice of every row each: use a width "
+                                               "that is a multiple of 4, or table_layout='row'"),
+])
+def test_a_context_its_mesh_cannot_split_is_refused(kwargs, line):
+    """Before: ``KeyError: 'tabel'``, and a table of 30 rows over 4 shards (6 columns over 4) failed in the update's
+    ``shard_map``: ``... axis sizes that are not evenly divisible by the corresponding mesh axis sizes``."""
+    args = dict(stored_rows=32, emb_width=WIDTH, tokens_per_batch=TOKENS, mesh=mesh_2x4(), table_axis="table")
+    with pytest.raises(ValueError, match="^" + re.escape(line)):
+        optimizers.AsyncEmbContext(**args | kwargs)
+    if "table_axis" not in kwargs:  # 30 rows or 6 columns divide over the 'data' axis's 2 shards
+        assert optimizers.AsyncEmbContext(**args | kwargs | dict(table_axis="data")).table_shards == 2
+
+
+@pytest.mark.parametrize("layout", [dict(), dict(table_layout="column")])
+def test_tokens_that_do_not_split_over_the_devices_are_refused_where_each_device_dedupes_its_own(layout):
+    """Before: ``shard_map applied to the function '<lambda>' was given argument arrays with axis sizes that are
+    not evenly divisible``. The layouts that dedupe the whole batch take any count (``routing="gather"``)."""
+    ctx = optimizers.AsyncEmbContext(32, WIDTH, TOKENS, mesh=mesh_2x4(), table_axis="table", **layout)
+    ids, grads = np.arange(1, 21, dtype=np.int32), np.ones((20, WIDTH), np.float32)
+    with pytest.raises(ValueError, match=re.escape(
+            f"ids hold 20 tokens, which do not split evenly over the mesh's 8 devices: the {ctx.layout.name} layout "
+            "dedupes each device's own share of the batch; give a multiple of 8 tokens (pad with id -1, outside the "
+            "table: it updates nothing)")):
+        jax.jit(lambda i, g: optimizers.make_update(ctx, i, g))(ids, grads)
+    gather = optimizers.AsyncEmbContext(32, WIDTH, TOKENS, mesh=mesh_2x4(), table_axis="table", routing="gather")
+    assert jax.jit(lambda i, g: optimizers.make_update(gather, i, g))(ids, grads).grads.shape == (20, WIDTH)
+
+
 CAPACITY_DOC = "(routing slots per destination, as a multiple of route_peak or of the even share)"
 
 
@@ -283,8 +324,7 @@ def test_a_context_of_impossible_routing_settings_is_refused(kwargs, line):
     """Before, on a 2x4 routed table: ``route_capacity=-1.0`` gave 8 slots and ``route_peak=-5`` one slot per
     destination without a word, ``nan`` failed with ``cannot convert float NaN to integer`` and ``"1.2"`` with
     ``can't multiply sequence by non-int of type 'float'``. The same check holds in ``dataclasses.replace``."""
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "table"))
-    args = dict(stored_rows=64, emb_width=WIDTH, tokens_per_batch=64, mesh=mesh, table_axis="table")
+    args = dict(stored_rows=64, emb_width=WIDTH, tokens_per_batch=64, mesh=mesh_2x4(), table_axis="table")
     with pytest.raises(ValueError, match="^" + re.escape(line)):
         optimizers.AsyncEmbContext(**args, **kwargs)
     with pytest.raises(ValueError, match="^" + re.escape(line)):
