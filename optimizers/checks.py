@@ -11,6 +11,7 @@ error names the argument, what it is, what it should be, and how to build it rig
 """
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import jax, jnp
@@ -52,6 +53,15 @@ def check_pending(pending: Any, what: str = "pending") -> None:
         raise ValueError(f"{what} must be a scalar bool, got shape {_shape(pending)}")
 
 
+def check_pad_id(pad_id: Any) -> None:
+    """A ValueError unless ``pad_id`` is None or an int: ``pad_id="0"`` (or 0.5) equals no id, so the padding
+    tokens would update their row."""
+    if pad_id is not None and (not isinstance(pad_id, numbers.Integral) or isinstance(pad_id, bool)):
+        raise ValueError(f"pad_id={pad_id!r} must be an int, the id whose tokens are padding (0 by default), or None "
+                         f"for none, not a {type(pad_id).__name__} (a word or a fraction matches no id: the padding "
+                         "would update its row)")
+
+
 def check_batch(ctx: AsyncEmbContext, ids: Any, grads: Any, pending: Any) -> None:
     """``make_update``'s arguments against ``ctx``: integer ids, no more than ``ctx.tokens_per_batch`` of them
     (the record's unique buffer holds that many distinct ids: more would be dropped) and, where each device
@@ -59,6 +69,9 @@ def check_batch(ctx: AsyncEmbContext, ids: Any, grads: Any, pending: Any) -> Non
     ``ctx.emb_width`` per id, and a scalar bool ``pending`` (``check_pending``)."""
     check_ids(ids)
     tokens = int(jnp.size(ids))
+    if tokens == 0:
+        raise ValueError(f"ids {_shape(ids)} hold no tokens: an update record needs at least one; for a step with "
+                         "nothing to apply, use optimizers.empty_update(ctx)")
     if tokens > ctx.tokens_per_batch:
         raise ValueError(f"ids hold {tokens} tokens, more than the context's tokens_per_batch="
                          f"{ctx.tokens_per_batch}: its update record has room for that many distinct ids, the "

@@ -13,7 +13,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import P, jax, jnp
-from .checks import check_batch, check_ids
+from .checks import check_batch, check_ids, check_pad_id
 from .indexing import take_rows
 from .protocol import AsyncEmbGradientUpdate
 from .scopes import in_phase
@@ -64,6 +64,7 @@ def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
       (about 25% faster at 16K tokens). The default picks it whenever it fits; results are identical.
     """
     check_ids(ids)
+    check_pad_id(pad_id)
     ids = int32_ids(ids, vocab).reshape(-1)
     n = ids.shape[0]
     method = method or dedupe_method(n, vocab)
@@ -109,7 +110,9 @@ def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending:
     or a 0-d bool array: ``"no"``, ``1`` or ``0.5`` are refused, not read as truth values). 64-bit ids outside
     ``[0, ctx.stored_rows)`` are dropped like any id outside the table, not wrapped to int32."""
     check_batch(ctx, ids, grads, pending)
+    check_pad_id(pad_id)
     grads = grads.reshape(-1, grads.shape[-1])
+    rows = compensation_rows(ctx, rows, grads.shape[0])
     if ctx.per_device_record:
         axes = ctx.batch_axes
         local = jax.shard_map(lambda i: dedupe(i, ctx.stored_rows, ctx.local_unique, pad_id), mesh=ctx.mesh,
@@ -117,18 +120,24 @@ def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending:
         unique, seg = local(ids.reshape(-1))
     else:
         unique, seg = dedupe(ids, ctx.stored_rows, ctx.num_unique, pad_id)
-    return AsyncEmbGradientUpdate(unique, grads, seg, jnp.asarray(pending, bool), compensation_rows(ctx, rows))
+    return AsyncEmbGradientUpdate(unique, grads, seg, jnp.asarray(pending, bool), rows)
 
 
-def compensation_rows(ctx: AsyncEmbContext, rows: jax.Array | None) -> jax.Array | None:
+def compensation_rows(ctx: AsyncEmbContext, rows: jax.Array | None, tokens: int | None = None) -> jax.Array | None:
     """The ``rows`` field of an update record on ``ctx``: ``rows`` as float32 ``[tokens, width]`` under delay
-    compensation (refused when missing), None otherwise (whatever was given)."""
+    compensation (refused when missing, or when not one row of ``ctx.emb_width`` per token: ``tokens``, if
+    given), None otherwise (whatever was given)."""
     if not ctx.compensates:
         return None
     if rows is None:
         raise ValueError("delay compensation (dc_lambda) needs each token's row the gradient was computed on: "
                          "pass rows= (the looked-up rows) to make_update")
-    return rows.reshape(-1, rows.shape[-1]).astype(jnp.float32)
+    width = ctx.emb_width
+    if jnp.ndim(rows) < 1 or jnp.shape(rows)[-1] != width or tokens is not None and jnp.size(rows) // width != tokens:
+        raise ValueError(f"rows {list(jnp.shape(rows))} must be each token's row as its gradient was computed on "
+                         f"it: one row of the table's width {width} (ctx.emb_width) per id, [{tokens}, {width}] like "
+                         "the gradients (the looked-up rows)")
+    return jnp.asarray(rows).reshape(-1, width).astype(jnp.float32)
 
 
 def empty_update(ctx: AsyncEmbContext, dtype: Any = "float32") -> AsyncEmbGradientUpdate:

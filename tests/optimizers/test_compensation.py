@@ -9,6 +9,7 @@ two would), so the correction is not zero.
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +101,18 @@ def test_a_record_without_rows_is_refused_on_a_compensating_context():
     with pytest.raises(ValueError, match="without rows .* with delay compensation"):
         fused_step(opt, comp)(jnp.asarray(initial_table()), opt.init(VOCAB, WIDTH), record)
     assert optimizers.empty_update(comp).rows.shape == (BATCH * SEQ, WIDTH)
+
+
+@pytest.mark.parametrize("shape", [(TOKENS, WIDTH // 2), (TOKENS // 2, WIDTH), (TOKENS,)])
+def test_rows_that_are_not_one_row_per_token_are_refused_by_make_update(shape):
+    """Before: ``make_update`` built the record, and only the update refused it (``rows ... do not match its grads``)."""
+    ids, grads = batch(np.random.default_rng(6))
+    with pytest.raises(ValueError, match=re.escape(
+            f"rows {list(shape)} must be each token's row as its gradient was computed on it: one row of the table's "
+            f"width {WIDTH} (ctx.emb_width) per id, [{TOKENS}, {WIDTH}] like the gradients (the looked-up rows)")):
+        optimizers.make_update(context("single"), ids, grads, rows=np.zeros(shape, np.float32))
+    rows = optimizers.make_update(context("single"), ids, grads, rows=np.ones((BATCH, SEQ, WIDTH), np.int32)).rows
+    assert rows.dtype == jnp.float32 and rows.shape == (TOKENS, WIDTH)
 
 
 @pytest.mark.parametrize("value, message", [

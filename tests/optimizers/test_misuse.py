@@ -179,6 +179,27 @@ def test_a_bool_pending_of_any_kind_is_taken_as_it_is(setup, pending):
     np.testing.assert_allclose(np.asarray(out[0]), sgd_reference(table, ids, grads) if pending else table, atol=1e-6)
 
 
+@pytest.mark.parametrize("pad_id", ["0", 0.5, 0.0, True])
+def test_a_pad_id_that_is_not_an_int_is_refused(setup, pad_id):
+    """Before: ``pad_id="0"`` matched no id, so the tokens of id 0 (the padding) updated row 0."""
+    ctx, _, _, ids, grads = setup
+    line = re.escape(f"pad_id={pad_id!r} must be an int, the id whose tokens are padding (0 by default), or None "
+                     f"for none, not a {type(pad_id).__name__}")
+    with pytest.raises(ValueError, match="^" + line):
+        optimizers.make_update(ctx, ids.at[:4].set(0), grads, pad_id=pad_id)
+    with pytest.raises(ValueError, match="^" + line):
+        optimizers.dedupe(ids, VOCAB, 25, pad_id)
+    for pad_id in (0, np.int64(0), None):  # ints of any kind, or no padding id
+        optimizers.make_update(ctx, ids, grads, pad_id=pad_id)
+
+
+def test_no_tokens_are_refused(setup):
+    ctx = setup[0]  # before: "Incompatible types for broadcasting: input type=int32[0] and requested type=int32[1]"
+    with pytest.raises(ValueError, match=re.escape("ids [0] hold no tokens: an update record needs at least one; for "
+                                                   "a step with nothing to apply, use optimizers.empty_update(ctx)")):
+        optimizers.make_update(ctx, np.zeros((0,), np.int32), np.zeros((0, WIDTH), np.float32))
+
+
 def test_a_record_from_another_context_is_refused(setup):
     ctx, sgd, table, ids, grads = setup  # a record of a 16-row context on a 32-row table
     update = optimizers.make_update(optimizers.AsyncEmbContext(VOCAB, WIDTH, 8), ids[:8], grads[:8])
