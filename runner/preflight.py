@@ -20,6 +20,7 @@ from optimizers.hparams import float32_problem
 from . import config as schemas
 from .core.mesh import MeshPlan
 from .errors import PreflightError
+from .hash_checks import check_hash_tables  # noqa: F401 (the hash tables' refusals)
 
 
 ASYNC_WAYS_OUT = (
@@ -326,36 +327,6 @@ def check_values(cfg: Any, emb_optimizers: Mapping[str, Any], table_names: list[
     if unknown:
         errors.append(f"table_optimizers names unknown table(s) {unknown}; tables are {sorted(table_names)}")
     _raise(errors)
-
-
-def check_hash_tables(cfg: DictConfig, plan: MeshPlan, tables: Mapping[str, Any]) -> None:
-    """What a hash table (``model.tables.<name>.kind=hash``) cannot do yet, refused by name with the way out."""
-    hashed = sorted(n for n, s in tables.items() if s.kind == "hash")
-    if not hashed:
-        return
-    name = hashed[0]
-    if plan.table_shards > 1 and not plan.layout.splits_rows:
-        raise PreflightError(
-            f"table '{name}' is a hash table, and hash tables are sharded by rows (each row shard holds whole "
-            f"partitions of the slots): mesh {plan.describe()} splits the tables by {plan.layout.name}. Use "
-            f"mesh.table_layout=row, or mesh=data (tables replicated, the batch split over every device)")
-    for n in hashed:
-        parts = tables[n].hash.partitions
-        if plan.table_shards > 1 and parts % plan.table_shards:
-            raise PreflightError(
-                f"model.tables.{n}.partitions={parts}: table '{n}' is a hash table whose slots are split into "
-                f"{parts} partitions, and mesh {plan.describe()} has {plan.table_shards} row shards, which must each "
-                f"hold whole partitions: use a mesh whose table axis divides {parts}, or "
-                f"model.tables.{n}.partitions={plan.table_shards} (a resume with another count than its "
-                f"checkpoint's places the ids again), or leave it unset (the default fits the mesh)")
-    if cfg.async_emb.enabled and int(cfg.async_emb.staleness) > 1:
-        raise PreflightError(
-            f"table '{name}' is a hash table, and async_emb.staleness={cfg.async_emb.staleness} is not supported "
-            f"with hash tables (a deferred update is checked against the slots given away in the one step it "
-            f"waits); use async_emb.staleness=1 or async_emb=off")
-    if schemas.permute_ids_setting(cfg.mesh.get("permute_ids")) == "true":
-        raise PreflightError(f"mesh.permute_ids=true relabels a dense table's ids; table '{name}' is a hash table "
-                             f"(its slots are already spread by the id's hash): use mesh.permute_ids=auto or false")
 
 
 def check_mesh(plan: MeshPlan, available: int, batch_size: int, tables: Mapping[str, Any],

@@ -145,6 +145,17 @@ def init_state(spec: HashSpec) -> HashState:
                      sketch, filled)
 
 
+def top_estimate(spec: HashSpec, lookups: int) -> int | None:
+    """The largest admission estimate any id can reach when the table gets at most ``lookups`` lookups a step
+    (the global batch times the ids an example has in it); None where none is out of reach (``admit_after=1``
+    counts nothing, ``admit_window=0`` never halves). A counter grows by at most ``lookups`` a step and is
+    halved at the start of every ``admit_window``-th step, before that step's counts, so it peaks at the end of
+    a window at the fixed point of ``c -> c // 2 + admit_window * lookups``: ``2 * admit_window * lookups - 1``."""
+    if spec.admit_after <= 1 or not spec.admit_window:
+        return None
+    return 2 * spec.admit_window * lookups - 1
+
+
 def held(spec: HashSpec, state: HashState) -> int:
     """How many partitions ``state`` holds: all of them, or one (a row shard's, inside ``shard_map``)."""
     return state.last.shape[0] // spec.part_capacity

@@ -67,3 +67,23 @@ def test_hash_tables_on_the_data_ids_and_a_sharded_modulo_table_run():
     program, _, plan = build(compose_config(["model.tables.items.kind=modulo", "model.tables.items.vocab=101",
                                              "mesh=data_table", "mesh.axes={data:2,table:4}"]))
     assert plan.table_shards == 4 and program.tables["items"].rows == 104
+
+
+@pytest.mark.parametrize("table, over, lookups, top", [
+    ("users", ["model.tables.users.admit_window=1"], "32 times a step (trainer.batch_size=32 x 1 id an example)", 63),
+    ("items", ["model.tables.items.kind=hash", "model.tables.items.capacity=400", "model.tables.items.vocab=null"],
+     "160 times a step (trainer.batch_size=32 x 5 ids an example)", 31_999)])
+def test_an_admit_after_no_id_can_reach_is_refused_with_the_bound(table, over, lookups, top):
+    """The sketch counts at most the table's lookups a step and halves every admit_window steps, so no estimate
+    exceeds 2 x admit_window x lookups - 1 (tests/runner/core/test_hash_tables.py checks the bound against the
+    step): one more would never admit an id, and the table would train nothing."""
+    build(compose_config([*HASH, *over, f"model.tables.{table}.admit_after={top}"]))  # the bound itself: reachable
+    with pytest.raises(PreflightError) as e:
+        build(compose_config([*HASH, *over, f"model.tables.{table}.admit_after={top + 1}"]))
+    window = 1 if table == "users" else 100
+    assert str(e.value) == (
+        f"model.tables.{table}.admit_after={top + 1} can never be reached: table '{table}' is looked up at most "
+        f"{lookups} and model.tables.{table}.admit_window={window} halves its admission counts every {window} steps, "
+        f"so no id's estimate exceeds {top:,} and no id would ever get a slot (the table would train nothing): set "
+        f"model.tables.{table}.admit_after to at most {top:,}, or raise model.tables.{table}.admit_window (0: counts "
+        f"never fade)")

@@ -3,6 +3,7 @@ identical slots, admissions and evictions over a drifting id stream, for every e
 without admission."""
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import jax
@@ -369,3 +370,27 @@ def test_each_partition_run_on_its_own_equals_the_whole_table(policy):
         joined = np.concatenate([np.asarray(getattr(p, name)) for p in parts])
         np.testing.assert_array_equal(joined, np.asarray(leaf), err_msg=name)
     assert int(np.sum(whole.filled)) > 0
+
+
+def _first_admission(spec: ht.HashSpec, lookups: int, steps: int) -> int | None:
+    """The first step at which one id looked up at every one of ``lookups`` positions, every step, gets a slot."""
+    state, keys = ht.init_state(spec), jnp.tile(jnp.array([[0, 7]], jnp.uint32), (lookups, 1))
+    step = jax.jit(lambda s, t: ht.assign(spec, s, keys, t))
+    for t in range(steps):
+        state, got = step(state, t)
+        if int(got.admitted):
+            return t
+    return None
+
+
+@pytest.mark.parametrize("window, lookups", [(1, 1), (1, 3), (2, 3), (3, 2)])
+def test_the_top_estimate_is_the_largest_admit_after_an_id_ever_reaches(window, lookups):
+    """``top_estimate`` (the bound the preflight refuses above) against the step itself: the id seen at every
+    lookup of every step reaches an ``admit_after`` of exactly the bound (after a few windows) and never one more."""
+    spec = ht.HashSpec(8, admit_after=2, admit_window=window, probes=4, sketch_width=64)
+    top = ht.top_estimate(spec, lookups)
+    assert top == 2 * window * lookups - 1
+    assert _first_admission(dataclasses.replace(spec, admit_after=top), lookups, 12 * window) is not None
+    assert _first_admission(dataclasses.replace(spec, admit_after=top + 1), lookups, 12 * window) is None
+    assert ht.top_estimate(dataclasses.replace(spec, admit_window=0), lookups) is None
+    assert ht.top_estimate(dataclasses.replace(spec, admit_after=1), lookups) is None
