@@ -7,7 +7,9 @@
 
 ``criteo`` streams the files once (``runner.tasks.criteo.prepare``); ``criteo-synthetic`` writes
 Criteo-format files with a planted click model (``runner.tasks.criteo.synthetic``). A bad value or a bad
-input line stops it with one message naming it and the fix, exit code 2.
+input line stops it with one message naming it and the fix, exit code 2; so does a file that cannot be read or
+written (a full disk, a folder this user may not write: the message names the file, what was being done and the
+fix), and the output folder is left as it was found.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import json
 import sys
 
 from .errors import Terminated, sigterm_unwinds, stopped
+from .tasks.criteo.disk import fix, reason
 from .tasks.criteo.prepare import PrepareError, convert
 from .tasks.criteo.synthetic import CriteoSpec, NoRoom, write_logs
 from .tasks.criteo.tsv import NUM_CAT, ONE_HOT, FormatError, check_bags
@@ -82,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
                     raise ValueError(f"--lines {a.lines}: {e}; give fewer --lines, "
                                      + ("" if a.gzip else "add --gzip (about a third of the size), ")
                                      + "or an --out on a file system with room. Nothing was written") from None
-        except (FormatError, PrepareError, ValueError, OSError) as e:
+        except (FormatError, PrepareError, ValueError) as e:
             print(f"runner.prepare: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:  # one no check above words (those name the file, what was done and the fix)
+            print(f"runner.prepare: {e.filename or a.out}: {reason(e)}; {fix(e, 'give --out')}", file=sys.stderr)
             return 2
         except (KeyboardInterrupt, Terminated) as e:
             return stopped("runner.prepare", e, f"; --out {a.out} was left as it was found (new: removed; empty: "

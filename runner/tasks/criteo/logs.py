@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ...errors import Preempted, PreflightError
+from .disk import DiskError, fix, reason
 from .prepare import DAY, FORMAT, PrepareError, convert, load_truth
 from .tsv import FormatError
 
@@ -149,15 +150,21 @@ def converted(path: str, files: Sequence[Path], cache: str | None, max_bad_lines
         return once(folder, make)
     except FormatError as e:
         raise bad_input(e, max_bad_lines) from None
+    except DiskError as e:
+        raise cache_failed(f"data.path={path}: converting the logs into {folder}", e) from None
     except PrepareError as e:
         raise PreflightError(f"data.path={path}: {e}") from None
     except OSError as e:
         raise cache_failed(f"data.path={path}: converting the logs into {folder}", e) from None
 
 
-def cache_failed(what: str, e: OSError) -> PreflightError:
-    """The message for a conversion a run could not write (``what``: what it was doing, and where)."""
-    return PreflightError(f"{what} failed ({e}); set data.cache to a writable folder with room for the shards")
+def cache_failed(what: str, e: OSError | DiskError) -> PreflightError:
+    """The message for a conversion a run could not write (``what``: what it was doing, and where; a
+    :class:`DiskError` adds the file it was writing), the fix in terms of ``data.cache``."""
+    if isinstance(e, DiskError):
+        what, e = f"{what}: {e.doing} {e.path}", e.error
+    at = f": {e.filename}" if e.filename and not what.endswith(str(e.filename)) else ""
+    return PreflightError(f"{what} failed ({reason(e)}{at}); {fix(e, 'set data.cache to')}")
 
 
 def check_truth(path: Path) -> None:

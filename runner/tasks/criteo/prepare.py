@@ -24,15 +24,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from .ids import save_vocabulary, uniform
+from .disk import CLAIM, DiskError, PrepareError, claim, release, writing
+from .ids import save_vocabulary, uniform, vocabulary_path
 from .tsv import (BLOCK_BYTES, MAX_SEED, NUM_CAT, NUM_DENSE, ONE_HOT, FormatError, Reader, check_bags, offsets,
                   unreadable)
 
@@ -59,10 +58,6 @@ def too_few(sizes: dict[str, int]) -> dict[str, int]:
     return {s: int(n) for s, n in sizes.items() if n < MIN_EXAMPLES}
 
 
-class PrepareError(ValueError):
-    """A conversion that cannot run as asked; the message names the value and the fix."""
-
-
 @dataclasses.dataclass
 class _Writer:
     """One split's shards, streamed: each block's records are appended to the open shard file as they come (no
@@ -79,6 +74,10 @@ class _Writer:
     # fingerprint of the manifest (runner.checkpoint.data) changes with any record, not only with the counts
 
     def add(self, records: np.ndarray) -> None:
+        with writing(self._tmp(), "writing a shard"):
+            self._add(records)
+
+    def _add(self, records: np.ndarray) -> None:
         while len(records):
             take = min(len(records), self.shard_lines - self.buffered)
             if self.file is None:
@@ -96,11 +95,12 @@ class _Writer:
     def flush(self) -> None:
         if self.file is None:
             return
-        self.file.seek(0)
-        self.file.write(npy_header(self.dtype, self.buffered))
-        self.file.close()
         name = self._name()
-        self._tmp().replace(self.folder / name)
+        with writing(self._tmp(), "writing a shard"):
+            self.file.seek(0)
+            self.file.write(npy_header(self.dtype, self.buffered))
+            self.file.close()
+            self._tmp().replace(self.folder / name)
         self.shards.append({"file": f"{self.folder.name}/{name}", "examples": self.buffered,
                             "sha256": self.digest.hexdigest()})
         self.file, self.buffered = None, 0
@@ -230,51 +230,13 @@ def convert(inputs: Sequence[str | Path], out: str | Path, *, seed: int = 0, min
     made = claim(out, "conversion")
     try:
         manifest = _convert(inputs, out, seed, min_count, max_bad_lines, shard_lines, block_bytes, bags, refuse_small)
-    except BaseException:  # a refused line, a full disk, Ctrl-C, SIGTERM: leave the folder as it was (new or empty)
+    except DiskError as e:  # a full disk, a folder no longer writable: said with what became of the folder
+        raise e.left(out, release(out, made, keep=False)) from None
+    except BaseException:  # a refused line, Ctrl-C, SIGTERM: leave the folder as it was (new or empty)
         release(out, made, keep=False)
         raise
     release(out, made, keep=True)
     return manifest
-
-
-CLAIM = ".converting"  # in an output folder while a conversion or generation writes into it
-
-
-def claim(out: Path, what: str) -> bool:
-    """Take ``out`` (a new or empty folder) for one writer: its ``.converting`` marker, created exclusively, so
-    a second conversion started into the same folder is refused and never removes the first one's files.
-    Returns whether the folder was made here."""
-    if out.exists() and not out.is_dir():
-        raise PrepareError(f"--out {out} is a file; give a new or empty output folder")
-    if (out / CLAIM).exists():
-        raise PrepareError(f"{out} holds {CLAIM}: another {what} is writing into it, or one was killed before it "
-                           f"finished (its files are incomplete); wait for it, or remove {out} and start again")
-    if out.exists() and any(out.iterdir()):
-        raise PrepareError(f"{out} is not empty; give a new or empty output folder")
-    made = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(out / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        raise PrepareError(f"{out} holds {CLAIM}: another {what} started writing into it just now; give each its "
-                           f"own output folder") from None
-    except OSError as e:
-        raise PrepareError(f"--out {out} cannot be made or written ({e.strerror or e}); give a new or empty folder "
-                           f"that can be written") from None
-    return made
-
-
-def release(out: Path, made: bool, keep: bool) -> None:
-    """Give ``out`` back: with what was written (``keep``), or as it was found (new: removed; empty: emptied)."""
-    if keep:
-        (out / CLAIM).unlink(missing_ok=True)
-    elif made:
-        shutil.rmtree(out, ignore_errors=True)
-    elif out.is_dir():
-        for p in out.iterdir():
-            if p.name != CLAIM:
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        (out / CLAIM).unlink(missing_ok=True)
 
 
 def _check_inputs(inputs: list[Path]) -> None:
@@ -366,31 +328,35 @@ def _convert(inputs: list[Path], out: Path, seed: int, min_count: int, max_bad_l
                f"random: 5% of {MIN_EXAMPLES * 20:,} is {MIN_EXAMPLES} only on average)")
         raise PrepareError(f"{', '.join(map(str, inputs))}: too few examples for a run to train and evaluate on "
                            f"({sizes}; each split needs >= {MIN_EXAMPLES}, or a run refuses the folder); {how}")
-    out.mkdir(parents=True, exist_ok=True)
+    with writing(out, "making the output folder"):
+        out.mkdir(parents=True, exist_ok=True)
     for w in writers.values():
         w.flush()
     values = counts.result()
     _save(out / "counts.npz", **{f"values_{j}": v for j, (v, _) in enumerate(values)},
           **{f"counts_{j}": c for j, (_, c) in enumerate(values)})
     del values, counts  # the vocabulary is derived from the file: the counts are not held twice
-    save_vocabulary(out, min_count)
+    with writing(vocabulary_path(out, min_count), "writing the vocabulary"):
+        save_vocabulary(out, min_count)
     manifest = {"format": FORMAT, "split": rule, "seed": seed, "min_count": min_count, "bags": list(bags),
                 "max_bad_lines": max_bad_lines, "files": files,
                 "splits": {s: {"examples": sum(x["examples"] for x in w.shards), "shards": w.shards}
                            for s, w in writers.items()},
                 "bad_lines": sum(f["bad_lines"] for f in files)}
     tmp = out / "manifest.json.partial"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(out / "manifest.json")
+    with writing(tmp, "writing the manifest"):  # the last file: a conversion without it is not finished
+        tmp.write_text(json.dumps(manifest, indent=1))
+        tmp.replace(out / "manifest.json")
     return manifest
 
 
 def _save(path: Path, **arrays) -> None:
     tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    tmp.replace(path)
+    with writing(tmp, f"writing {path.name}"):
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        tmp.replace(path)
 
 
-__all__ = ["convert", "FormatError", "MIN_EXAMPLES", "PrepareError", "RECORD", "SPLITS", "record_dtype", "split_rule",
-           "too_few"]
+__all__ = ["CLAIM", "claim", "convert", "DiskError", "FormatError", "MIN_EXAMPLES", "PrepareError", "RECORD", "SPLITS", "record_dtype", "release",
+           "split_rule", "too_few"]

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from .disk import writing
 from .tsv import CAT, COLUMNS, DENSE, MAX_SEED, NUM_CAT, NUM_DENSE, ONE_HOT, check_bags, offsets
 
 # Criteo Terabyte's distinct values per feature, C1 ... C26 (= cat_01 ... cat_26), over its 24 days, uncapped: the
@@ -229,7 +230,7 @@ def write_logs(spec: CriteoSpec, out: str | Path) -> list[Path]:
     returns them. A folder holding anything is refused: the files would replace a user's logs of the same name,
     or sit beside another generation's days; so are files that cannot fit on its file system (:class:`NoRoom`,
     before a byte is written). Stopped midway (a full disk, Ctrl-C), it leaves ``out`` as found."""
-    from .prepare import claim, release
+    from .disk import DiskError, claim, release
 
     bad = spec.problems()
     if bad:
@@ -241,6 +242,8 @@ def write_logs(spec: CriteoSpec, out: str | Path) -> list[Path]:
     made = claim(out, "generation")
     try:
         paths = _write_logs(spec, out)
+    except DiskError as e:  # a full disk, a folder no longer writable: said with what became of the folder
+        raise e.left(out, release(out, made, keep=False)) from None
     except BaseException:
         release(out, made, keep=False)
         raise
@@ -255,23 +258,34 @@ def _write_logs(spec: CriteoSpec, out: Path) -> list[Path]:
     for day, (name, n) in enumerate(zip(file_names(spec), per_day)):
         path, tmp = out / name, out / (name + ".partial")
         plain = tmp.with_suffix(".tsv.partial") if spec.gzip else tmp
-        probs = []
-        with pa.OSFile(str(plain), "wb") as sink:
-            for start in range(0, n, spec.chunk):
-                m = min(spec.chunk, n - start)
-                rng = np.random.default_rng([spec.seed, 2, day, start])
-                idx, counts, p = model.draw(rng, m)
-                labels = (rng.random(m) < p).astype(np.int8)
-                pacsv.write_csv(_table(model, idx, counts, labels), sink, options)
-                probs.append(p)
+        with writing(plain, "writing a generated log"):  # pyarrow's errors name no file: the message does
+            probs = _write_log(spec, model, day, n, plain, options)
         if spec.gzip:
-            with open(plain, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            plain.unlink()
-        np.save(out / (name + ".p.npy"), np.concatenate(probs) if probs else np.zeros(0, np.float32))
-        tmp.replace(path)
+            with writing(tmp, "compressing a generated log"):
+                with open(plain, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                plain.unlink()
+        truth = out / (name + ".p.npy")
+        with writing(truth, "writing a generated log's click probabilities"):
+            np.save(truth, np.concatenate(probs) if probs else np.zeros(0, np.float32))
+        with writing(tmp, "renaming a generated log into place"):
+            tmp.replace(path)
         paths.append(path)
     return paths
+
+
+def _write_log(spec: CriteoSpec, model: ClickModel, day: int, n: int, plain: Path, options) -> list[np.ndarray]:
+    """Day ``day``'s ``n`` lines into ``plain``, uncompressed; returns their click probabilities."""
+    probs = []
+    with pa.OSFile(str(plain), "wb") as sink:
+        for start in range(0, n, spec.chunk):
+            m = min(spec.chunk, n - start)
+            rng = np.random.default_rng([spec.seed, 2, day, start])
+            idx, counts, p = model.draw(rng, m)
+            labels = (rng.random(m) < p).astype(np.int8)
+            pacsv.write_csv(_table(model, idx, counts, labels), sink, options)
+            probs.append(p)
+    return probs
 
 
 def bayes_auc(labels: np.ndarray, p: np.ndarray) -> float:

@@ -33,6 +33,7 @@ from ...errors import PreflightError, TrainingError
 from .. import TASKS, refuse_own_widths
 from ..ranking.auc import auc
 from .config import CriteoIds, CriteoLogs, DCNStructure, Pooling
+from .disk import DiskError
 from .ids import FIRST, HashIds, VocabIds, vocabulary
 from .logs import DEFAULT_CACHE, cache_failed, converted, once, raw_logs
 from .model import DCN, DLRM, TABLES
@@ -89,7 +90,7 @@ def generated(cfg: DictConfig) -> Path:
                              f"file system with room")
     try:
         return once(folder, make)
-    except OSError as e:
+    except (OSError, DiskError) as e:
         raise cache_failed(f"generating Criteo logs (data.path unset) into {folder}", e) from None
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import re
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from .disk import reason
 from .newlines import MARK, Lines, carriage_return
 
 NUM_DENSE = 13
@@ -174,11 +176,17 @@ class Reader:
             raise FormatError(f"{self.path}: the file is empty; a Criteo-format file has one example per line: "
                               f"{_EMPTY}")
         gz = self.path.suffix == ".gz"
-        if not gz:
-            with open(self.path, "rb") as f:
-                if f.read(2) == GZIP_MAGIC:
-                    raise FormatError(f"{self.path}: the file is gzip-compressed, and only a name ending in .gz is "
-                                      f"read as gzip; rename it to {self.path.name}.gz (or gunzip it)")
+        try:  # the checks above may pass and the opening still fail (a file changed since, a failing disk)
+            if not gz:
+                with open(self.path, "rb") as f:
+                    magic = f.read(2)
+            source = Lines(pa.input_stream(str(self.path), compression="gzip" if gz else None))
+        except OSError as e:
+            raise self._cannot_read(e) from None
+        if not gz and magic == GZIP_MAGIC:
+            source.close()
+            raise FormatError(f"{self.path}: the file is gzip-compressed, and only a name ending in .gz is "
+                              f"read as gzip; rename it to {self.path.name}.gz (or gunzip it)")
         skipped: list[tuple[int, str]] = []
 
         def on_invalid(row) -> str:
@@ -187,7 +195,6 @@ class Reader:
             skipped.append((row.number, carriage_return(f"and {fields}") if MARK in row.text else fields))
             return "skip"
 
-        source = Lines(pa.input_stream(str(self.path), compression="gzip" if gz else None))
         try:
             with _quiet_undecodable(on_invalid):  # the first block is read here
                 reader = pacsv.open_csv(
@@ -230,7 +237,15 @@ class Reader:
             raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per line: "
                               f"{_EMPTY}")
 
+    def _cannot_read(self, e: OSError) -> FormatError:
+        """The system refused a read of the file (``e`` has an errno; a gzip or parse error has none)."""
+        how = (f"let this user read it (chmod +r {self.path}, as its owner), or run as a user who may read it"
+               if e.errno in (errno.EACCES, errno.EPERM) else "check the disk it is on, copy it again, or leave it out")
+        return FormatError(f"{self.path}: reading the log failed ({reason(e)}); {how}", self.path)
+
     def _unreadable(self, e: Exception, gz: bool, line: int, stray: bool):
+        if isinstance(e, OSError) and e.errno:  # the system's, not the format's
+            raise self._cannot_read(e) from None
         if "Empty CSV file" in str(e):
             raise FormatError(f"{self.path}: the file has no lines; a Criteo-format file has one example per "
                               f"line: {_EMPTY}") from None

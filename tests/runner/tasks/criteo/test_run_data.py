@@ -147,15 +147,16 @@ def test_a_damaged_click_probability_file_beside_raw_logs_is_one_message(made, t
 def test_a_data_cache_that_cannot_be_written_is_one_message(made, tmp_path, monkeypatch):
     afile = tmp_path / "afile"
     afile.write_text("")
-    fix = "; set data.cache to a writable folder with room for the shards"
+    in_the_way = f"(a file stands where a folder is needed: {afile}); move that file away, or set data.cache to " \
+                 f"another folder"
     with pytest.raises(PreflightError) as e:
         task_of("data.lines=3000", f"data.cache={afile}")
     assert str(e.value).startswith(f"generating Criteo logs (data.path unset) into {afile}/generated-")
-    assert str(e.value).endswith(f"([Errno 17] File exists: '{afile}'){fix}")
+    assert str(e.value).endswith(f" failed {in_the_way}")
     with pytest.raises(PreflightError) as e:
         task_of(f"data.path={made[0]}", f"data.cache={afile}")
     assert str(e.value).startswith(f"data.path={made[0]}: converting the logs into {afile}/logs-")
-    assert str(e.value).endswith(fix)
+    assert str(e.value).endswith(f" failed {in_the_way}")
 
     def refused(*args, **kwargs):  # a folder this user may not write (root may write any, so it is simulated)
         raise PermissionError(13, "Permission denied", str(tmp_path / "locked"))
@@ -163,7 +164,8 @@ def test_a_data_cache_that_cannot_be_written_is_one_message(made, tmp_path, monk
     monkeypatch.setattr("runner.tasks.criteo.logs.tempfile.mkdtemp", refused)
     with pytest.raises(PreflightError) as e:
         task_of("data.lines=3000", f"data.cache={tmp_path / 'locked'}")
-    assert str(e.value).endswith(f"failed ([Errno 13] Permission denied: '{tmp_path / 'locked'}'){fix}")
+    assert str(e.value).endswith(f"failed (permission denied: {tmp_path / 'locked'}); let this user write there (as "
+                                 f"its owner: chmod u+w), or set data.cache to a folder it may write")
 
 
 def test_an_evaluation_of_one_label_is_refused_before_training(made, tmp_path):
