@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from .disk import reason
-from .newlines import MARK, Lines, carriage_return
+from .newlines import Lines, carriage_return
 
 NUM_DENSE = 13
 NUM_CAT = 26
@@ -192,7 +192,7 @@ class Reader:
         def on_invalid(row) -> str:
             fields = (f"{row.actual_columns} tab-separated fields, a Criteo line has {len(COLUMNS)} (the label, "
                       f"{NUM_DENSE} integer and {NUM_CAT} categorical features)")
-            skipped.append((row.number, carriage_return(f"and {fields}") if MARK in row.text else fields))
+            skipped.append((row.number, carriage_return(f"and {fields}") if row.number in source.stray else fields))
             return "skip"
 
         try:
@@ -227,7 +227,7 @@ class Reader:
                 next_line = int(lines[-1]) + 1 if rows else next_line
                 mine = [s for s in skipped if s[0] < next_line]
                 skipped[:] = [s for s in skipped if s[0] >= next_line]
-                block = self._parse(batch, lines, mine, source.found)
+                block = self._parse(batch, lines, mine, source.stray)
                 if len(block):
                     self.examples += len(block)
                     yield block
@@ -274,9 +274,10 @@ class Reader:
                           f"line") from None
 
     def _parse(self, batch: pa.RecordBatch, lines: np.ndarray, refused: list[tuple[int, str]],
-               stray: bool) -> Block:
+               stray: dict[int, int]) -> Block:
         """The batch's examples; its bad lines and the ``refused`` rows among them (a wrong field count) are
-        counted in the order of their lines. ``stray``: the file holds a stray ``\\r`` (newlines.py)."""
+        counted in the order of their lines. ``stray``: the file's lines holding a stray ``\\r`` and the field
+        it is in (``newlines.Lines``)."""
         n = batch.num_rows
         ok = np.ones(n, bool)
         cols = {c: batch.column(i) for i, c in enumerate(COLUMNS)}
@@ -289,9 +290,9 @@ class Reader:
                 why[int(i)] = reason(int(i))
             ok[mask] = False
 
-        if stray:  # a "\r" inside a line of this file (newlines.py): the reason of its line, before any other
-            marked = np.stack([pc.match_substring(cols[c], MARK).to_numpy(zero_copy_only=False) for c in COLUMNS])
-            flag(marked.any(axis=0), lambda i: carriage_return(f"in {_field(COLUMNS[int(np.argmax(marked[:, i]))])}"))
+        if stray:  # a "\r" inside a line (by its number: a literal MARK is a bad value), before any other reason
+            flag(np.isin(lines, np.fromiter(stray, np.int64, len(stray))),
+                 lambda i: carriage_return(f"in {_field(COLUMNS[stray[int(lines[i])]])}"))
         flag(empty, lambda i: "the line is empty")
         label = cols["label"]
         flag(~pc.match_substring_regex(label, r"^[01]$").to_numpy(zero_copy_only=False),

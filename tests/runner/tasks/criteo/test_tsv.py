@@ -329,6 +329,36 @@ def test_a_stray_carriage_return_is_named_by_its_field(tmp_path, text, where):
     assert str(e.value).startswith(f"{path}, line 2: a carriage return (\\r) inside the line, {where}")
 
 
+LITERAL = "\u240d"  # the character newlines.Lines puts in place of a stray "\r", here in the file itself
+
+
+ZEROS = ["00000000"] * 26
+
+
+@pytest.mark.parametrize("stray", [False, True])
+@pytest.mark.parametrize("text, why", [
+    (line(cat=[LITERAL + "0000000"] + ZEROS[1:]), f"categorical feature cat_1 is '{LITERAL}0000000', not 8 hex digits"),
+    (line(dense=[LITERAL] + ["1"] * 12), f"integer feature int_1 is '{LITERAL}', not an integer"),
+    (LITERAL + line()[1:], f"the label '{LITERAL}' is not 0 or 1"),
+    (line() + "\t" + LITERAL, "41 tab-separated fields, a Criteo line has 40 (the label, 13 integer and 26 "
+                               "categorical features); fix"),
+    (line(cat=[LITERAL + "0000000", "00\r00000"] + ZEROS[2:]), "a carriage return (\\r) inside the line, in "
+                                                               "categorical feature cat_2;"),
+])
+def test_a_literal_carriage_return_symbol_is_a_bad_value_not_a_carriage_return(tmp_path, stray, text, why):
+    """A "␍" the file holds is the invalid value of its field (or part of a line of the wrong field count), named
+    as such, whether or not the file also holds a stray "\\r" on another line (which the reader marks with that
+    same character); on a line holding both, the "\\r" is named in its own field."""
+    other = line(cat=ZEROS[:2] + ["0000\r000"] + ZEROS[3:]) if stray else line()
+    path = tmp_path / "train.txt"
+    path.write_bytes("\n".join([line(), text, other, line()]).encode() + b"\n")
+    with pytest.raises(FormatError) as e:
+        list(read_blocks(path))
+    assert str(e.value).startswith(f"{path}, line 2: {why}")
+    reader = Reader(path, max_bad_lines=2)
+    assert sum(len(b) for b in reader) == 4 - reader.bad_lines and reader.bad_lines == 1 + stray
+
+
 def test_lines_ending_in_a_lone_carriage_return_are_one_line_too_long_named_with_the_fix(tmp_path):
     path = write(tmp_path, "\r".join(line() for _ in range(100)) + "\r", "day_0.gz")
     with pytest.raises(FormatError) as e:
@@ -353,3 +383,12 @@ def test_lines_hand_pyarrow_every_byte_but_a_stray_carriage_return_in_reads_of_a
         out += chunk
     assert out == re.sub(rb"\r(?!\n|\Z)", MARK.encode(), data) and out.endswith(b"\n\r") is data.endswith(b"\n\r")
     assert lines.found and Lines(io.BytesIO(b"a\r\nb\r")).read(-1) == b"a\r\nb\r"
+    want, number, tabs = {}, 1, 0  # byte by byte: each line holding a stray "\r", and the field of its first
+    for i, byte in enumerate(data):
+        if byte == ord("\n"):
+            number, tabs = number + 1, 0
+        elif byte == ord("\t"):
+            tabs += 1
+        elif byte == ord("\r") and i + 1 < len(data) and data[i + 1] != ord("\n"):
+            want.setdefault(number, tabs)
+    assert lines.stray == want and len(want) > 100
