@@ -358,5 +358,5 @@ def _save(path: Path, **arrays) -> None:
         tmp.replace(path)
 
 
-__all__ = ["CLAIM", "claim", "convert", "DiskError", "FormatError", "MIN_EXAMPLES", "PrepareError", "RECORD", "SPLITS", "record_dtype", "release",
-           "split_rule", "too_few"]
+__all__ = ["CLAIM", "claim", "convert", "DiskError", "FormatError", "MIN_EXAMPLES", "PrepareError", "RECORD", "SPLITS",
+           "record_dtype", "release", "split_rule", "too_few"]
