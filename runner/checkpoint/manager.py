@@ -56,6 +56,7 @@ class Restored:
     metrics_rows: int
     path: Path
     meta: dict
+    changes: list[str] = dataclasses.field(default_factory=list)  # settings this run changed (meta.config_changes)
 
 
 class Checkpoints:
@@ -229,11 +230,8 @@ class Checkpoints:
                                 "rows by; selection goes on from the restored record", where, sorted(moves))
                 else:
                     self.restored_best = self._restore_best(manager, step, abstract, shardings, meta, where)
-            changes = meta_lib.config_changes(meta["config"], self.cfg)
-            if changes:
-                log.warning("resuming with settings that differ from the checkpoint's: %s", "; ".join(changes))
             return Restored(self._refit(state, meta, where, row_maps), int(meta["data_step"]),
-                            int(meta["metrics_rows"]), where, meta)
+                            int(meta["metrics_rows"]), where, meta, meta_lib.config_changes(meta["config"], self.cfg))
         if bad:
             raise PreflightError(
                 f"no readable checkpoint in {manager.directory}: " + "; ".join(bad) + ". They were moved aside "

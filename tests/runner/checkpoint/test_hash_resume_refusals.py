@@ -77,3 +77,22 @@ def test_partitions_that_do_not_divide_the_resumed_capacity_are_named_with_the_c
         f"mesh's row shards divide (1, 2, 3, 4, ...), or leave it unset (the checkpoint's 1 where the mesh's row "
         f"shards divide it)")
     build(config(trained, True, "model.tables.users.partitions=4"))  # one that divides it: placed again
+
+
+CHANGED = "resuming with settings that differ from the checkpoint's"
+
+
+@pytest.mark.slow
+def test_changed_settings_are_named_once_by_a_resume_and_not_by_one_then_refused(trained, caplog):
+    """The warning names the settings a resume goes on with: a resume refused after its checkpoint was read (here a
+    trainer.steps below the checkpoint's step, the very setting the warning would name) gives its error alone."""
+    with caplog.at_level(logging.WARNING, logger="runner"), pytest.raises(PreflightError, match="is below step 2"):
+        open_on(trained, True, "trainer.steps=1")
+    assert caplog.text.count(CHANGED) == 0, caplog.text
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        ckpts = open_on(trained, True, "trainer.steps=3")
+    assert ckpts.resume_point()[1] == 2
+    ckpts.close()
+    assert caplog.text.count(CHANGED) == 1 and f"{CHANGED}: trainer.steps: 2 -> 3" in caplog.text, caplog.text
