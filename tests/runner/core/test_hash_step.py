@@ -237,3 +237,50 @@ def test_row_sharded_on_a_2x4_mesh_equals_one_device_with_as_many_partitions(cfg
     assert sum(int(m["emb/evicted/items"]) for m in m1) > 0 and sum(int(m["emb/admitted/users"]) for m in m1) > 0
     # the mesh drops what one device drops: found in the rows every shard gave away, or by their keys
     assert sum(int(m["emb/stale_dropped/users"]) + int(m["emb/stale_dropped/items"]) for m in m1) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("opt", ["adam", "adagrad"])
+def test_the_dense_optax_optimizers_start_a_new_ids_row_afresh_but_for_adams_table_wide_count(cfg_of, opt):
+    """optimizer=adam and optimizer=adagrad (plain optax over the whole table): a slot given to a new id gets its
+    per-row state reset (Adam's mu and nu to 0, Adagrad's sums to initial_accumulator_value), every other row keeps
+    its own. Adam's step count is the table's (optax keeps one), so the new row's first update is bias-corrected
+    by it: after 4 steps 0.55 of a fresh Adam row's first update (numpy below); Adagrad's equals a fresh row's."""
+    program, data, _ = build(cfg_of([f"optimizer={opt}", "async_emb=off", *HASHED]))
+    o, spec = program.emb_optimizers["users"], program.tables["users"]
+    _, state, _, _ = run_steps(program, data, 4, flush=False)
+    rows = spec.rows
+    per_row = lambda leaf: getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == rows  # noqa: E731
+    # every per-row leaf moved off its initial value, so that a row left un-reset shows
+    state = state._replace(emb_states={**state.emb_states, "users": jax.tree.map(
+        lambda x: x + 1.0 if per_row(x) else x, state.emb_states["users"])})
+    before = numpy_tree(state.emb_states["users"])
+    raw = {n: jnp.asarray(v) for n, v in program.model.table_ids(
+        {k: jnp.asarray(v) for k, v in data.batch(99, 32).items()}).items()}
+    raw["users"] = jnp.asarray(ht.fingerprint(np.arange(10**12, 10**12 + spec.hash.capacity, dtype=np.int64)))[:, None]
+    after, _, moved, _ = jax.jit(lambda st, r: hash_step.map_batch(program, st, r))(state, raw)
+    changed = (np.asarray(moved["users"].before) != np.asarray(moved["users"].after)).any(-1)
+    new = np.zeros(rows, bool)
+    new[np.asarray(hr.slot_rows(spec.hash, jnp.asarray(np.flatnonzero(changed))))] = True
+    assert new.sum() > 0
+    initial = numpy_tree(o.init(1, spec.columns))
+    for b, a, i in zip(*(jax.tree.leaves(x) for x in (before, numpy_tree(after.emb_states["users"]), initial))):
+        if per_row(a):
+            assert (a[new] == i[0]).all() and (b[new] != i[0]).all()
+            np.testing.assert_array_equal(a[~new], b[~new])
+        else:  # Adam's count: the table's 4 updates, untouched
+            np.testing.assert_array_equal(a, b)
+            assert int(a) == 4
+    # the first update of the new rows, for the same gradient g on each of them
+    g = np.where(new[:, None], np.float32(0.01), np.float32(0)) * np.ones((1, spec.columns), np.float32)
+    upd, _ = jax.jit(o.transform().update)(jnp.asarray(g), after.emb_states["users"], after.tables["users"])
+    got = np.asarray(upd)[new]
+    lr, g0 = o.learning_rate, 0.01
+    if opt == "adam":
+        def adam_first(count):  # one step from zero moments, bias-corrected by update number ``count``
+            mu, nu = (1 - o.b1) * g0 / (1 - o.b1 ** count), (1 - o.b2) * g0 ** 2 / (1 - o.b2 ** count)
+            return -lr * mu / (np.sqrt(nu) + o.eps)
+        np.testing.assert_allclose(got, adam_first(5), rtol=1e-5)  # the table's 5th update
+        assert adam_first(5) / adam_first(1) == pytest.approx(0.5455, abs=1e-4)  # not a fresh row's first
+    else:
+        np.testing.assert_allclose(got, -lr * g0 / np.sqrt(o.initial_accumulator_value + g0 ** 2 + o.eps), rtol=1e-5)
