@@ -68,7 +68,12 @@ def dense_gradient(ctx: AsyncEmbContext, update: AsyncEmbGradientUpdate, shape: 
 
 @dataclasses.dataclass(frozen=True)
 class Adam(OptaxEmbOptimizer):
-    """``optax.adamw`` over the whole table (Kingma & Ba, 2015; decoupled decay, Loshchilov & Hutter, 2019)."""
+    """``optax.adamw`` over the whole table (Kingma & Ba, 2015; decoupled decay, Loshchilov & Hutter, 2019).
+
+    Its moments are per row, its step count is the table's (optax keeps one): a row first updated late in a run,
+    or a hash table's row given to a new id (whose moments are reset, docs/guide/hash_tables.md), is
+    bias-corrected by the table's count, so its first updates are not those of a row started afresh (late in a
+    run up to 6.6x larger with the default b1 and b2). ``AsyncAdam`` counts each row's own updates."""
 
     learning_rate: float = hparam(1e-3, "step size", low=0.0, low_open=True)
     b1: float = hparam(0.9, "decay of the first-moment (mean) estimate", low=0.0, high=1.0, high_open=True)

@@ -116,6 +116,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
         # whose width makes a TPU copy it every step; a staleness that defers every update past the last step;
         # mesh settings this mesh does not use
         for warning in (run_budget.warnings() + notices.rounding_warnings(program.emb_optimizers, program.tables)
+                        + notices.hash_count_warnings(program.emb_optimizers, program.tables)
                         + notices.layout_warnings(program.tables, jax.default_backend())
                         + notices.staleness_warnings(program.staleness, run_budget.steps, run_budget.source)
                         + notices.passes_warnings(run_budget, task)

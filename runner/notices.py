@@ -28,6 +28,45 @@ def rounding_warnings(emb_optimizers: Mapping[str, Any], tables: Mapping[str, An
     return out
 
 
+def hash_count_warnings(emb_optimizers: Mapping[str, Any], tables: Mapping[str, Any]) -> list[str]:
+    """A line (starting with ``warning:``) per plain optax optimizer that updates hash tables and keeps state for
+    the whole table, not per row (Adam's step count): a slot given to a new id resets the row and its per-row state
+    (``hash_rows.reset_rows``) but not that, so the new id's row is updated as one trained since step 0 (Adam
+    bias-corrects it by the table's count; docs/guide/hash_tables.md measures it). ``tables``: each table's spec
+    (its ``kind``). Optimizers whose state is all per row (Adagrad's sums) start a new id's row afresh: no line."""
+    import jax  # noqa: PLC0415 - only the shapes of the state, no array is made
+    from optimizers import Adam  # noqa: PLC0415
+
+    hashed: dict[tuple[str, str, bool], list[str]] = {}
+    for name, opt in sorted(emb_optimizers.items()):
+        if not isinstance(opt, OptaxEmbOptimizer) or tables[name].kind != "hash":
+            continue
+        two, three = (jax.tree_util.tree_flatten_with_path(jax.eval_shape(lambda r=r: opt.init(r, 1)))[0]
+                      for r in (2, 3))
+        whole = [_leaf_name(path) for (path, a), (_, b) in zip(two, three) if a.shape[:1] == b.shape[:1]]
+        if whole:
+            hashed.setdefault((type(opt).__name__, ", ".join(whole), isinstance(opt, Adam)), []).append(name)
+    out = []
+    for (cls, whole, adam), names in hashed.items():
+        listed = ", ".join(f"'{n}'" for n in names)
+        effect = ("so Adam bias-corrects the new id's row by the table's count, as a row trained since step 0: late "
+                  "in a run its first updates are up to 6.6x a fresh row's with the default b1 and b2" if adam else
+                  "so the new id's row is updated as one trained since step 0, not as a fresh row")
+        out.append(
+            f"warning: hash table{'s' * (len(names) > 1)} {listed} {'are' if len(names) > 1 else 'is'} updated by "
+            f"{cls} (plain optax over the whole table), which keeps its state's {whole} for the whole table, not per "
+            f"row: a slot given to a new id resets its row and its per-row state but not that, {effect} "
+            f"(docs/guide/hash_tables.md). The fused optimizers keep it per row: optimizer=async_adam counts each "
+            f"row's own updates (bias_correction=per_row, its default)")
+    return out
+
+
+def _leaf_name(path: tuple) -> str:
+    """The last key of an optax state leaf's path (``count`` of ``ScaleByAdamState.count``)."""
+    last = path[-1] if path else None
+    return str(getattr(last, "name", getattr(last, "key", getattr(last, "idx", "state"))))
+
+
 TPU_WARN_ROWS = 1_000_000  # below this a whole-table copy costs little next to the rest of a step
 
 

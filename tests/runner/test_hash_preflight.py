@@ -1,7 +1,12 @@
 """Hash and modulo tables' settings: every bad value, and every combination they cannot run, stops before
-anything compiles with one message naming the setting and the way out."""
+anything compiles with one message naming the setting and the way out; a combination that runs but not as a user
+may expect (a dense optax Adam's table-wide step count) is named in one warning line."""
+import logging
+
 import pytest
 
+from runner import notices
+from runner.app import run
 from runner.build import build
 from runner.errors import PreflightError
 from tests.runner.support import compose_config
@@ -87,3 +92,36 @@ def test_an_admit_after_no_id_can_reach_is_refused_with_the_bound(table, over, l
         f"so no id's estimate exceeds {top:,} and no id would ever get a slot (the table would train nothing): set "
         f"model.tables.{table}.admit_after to at most {top:,}, or raise model.tables.{table}.admit_window (0: counts "
         f"never fade)")
+
+
+ADAM_COUNT = (
+    "warning: hash table{s} {tables} {be} updated by Adam (plain optax over the whole table), which keeps its state's "
+    "count for the whole table, not per row: a slot given to a new id resets its row and its per-row state but not "
+    "that, so Adam bias-corrects the new id's row by the table's count, as a row trained since step 0: late in a run "
+    "its first updates are up to 6.6x a fresh row's with the default b1 and b2 (docs/guide/hash_tables.md). The "
+    "fused optimizers keep it per row: optimizer=async_adam counts each row's own updates (bias_correction=per_row, "
+    "its default)")
+
+
+@pytest.mark.parametrize("over, expected", [
+    (["optimizer=adam"], [ADAM_COUNT.format(s="", tables="'users'", be="is")]),
+    (["optimizer=adam", "model.tables.items.kind=hash", "model.tables.items.capacity=400",
+      "model.tables.items.vocab=null"], [ADAM_COUNT.format(s="s", tables="'items', 'users'", be="are")]),
+    (["optimizer=adagrad"], []),  # its state is all per row: a new id's row starts afresh
+    (["optimizer=async_adam"], []),  # fused: per-row counts
+    (["optimizer=adam", "model.tables.users.kind=modulo", "model.tables.users.vocab=101",
+      "model.tables.users.capacity=null"], []),  # no slot is ever given to another id
+], ids=["adam", "adam-two-tables", "adagrad", "async_adam", "adam-modulo"])
+def test_a_dense_optax_adam_on_a_hash_table_is_warned_of_its_table_wide_count(over, expected):
+    """Adam's step count is the table's in optax: a hash table's slot given to a new id resets the row and its
+    moments, not the count (tests/runner/core/test_hash_step.py measures the first update it gives)."""
+    program, _, _ = build(compose_config([*HASH, "async_emb=off", *over]))
+    assert notices.hash_count_warnings(program.emb_optimizers, program.tables) == expected
+
+
+@pytest.mark.slow
+def test_the_run_prints_the_table_wide_count_warning_once(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="runner")
+    run(compose_config([*HASH, "async_emb=off", "optimizer=adam", "trainer.steps=2"]), tmp_path)
+    lines = [r.getMessage() for r in caplog.records if r.name == "runner"]
+    assert [ln for ln in lines if "updated by Adam" in ln] == [ADAM_COUNT.format(s="", tables="'users'", be="is")]
