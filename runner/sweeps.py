@@ -53,7 +53,8 @@ MAX_NAME = 128  # the longest logger.group / logger.name the preflight takes (ru
 PLUGIN_OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 RUNNER_OPTUNA = "hydra_plugins.runner_optuna.sweeper.RunnerOptunaSweeper"
 BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"  # Hydra's default sweeper
-NO_TRIAL_COMPLETED = "No trials are completed yet"  # Optuna's error for a study with no completed trial
+# Optuna's errors for a study with no completed trial: kept in memory, kept in a database
+NO_TRIAL_COMPLETED = ("No trials are completed yet", "Record does not exist")
 
 
 class TrialFailed(RuntimeError):
@@ -184,8 +185,11 @@ def record_failure(cfg: DictConfig, output_dir: str | os.PathLike, error: BaseEx
 
 
 def trial_failed(cfg: DictConfig, hc: Any, error: Exception, make_tracker: Callable[[], Any]) -> float:
-    """Record the failure; return ``nan`` for the basic sweeper, re-raise for Optuna (trial state FAIL)."""
-    log.error("trial #%s failed: %s: %s", hc.job.num, type(error).__name__, error)
+    """Record the failure (one line naming the trial's values and the error); return ``nan`` for the basic
+    sweeper, re-raise for Optuna (trial state FAIL)."""
+    from .sweep_launch import failure_line
+
+    log.error("%s", failure_line(hc.job.num, hc.overrides.task, error))
     record_failure(cfg, hc.runtime.output_dir, error, make_tracker)
     if is_optuna(hc):
         raise error
@@ -229,8 +233,11 @@ def _trial_dirs(root: Path) -> list[Path]:
 def note_earlier_trials(sweep_dir: str | os.PathLike) -> None:
     """Remember the trials an earlier sweep into ``sweep_dir`` left there: Hydra writes a trial's overrides file
     when it launches it, so one this sweep has not launched keeps its time, and the summary leaves it out."""
+    from .sweep_launch import refused
+
     _EARLIER.clear()
     _LAUNCHED.clear()
+    refused.clear()
     root = Path(sweep_dir) if str(sweep_dir) else None
     if root is not None and root.is_dir():
         _EARLIER.update({str(d): (d / OVERRIDES_FILE).stat().st_mtime_ns for d in _trial_dirs(root)})
@@ -243,11 +250,15 @@ def _earlier(d: Path) -> bool:
 def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str, str]], int]:
     """(trial dirs, [(dir, overrides, first line of FAILED)], earlier) for the trials under ``sweep_dir`` that this
     sweep launched; ``earlier``: how many more an earlier sweep into it left there (``note_earlier_trials``)."""
+    from .sweep_launch import refused
+
     found = _trial_dirs(Path(sweep_dir)) if Path(sweep_dir).is_dir() else []
     trials = [d for d in found if not _earlier(d)]
     failed = [(d, " ".join(read_overrides(d)), _first_line(d / FAILED_MARKER)) for d in trials
               if (d / FAILED_MARKER).is_file()]
-    return trials, failed, len(found) - len(trials)
+    gone = [(Path(sweep_dir) / str(num), " ".join(overrides), f"{type(e).__name__}: {e}")  # no folder: never ran
+            for num, overrides, e in refused]
+    return trials + [d for d, _, _ in gone], failed + gone, len(found) - len(trials)
 
 
 def summary_lines(sweep_dir: str | os.PathLike,
@@ -327,13 +338,17 @@ def override_problems(overrides: list[str], config: Any, *, optuna: bool, basic:
 def optuna_stopped(sweep_dir: str | os.PathLike, error: Exception, max_failure_rate: float) -> NoReturn:
     """End an Optuna search the plugin stopped with ``error``: the summary, one line naming why it stopped and the
     fix, exit code 1. An error that is neither Optuna's "no trial completed" nor a failed trial's is re-raised."""
+    from .sweep_launch import refused
+
     found = sweep_failures(sweep_dir)
     failed = found[1]
     text = f"{type(error).__name__}: {error}"
-    if NO_TRIAL_COMPLETED in str(error) and failed:
+    if any(m in str(error) for m in NO_TRIAL_COMPLETED) and failed:
         why = ("sweep: no trial completed, so there is no best one (optimization_results.yaml not written): fix "
                "what the failed trials name and run the search again")
-    elif any((d / FAILED_MARKER).read_text(encoding="utf-8", errors="replace").startswith(text) for d, _, _ in failed):
+    elif any(e is error for _, _, e in refused) or any(
+            (d / FAILED_MARKER).read_text(encoding="utf-8", errors="replace").startswith(text)
+            for d, _, _ in failed if (d / FAILED_MARKER).is_file()):
         why = (f"sweep: stopped early: a batch of trials failed more often than hydra.sweeper.max_failure_rate="
                f"{max_failure_rate} allows (the share of a batch that may fail); fix what they name, or set "
                f"hydra.sweeper.max_failure_rate=1.0 to record failed trials and go on")

@@ -8,7 +8,8 @@ cannot open, a stored study of the same ``study_name`` was searched in another d
 of a parameter, or a trial is given a value its config cannot take (Hydra composes each trial's config as it
 launches it, so one bad ``choice`` value ends the whole search there). This subclass checks the storage, the
 stored study and every value a trial could be given (``runner.sweep_checks``) before the first trial (exit code
-2, one line each), and turns the first two into the end-of-sweep summary (one line per failed trial) plus one
+2, one line each), refuses alone a trial whose values clash (each fine, their config not composing:
+``runner.sweep_launch``, which also leaves out Hydra's lines repeating a failed trial's), and turns the first two into the end-of-sweep summary (one line per failed trial) plus one
 line naming the cause and the fix (exit code 1). Trials a search leaves unfinished (Ctrl-C, SIGTERM, a crash)
 are marked failed in the stored study, where Optuna would keep them running for good; those a search killed
 outright left (SIGKILL, a machine gone) are marked failed by the next search of the study, which finds them by
@@ -36,10 +37,13 @@ class RunnerOptunaSweeper(OptunaSweeper):
         """The plugin's search over ``arguments`` (the command line's overrides), after the checks that refuse one
         that cannot work (exit code 2); a search it stops is summarised (exit code 1), and the trials it leaves
         unfinished are marked failed."""
-        from runner import sweep_checks, sweep_storage, sweeps
+        from runner import sweep_checks, sweep_launch, sweep_storage, sweeps
 
         impl = self.sweeper
-        _hide_passwords(logging.getLogger(type(impl).__module__), sweep_checks.mask_password)
+        plugin_log = logging.getLogger(type(impl).__module__)
+        _hide_passwords(plugin_log, sweep_checks.mask_password)
+        if not any(isinstance(f, sweep_launch.DropFailedExperiment) for f in plugin_log.filters):
+            plugin_log.addFilter(sweep_launch.DropFailedExperiment())
         given = {a.split("=", 1)[0] for a in arguments}  # the command line's keys replace hydra.sweeper.params's: the
         if impl.params:  # plugin would grid the replaced interval anyway (GridSampler only supports discrete ...)
             impl.params = OmegaConf.create({k: v for k, v in impl.params.items() if str(k) not in given})
@@ -55,12 +59,18 @@ class RunnerOptunaSweeper(OptunaSweeper):
         sweep_checks.refuse(sweep_checks.value_problems(space, fixed, texts, compose) +
                             sweep_checks.stored_study_problems(storage, impl.study_name,
                                                                impl._get_directions(), space))
+        sweep_launch.refused.clear()
+        impl.launcher.launch = sweep_launch.composed_launch(impl.launcher.launch, compose)  # a clash: that trial
         seed = OmegaConf.select(impl.config, "hydra.sweeper.sampler.seed", default=None)
         note = sweep_checks.resumed_seed_note(storage, impl.study_name, seed)
         if note:
             print(note, file=sys.stderr, flush=True)
         with sweep_storage.Heartbeat(storage) as heartbeat:  # a killed search's trials: failed as a batch starts
-            asked = sweep_checks.track_asked(impl, heartbeat.batch)
+            def batch(trials: list) -> None:  # the plugin builds the sampler (a grid's) as the search starts
+                sweep_launch.told_without_stop(trials[0].study.sampler)  # a grid's failed last trial: no traceback
+                heartbeat.batch(trials)
+
+            asked = sweep_checks.track_asked(impl, batch)
             try:
                 return super().sweep(arguments)
             except Exception as error:  # noqa: BLE001 - sorted out (or re-raised) by sweeps.optuna_stopped

@@ -17,7 +17,7 @@ import yaml
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from runner import sweep_checks, sweep_storage, sweeps
+from runner import sweep_checks, sweep_launch, sweep_storage, sweeps
 from runner.errors import PreflightError
 from tests.runner.support import CONF, TINY, compose_config
 
@@ -441,6 +441,78 @@ def test_optuna_values_a_trial_cannot_take_are_refused_before_the_first(tmp_path
         "error: invalid sweep:", "  - no_such_key=interval(0,1): no value of no_such_key can be applied (Could not "
         "override 'no_such_key'.): check the key (python -m runner --cfg job prints the config's keys), or drop it "
         "from the search"]
+
+
+class _TrialLauncher:
+    """Stands in for Hydra's launcher running runner trials: a trial with ``mesh=data`` and
+    ``trainer.batch_size=30`` fails as the runner's preflight fails it; any other returns 0.5."""
+
+    def __init__(self):
+        self.launched = []
+
+    def launch(self, overrides, initial_job_idx):
+        from hydra.core.utils import JobReturn, JobStatus
+
+        out = []
+        for i, trial in enumerate(overrides):
+            self.launched.append((initial_job_idx + i, list(trial)))
+            ret = JobReturn(overrides=list(trial), status=JobStatus.COMPLETED)
+            ret.return_value = 0.5
+            if {"mesh=data", "trainer.batch_size=30"} <= set(trial):
+                ret.status, ret.return_value = JobStatus.FAILED, PreflightError("trainer.batch_size=30 does not divide")
+            out.append(ret)
+        return out
+
+
+def test_an_optuna_trial_whose_values_clash_fails_alone_and_the_search_goes_on(tmp_path, capsys, caplog):
+    """Values each fine alone (checked before the first trial) can clash in one trial: a config that does not compose
+    (async_sgd has no b1) is refused alone, as the preflight refuses a batch that does not divide; each is one line,
+    a FAIL trial, and a FAILED line of the summary, and the other trials run (it used to end the search in Hydra's
+    multi-line error, and a refused trial printed Hydra's 'Error executing job' line twice)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    url, launcher = f"sqlite:///{tmp_path}/study.db", _TrialLauncher()
+    grid = optuna.samplers.GridSampler({"optimizer": ["async_adam", "async_sgd"], "optimizer.b1": [0.8],
+                                        "mesh": ["single", "data"]})
+    caplog.set_level("ERROR", logger="runner.sweeps")
+    optuna_search(tmp_path, ["optimizer=choice(async_adam,async_sgd)", "optimizer.b1=choice(0.8)",
+                             "mesh=choice(single,data)", "trainer.batch_size=30", *TINY], launcher,
+                  storage=url, n_trials=4, sampler=grid)
+    trials = optuna.load_study(storage=url, study_name="s").trials
+    states = {(t.params["optimizer"], t.params["mesh"]): t.state for t in trials}
+    assert states == {("async_adam", "single"): TrialState.COMPLETE, ("async_adam", "data"): TrialState.FAIL,
+                      ("async_sgd", "single"): TrialState.FAIL, ("async_sgd", "data"): TrialState.FAIL}
+    assert sorted(n for n, _ in launcher.launched) == sorted(t.number for t in trials if t.params["optimizer"] ==
+                                                             "async_adam")  # each keeps its job number
+    err = capsys.readouterr().err
+    assert "Error executing job" not in err and "Failed experiment" not in caplog.text + err
+    lines = [r.getMessage() for r in caplog.records]
+    clash = ("failed: TrialRefused: its values do not compose into one config (Could not override 'optimizer.b1': "
+             "Key 'b1' not in 'AsyncSGDConfig'): drop the clashing values from the search, or search keys every "
+             "choice has")
+    assert len(lines) == 2 and all(ln.startswith("trial #") and ln.endswith(clash) and "optimizer=async_sgd "
+                                   "optimizer.b1=0.8" in ln for ln in lines)
+    summary, failed = sweeps.summary_lines(tmp_path)
+    assert failed and summary[0] == f"sweep: 2 trials, 0 ok, 2 failed ({tmp_path})"  # the stand-in made no folder
+    assert all(ln.startswith("  FAILED #") and "optimizer=async_sgd" in ln and ln.endswith(clash.split(": ", 1)[1])
+               for ln in summary[1:])
+    with pytest.raises(SystemExit) as e:  # the plugin's own max_failure_rate=0.0: the first clash stops the search
+        optuna_search(tmp_path, ["optimizer=choice(async_sgd)", "optimizer.b1=choice(0.8)", *TINY], launcher,
+                      n_trials=2, max_failure_rate=0.0)
+    assert e.value.code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"sweep: 1 trials, 0 ok, 1 failed ({tmp_path})" and err[1].startswith("  FAILED #0 [")
+    assert err[-1].startswith("sweep: stopped early: a batch of trials failed more often than "
+                              "hydra.sweeper.max_failure_rate=0.0 allows")
+
+
+def test_a_failed_trials_line_names_its_values_and_the_whole_error():
+    error = PreflightError("invalid config:\n  - trainer.steps=0 is outside [1, inf)\n  - model.emb_width=0 too small")
+    assert sweep_launch.failure_line(2, ["mesh=data", "trainer.batch_size=30"], error) == (
+        "trial #2 [mesh=data trainer.batch_size=30] failed: PreflightError: invalid config: trainer.steps=0 is outside "
+        "[1, inf); model.emb_width=0 too small")
+    assert sweep_launch.one_line("no fused update.\nWays out: (1) pick one") == "no fused update. Ways out: (1) pick one"
 
 
 def test_a_stored_study_searched_otherwise_is_refused_and_unfinished_trials_are_failed(tmp_path, capsys):
@@ -886,6 +958,37 @@ def test_optuna_goes_on_after_failed_trials_and_fails_if_none_completed(tmp_path
     for d in trials:
         assert "PreflightError: use_async_emb requires" in (d / "FAILED").read_text()
     assert not (tmp_path / "optimization_results.yaml").exists()
+
+
+@pytest.mark.slow
+def test_an_optuna_trial_the_preflight_refuses_is_one_line_and_fail_and_all_refused_exits_1(tmp_path):
+    """mesh=data and trainer.batch_size=30 are each fine, not together on 4 devices: that trial ends in one line naming
+    its values and the refusal, is FAIL in the study, and the search goes on; a search all of whose trials are
+    refused exits 1 saying so."""
+    import optuna
+    from optuna.trial import TrialState
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    search = ["hparams_search=optuna_ranking", "hydra/sweeper/sampler=grid", "mesh.cpu_devices=4", "model.emb_width=8",
+              "optimizer.learning_rate=0.01", "dense_optimizer.learning_rate=0.001", f"hydra.sweeper.storage={url}"]
+    refusal = ("failed: PreflightError: trainer.batch_size=30 does not divide over the 4 devices of "
+               "mesh.axes={'data': -1} with mesh.cpu_devices=4; use a multiple of 4")
+    proc = runner_cli(*search, "mesh=choice(single,data)", "trainer.batch_size=30", f"hydra.sweep.dir={tmp_path}/a")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out and "Error executing job" not in out and "Failed experiment" not in out
+    (line,) = [ln for ln in out.splitlines() if "PreflightError" in ln and "ERROR] - trial #" in ln]
+    assert "trial #" in line and "[mesh=data " in line and " trainer.batch_size=30" in line and line.endswith(refusal)
+    assert f"sweep: 2 trials, 1 ok, 1 failed ({tmp_path}/a)" in proc.stdout
+    states = {t.params["mesh"]: t.state for t in optuna.load_study(storage=url, study_name="ranking").trials}
+    assert states == {"single": TrialState.COMPLETE, "data": TrialState.FAIL}
+    proc = runner_cli(*search, "mesh=data", "trainer.batch_size=choice(30,34)", "hydra.sweeper.study_name=all",
+                      f"hydra.sweep.dir={tmp_path}/b")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"sweep: 2 trials, 0 ok, 2 failed ({tmp_path}/b)" in proc.stderr
+    assert proc.stderr.rstrip().endswith("sweep: no trial completed, so there is no best one (optimization_results"
+                                         ".yaml not written): fix what the failed trials name and run the search again")
+    assert {t.state for t in optuna.load_study(storage=url, study_name="all").trials} == {TrialState.FAIL}
 
 
 @pytest.mark.slow
