@@ -7,7 +7,8 @@ touches move their moments. ``bias_correction`` picks the count Adam's bias corr
 - ``per_row`` (default): each row's own update count, so a row's trajectory equals ``optax.adam`` run on that
   row's own gradient stream; a rarely seen row is corrected as fresh for its first touches.
 - ``global``: the table's update count, as TF LazyAdam, PyTorch SparseAdam and FBGEMM do: a row first
-  touched late in training gets (almost) no correction, so its first steps are ``1 - b1`` of a full step.
+  touched late in training gets (almost) no correction, so its first step is ``(1 - b1) / sqrt(1 - b2)`` of a
+  bias-corrected one: about 3.2x with the default b1 and b2.
 
 Weight decay is decoupled (AdamW, Loshchilov & Hutter, 2019) and applied to touched rows only, as they are
 touched.

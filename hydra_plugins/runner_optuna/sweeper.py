@@ -9,8 +9,9 @@ of a parameter, or a trial is given a value its config cannot take (Hydra compos
 launches it, so one bad ``choice`` value ends the whole search there). This subclass checks the storage, the
 stored study and every value a trial could be given (``runner.sweep_checks``) before the first trial (exit code
 2, one line each), refuses alone a trial whose values clash (each fine, their config not composing:
-``runner.sweep_launch``, which also leaves out Hydra's lines repeating a failed trial's), and turns the first two into the end-of-sweep summary (one line per failed trial) plus one
-line naming the cause and the fix (exit code 1). Trials a search leaves unfinished (Ctrl-C, SIGTERM, a crash)
+``runner.sweep_launch``, which also leaves out Hydra's lines repeating a failed trial's), and turns the first two
+into the end-of-sweep summary (one line per failed trial) plus one line naming the cause and the fix (exit code
+1). Trials a search leaves unfinished (Ctrl-C, SIGTERM, a crash)
 are marked failed in the stored study, where Optuna would keep them running for good; those a search killed
 outright left (SIGKILL, a machine gone) are marked failed by the next search of the study, which finds them by
 their heartbeat (``runner.sweep_storage``; the storage is opened once, for the checks and the search). The
