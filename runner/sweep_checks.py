@@ -10,7 +10,9 @@ below 0, and an interval under the grid sampler (it tries listed values only). T
 each value a trial could be given (every ``choice`` value, both ends of an interval) composed into the config as
 that trial would compose it, and a stored study of the same name searched in another direction or over other
 values of a parameter. It also marks the trials a search leaves unfinished (Ctrl-C, SIGTERM, a crash) failed in
-a stored study, which Optuna would keep ``RUNNING`` for good.
+a stored study, which Optuna would keep ``RUNNING`` for good. The runner's basic sweeper (``-m``,
+``hydra_plugins/runner_basic``) calls ``combination_problems`` the same way: every combination of its sweep
+composed, those that do not compose refused, also with exit code 2.
 """
 from __future__ import annotations
 
@@ -191,6 +193,45 @@ def value_problems(space: dict[str, Any], fixed: dict[str, Any], texts: dict[str
                 f"values {key} takes" for value, why in failed.items()]
     return out
 
+
+COMBINATIONS_LISTED = 10  # a basic sweep's combinations that do not compose: at most this many named, then a count
+
+
+def combination_problems(trials: list[list[str]], compose: Callable[[list[str]], Any]) -> list[str]:
+    """Each combination of a basic sweep (``trials``: every trial's overrides, in Hydra's job order) whose config
+    ``compose`` (Hydra's ``load_sweep_config``) cannot build: its trial number, its values, Hydra's reason in one
+    line and the fix. A swept value no combination with which composes, while others do, is named as the value to
+    drop, in one line for all its combinations (``optimizer=async_sgd`` in ``optimizer=async_adam,async_sgd
+    optimizer.b1=0.8``). Past ``COMBINATIONS_LISTED`` lines, one more counts the trials left unnamed."""
+    from .sweep_launch import compose_reason
+
+    failed: dict[int, BaseException] = {}
+    for num, overrides in enumerate(trials):
+        try:
+            compose(list(overrides))
+        except Exception as e:  # noqa: BLE001 - Hydra's composition errors are of several kinds
+            failed[num] = e
+    having: dict[str, set[int]] = {}  # each override -> the trials it is in
+    for num, overrides in enumerate(trials):
+        for override in overrides:
+            having.setdefault(override, set()).add(num)
+    groups: dict[Any, list[int]] = {}  # the values to drop (or the trial number, when none is to blame alone)
+    for num in failed:
+        drop = tuple(o for o in trials[num] if len(failed) < len(trials) and having[o] <= failed.keys()
+                     and len(having[o]) < len(trials))  # swept, and no combination with it composes
+        groups.setdefault(drop or num, []).append(num)
+    out, named = [], 0
+    for drop, nums in list(groups.items())[:COMBINATIONS_LISTED]:
+        more = f" and {len(nums) - 1} more with {' '.join(drop)}" if len(nums) > 1 else ""
+        fix = f"drop {' and '.join(drop)} from the sweep" if isinstance(drop, tuple) else (
+            "drop the clashing value from the sweep")
+        out.append(f"trial #{nums[0]} [{' '.join(trials[nums[0]])}]{more}: its values do not compose into one config "
+                   f"({compose_reason(failed[nums[0]])}): {fix}, or sweep keys every choice has")
+        named += len(nums)
+    if named < len(failed):
+        out.append(f"and {len(failed) - named} more of the sweep's {len(trials)} trials whose values do not compose "
+                   f"into one config")
+    return out
 
 def _shown(distribution: Any) -> str:
     """A distribution as the override that makes it (``choice(a, b)``, ``tag(log, interval(0.1, 1))``)."""

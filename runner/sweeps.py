@@ -18,7 +18,9 @@ What a trial gets (``runner.__main__`` calls these; ``python -m runner -m a=1,2`
 :class:`SweepSummary` (a Hydra callback, ``conf/hydra/callbacks/sweep_summary.yaml``) prints, when the sweep
 ends, ``sweep: N trials, M ok, K failed`` and one line per failed trial, of the trials this sweep launched (not
 those an earlier sweep into the same folder left there). The process
-exits non-zero only when every trial failed or none ran (an empty range). Before an Optuna search it refuses
+exits non-zero only when every trial failed or none ran (an empty range). It runs a ``-m`` sweep with the runner's
+subclass of Hydra's basic sweeper (``hydra_plugins/runner_basic``), which refuses before the first trial, exit
+code 2, every combination whose config does not compose. Before an Optuna search it refuses
 settings that cannot work (``n_trials`` or ``n_jobs`` below 1, a direction other than minimize or maximize,
 several directions for the one objective a run returns, a search range Optuna would read otherwise than
 meant, an unseeded search run by several processes; ``runner.sweep_checks``), exit code 2, and runs the search
@@ -53,6 +55,8 @@ MAX_NAME = 128  # the longest logger.group / logger.name the preflight takes (ru
 PLUGIN_OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 RUNNER_OPTUNA = "hydra_plugins.runner_optuna.sweeper.RunnerOptunaSweeper"
 BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"  # Hydra's default sweeper
+RUNNER_BASIC = "hydra_plugins.runner_basic.sweeper.RunnerBasicSweeper"
+RUNNERS = {PLUGIN_OPTUNA: RUNNER_OPTUNA, BASIC: RUNNER_BASIC}  # the runner's subclass run in place of each sweeper
 # Optuna's errors for a study with no completed trial: kept in memory, kept in a database
 NO_TRIAL_COMPLETED = ("No trials are completed yet", "Record does not exist")
 
@@ -377,9 +381,10 @@ class SweepSummary(Callback):
         problems += override_problems(overrides, config, optuna=optuna, basic=sweeper.get("_target_") == BASIC)
         problems += sweep_checks.processes_problems(config, optuna)
         sweep_checks.refuse(problems)  # SystemExit, not an Exception: Hydra's callback runner would only warn
-        if sweeper.get("_target_") == PLUGIN_OPTUNA:  # Hydra instantiates the sweeper from this config next
+        ours = RUNNERS.get(str(sweeper.get("_target_")))
+        if ours:  # Hydra instantiates the sweeper from this config next
             with read_write(config.hydra.sweeper), open_dict(config.hydra.sweeper):
-                config.hydra.sweeper._target_ = RUNNER_OPTUNA
+                config.hydra.sweeper._target_ = ours
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         lines, failed = summary_lines(Path(str(config.hydra.sweep.dir)))

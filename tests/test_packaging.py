@@ -108,9 +108,10 @@ def test_wheel_ships_every_config_group_and_no_benchmarks(wheel):
     top = {n.split("/")[0] for n in names}
     dist_info = {t for t in top if t.endswith(".dist-info")}
     assert top - dist_info == {"runner", "optimizers", "hydra_plugins"} and len(dist_info) == 1, top
-    # the runner's Optuna sweeper, in Hydra's plugin namespace: no hydra_plugins/__init__.py, which would hide the
-    # other plugins' (the Optuna and submitit ones it builds on)
+    # the runner's basic and Optuna sweepers, in Hydra's plugin namespace: no hydra_plugins/__init__.py, which would
+    # hide the other plugins' (the Optuna and submitit ones they build on)
     assert sorted(n for n in names if n.startswith("hydra_plugins/")) == [
+        "hydra_plugins/runner_basic/__init__.py", "hydra_plugins/runner_basic/sweeper.py",
         "hydra_plugins/runner_optuna/__init__.py", "hydra_plugins/runner_optuna/sweeper.py"]
     assert not [n for n in names if n.startswith("benchmarks/") or "/benchmarks/" in n]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]

@@ -507,6 +507,118 @@ def test_an_optuna_trial_whose_values_clash_fails_alone_and_the_search_goes_on(t
                               "hydra.sweeper.max_failure_rate=0.0 allows")
 
 
+class _BasicLauncher:
+    """Stands in for Hydra's launcher under the basic sweeper: notes each batch and its first job number, and
+    returns 0.5 for every trial."""
+
+    def __init__(self):
+        self.batches = []
+
+    def launch(self, overrides, initial_job_idx):
+        from hydra.core.utils import JobReturn, JobStatus
+
+        self.batches.append((initial_job_idx, [list(t) for t in overrides]))
+        out = []
+        for trial in overrides:
+            ret = JobReturn(overrides=list(trial), status=JobStatus.COMPLETED)
+            ret.return_value = 0.5
+            out.append(ret)
+        return out
+
+
+def basic_sweep(tmp_path, arguments, launcher, max_batch_size=None):
+    """Run the runner's basic sweeper in this process over ``arguments`` with Hydra's own config loader."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext
+
+    from hydra_plugins.runner_basic.sweeper import RunnerBasicSweeper
+    from runner.config import register
+
+    register()
+    sweeper = RunnerBasicSweeper(max_batch_size=max_batch_size)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="runner"):
+        sweeper.config = compose("config", overrides=[*TINY, f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
+        loader = GlobalHydra.instance().config_loader()
+        sweeper.hydra_context = HydraContext(config_loader=loader, callbacks=Callbacks())
+        sweeper.launcher = launcher
+        return sweeper.sweep(arguments)
+
+
+B1_CLASH = ("its values do not compose into one config (Could not override 'optimizer.b1': Key 'b1' not in "
+            "'AsyncSGDConfig'): drop optimizer=async_sgd from the sweep, or sweep keys every choice has")
+
+
+def test_a_basic_sweeps_combinations_that_do_not_compose_are_refused_before_the_first_trial(tmp_path, capsys):
+    """Values each fine can clash in one combination (async_sgd has no b1). Hydra's basic sweeper stopped at the
+    first such batch in its multi-line error, exit code 1, naming no combination, and with max_batch_size only
+    after the earlier batches' trials had run; every combination is composed before the first trial now, and
+    the bad ones named (exit code 2), before multirun.yaml is written."""
+    launcher = _BasicLauncher()
+    for batch_size in (None, 1):  # with batches of one, the clash is in the third batch: still no trial runs
+        with pytest.raises(SystemExit) as e:
+            basic_sweep(tmp_path, [*TINY, "optimizer=async_adam,async_sgd", "optimizer.b1=0.8,0.9"], launcher,
+                        max_batch_size=batch_size)
+        assert e.value.code == 2 and launcher.batches == [] and not (tmp_path / "multirun.yaml").exists()
+        assert capsys.readouterr().err.splitlines() == [
+            "error: invalid sweep:",
+            f"  - trial #2 [debug=tiny optimizer=async_sgd optimizer.b1=0.8] and 1 more with optimizer=async_sgd: "
+            f"{B1_CLASH}"]
+    with pytest.raises(SystemExit):  # no value is to blame alone: each combination is named, with the general fix
+        basic_sweep(tmp_path, [*TINY, "optimizer=async_sgd,async_rowwise_adagrad", "optimizer.b1=0.8"], launcher)
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        f"  - trial #{n} [debug=tiny optimizer={o} optimizer.b1=0.8]: its values do not compose into one config "
+        f"(Could not override 'optimizer.b1': Key 'b1' not in '{c}'): drop the clashing value from the sweep, or "
+        f"sweep keys every choice has"
+        for n, o, c in ((0, "async_sgd", "AsyncSGDConfig"), (1, "async_rowwise_adagrad", "AsyncRowwiseAdagradConfig"))]
+
+
+def test_a_basic_sweep_whose_combinations_all_compose_runs_every_batch_as_hydras_does(tmp_path, capsys):
+    launcher = _BasicLauncher()
+    returns = basic_sweep(tmp_path, [*TINY, "optimizer=async_adam,async_rowwise_adagrad", "trainer.seed=0,1,2"],
+                          launcher, max_batch_size=4)
+    assert capsys.readouterr().err == "" and (tmp_path / "multirun.yaml").is_file()
+    assert [(first, len(batch)) for first, batch in launcher.batches] == [(0, 4), (4, 2)]  # job numbers kept
+    assert [t for _, batch in launcher.batches for t in batch] == [
+        ["debug=tiny", f"optimizer={o}", f"trainer.seed={s}"] for o in ("async_adam", "async_rowwise_adagrad")
+        for s in (0, 1, 2)]
+    assert [r.return_value for batch in returns for r in batch] == [0.5] * 6
+
+
+def test_a_basic_sweep_runs_with_the_runners_sweeper():
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.sweeper import Sweeper
+
+    cfg = OmegaConf.create({"hydra": {"sweeper": {"_target_": sweeps.BASIC, "max_batch_size": None}}})
+    sweeps.SweepSummary().on_multirun_start(cfg)
+    assert cfg.hydra.sweeper._target_ == sweeps.RUNNER_BASIC  # what Hydra instantiates next
+    assert sweeps.RUNNER_BASIC in {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
+
+
+def test_combination_problems_name_the_value_to_drop_and_count_past_the_listing():
+    trials = [[f"a={a}", f"b={b}"] for a in range(3) for b in range(30)]
+
+    def compose(overrides):  # a=2 breaks every combination it is in; a=1 clashes with b=0 and b=1 only
+        if "a=2" in overrides:
+            raise ValueError("Could not find 'a/2'\nmore lines")
+        if "a=1" in overrides and overrides[1] in ("b=0", "b=1"):
+            raise ValueError("clash")
+
+    lines = sweep_checks.combination_problems(trials, compose)
+    general = "drop the clashing value from the sweep, or sweep keys every choice has"
+    assert lines == [f"trial #30 [a=1 b=0]: its values do not compose into one config (clash): {general}",
+                     f"trial #31 [a=1 b=1]: its values do not compose into one config (clash): {general}",
+                     "trial #60 [a=2 b=0] and 29 more with a=2: its values do not compose into one config (Could not "
+                     "find 'a/2'): drop a=2 from the sweep, or sweep keys every choice has"]
+    every = sweep_checks.combination_problems(trials, lambda o: 1 / 0)  # nothing composes: no value alone to blame
+    assert len(every) == sweep_checks.COMBINATIONS_LISTED + 1 and every[0] == (
+        f"trial #0 [a=0 b=0]: its values do not compose into one config (division by zero): {general}")
+    assert every[-1] == (f"and {90 - sweep_checks.COMBINATIONS_LISTED} more of the sweep's 90 trials whose values do "
+                         f"not compose into one config")
+    assert sweep_checks.combination_problems(trials, lambda o: None) == []
+
+
 def test_a_failed_trials_line_names_its_values_and_the_whole_error():
     error = PreflightError("invalid config:\n  - trainer.steps=0 is outside [1, inf)\n  - model.emb_width=0 too small")
     assert sweep_launch.failure_line(2, ["mesh=data", "trainer.batch_size=30"], error) == (
@@ -909,6 +1021,19 @@ def test_a_bad_trial_is_recorded_and_the_next_one_still_completes(tmp_path):
     summary = json.loads((good / "summary.json").read_text())
     assert summary["status"] == "failed" and "final/train_loss" not in summary and "trainer.batch_size=0" in (
         good / "FAILED").read_text()
+
+
+@pytest.mark.slow
+def test_a_multirun_whose_combinations_do_not_compose_stops_before_its_first_trial_naming_them(tmp_path):
+    proc = runner_cli("-m", "optimizer=async_adam,async_sgd", "optimizer.b1=0.8", "logger=none",
+                      f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [  # it was Hydra's multi-line error, exit code 1, naming no combination
+        "error: invalid sweep:",
+        "  - trial #1 [optimizer=async_sgd optimizer.b1=0.8 logger=none debug=tiny]: its values do not compose into "
+        "one config (Could not override 'optimizer.b1': Key 'b1' not in 'AsyncSGDConfig'): drop optimizer=async_sgd "
+        "from the sweep, or sweep keys every choice has"]
+    assert list(tmp_path.iterdir()) == []  # no trial ran, no multirun.yaml
 
 
 @pytest.mark.slow
