@@ -26,7 +26,6 @@ from typing import Any, Mapping
 
 from ..errors import PreflightError
 
-log = logging.getLogger("runner")
 WHOLE_BYTES = 64 << 20
 BLOCK_BYTES = 1 << 20
 BLOCKS = 64
@@ -59,25 +58,28 @@ def _shown(fp: Mapping[str, Any]) -> str:
     return f"{fp['path']} ({fp['size']:,} bytes, sha256 {fp['sha256'][:16]}... of {fp['covers']})"
 
 
-def check(meta: Mapping[str, Any], ours: Mapping[str, Any] | None, where: str, allow: bool) -> None:
+def check(meta: Mapping[str, Any], ours: Mapping[str, Any] | None, where: str, allow: bool,
+          notes: list[tuple[int, str]]) -> None:
     """Refuse (a PreflightError naming the file and ``SETTING``) a resume whose data file differs from the one
-    checkpoint ``where`` recorded; with ``allow``, warn instead. ``ours``: this run's fingerprint, or None."""
+    checkpoint ``where`` recorded; with ``allow``, warn instead. ``ours``: this run's fingerprint, or None.
+    What it would log is appended to ``notes`` as (level, message): the resume says it once it is certain, on
+    process 0 alone (``opening._resume``), not on every process nor before a later refusal."""
     theirs = meta.get("data")
     if theirs is None:
         if ours is not None:
-            log.warning("checkpoint %s records no fingerprint of its data (written before checkpoints recorded "
-                        "one): cannot check that %s is the data it was trained on", where, ours["path"])
+            notes.append((logging.WARNING, f"checkpoint {where} records no fingerprint of its data (written before "
+                          f"checkpoints recorded one): cannot check that {ours['path']} is the data it was trained on"))
         return
     same = ours is not None and all(ours[k] == theirs.get(k) for k in ("size", "sha256", "covers"))
     if same:
         if ours["path"] != theirs.get("path"):
-            log.info("data file %s has the content checkpoint %s was trained on, at %s", ours["path"], where,
-                     theirs.get("path"))
+            notes.append((logging.INFO, f"data file {ours['path']} has the content checkpoint {where} was "
+                          f"trained on, at {theirs.get('path')}"))
         return
     now = f"this run reads {_shown(ours)}" if ours is not None else "this run reads no data file"
     what = f"checkpoint {where} was trained on {_shown(theirs)}, but {now}"
     if allow:
-        log.warning("%s; resuming on it anyway (%s=true)", what, SETTING)
+        notes.append((logging.WARNING, f"{what}; resuming on it anyway ({SETTING}=true)"))
         return
     raise PreflightError(
         f"{what}: the data changed since the checkpoint was written, and a resume would go on training on other "
@@ -86,10 +88,11 @@ def check(meta: Mapping[str, Any], ours: Mapping[str, Any] | None, where: str, a
         f"resume on this data on purpose.")
 
 
-def check_ids(meta: Mapping[str, Any], data: Any, where: str, allow: bool) -> None:
+def check_ids(meta: Mapping[str, Any], data: Any, where: str, allow: bool, notes: list[tuple[int, str]]) -> None:
     """Refuse (as ``check``) a resume whose ``data.raw_ids`` (``data``: this run's data config) differs from the
     checkpoint's while the checkpoint holds hash or modulo tables: their slots and rows are keyed by the ids the
-    run started on, and the other kind of id finds none of them (the tables would start over, unseen)."""
+    run started on, and the other kind of id finds none of them (the tables would start over, unseen). Its warning
+    with ``allow`` goes to ``notes``, as ``check``'s."""
     config = meta.get("config") if isinstance(meta.get("config"), Mapping) else {}
     theirs = bool((config.get("data") or {}).get("raw_ids", False))
     ours = bool(data.get("raw_ids", False)) if hasattr(data, "get") else False
@@ -102,7 +105,7 @@ def check_ids(meta: Mapping[str, Any], data: Any, where: str, allow: bool) -> No
             f"data.raw_ids={str(ours).lower()}: its hash and modulo tables {keyed} hold rows keyed by "
             f"{ids[not theirs]}, which {ids[not ours]} would never find")
     if allow:
-        log.warning("%s; resuming on them anyway (%s=true): those tables start over", what, SETTING)
+        notes.append((logging.WARNING, f"{what}; resuming on them anyway ({SETTING}=true): those tables start over"))
         return
     raise PreflightError(
         f"{what} (the tables would start over while the run resumes). Resume with "

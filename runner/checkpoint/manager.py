@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from omegaconf import DictConfig
 
@@ -57,6 +58,7 @@ class Restored:
     path: Path
     meta: dict
     changes: list[str] = dataclasses.field(default_factory=list)  # settings this run changed (meta.config_changes)
+    notes: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (level, message): said as changes are
 
 
 class Checkpoints:
@@ -204,8 +206,9 @@ class Checkpoints:
                     f"folder copied or renamed by hand. Name it {meta['step']} (in a folder that holds no other step "
                     f"{meta['step']}), or move it out of the checkpoint directory")
             meta_lib.check_compatible(meta, self.program, str(where))  # a wrong config is an error, not a skip
-            data_lib.check(meta, self.data, str(where), allow=bool(self.cfg.checkpoint.get("allow_data_change")))
-            data_lib.check_ids(meta, self.cfg.data, str(where), bool(self.cfg.checkpoint.get("allow_data_change")))
+            notes, allow = [], bool(self.cfg.checkpoint.get("allow_data_change"))  # notes: Restored.notes
+            data_lib.check(meta, self.data, str(where), allow, notes)
+            data_lib.check_ids(meta, self.cfg.data, str(where), allow, notes)
             moves = rebucket_lib.rebucketed(meta, meta_lib.tables_of(self.program))  # other partitions
             target = target_lib.restore_target(meta, abstract, shardings, mesh_lib.replicated(self.program.mesh),
                                                str(where), read_whole=set(moves))
@@ -221,17 +224,19 @@ class Checkpoints:
             if failure is not None:
                 bad.append(failure)
                 continue
-            state, row_maps = rebucket_lib.place(self.program, state, moves, shardings, where)
+            state, row_maps = rebucket_lib.place(self.program, state, moves, shardings, where, notes)
             self.restored_selection, self.restored_best = meta.get("selection"), None
             if meta.get("best_arrays") and self.restored_selection:
                 if moves:  # its tables' rows are in the old slots, and it keeps no keys to place them by
-                    log.warning("checkpoint %s: the best state saved beside it is not carried over: hash table(s) "
-                                "%s were saved with other partitions and the best state has no keys to place its "
-                                "rows by; selection goes on from the restored record", where, sorted(moves))
+                    notes.append((logging.WARNING, f"checkpoint {where}: the best state saved beside it is not "
+                                  f"carried over: hash table(s) {sorted(moves)} were saved with other partitions and"
+                                  f" the best state has no keys to place its rows by; selection goes on from the "
+                                  f"restored record"))
                 else:
-                    self.restored_best = self._restore_best(manager, step, abstract, shardings, meta, where)
+                    self.restored_best = self._restore_best(manager, step, abstract, shardings, meta, where, notes)
+            changes = meta_lib.config_changes(meta["config"], self.cfg)
             return Restored(self._refit(state, meta, where, row_maps), int(meta["data_step"]),
-                            int(meta["metrics_rows"]), where, meta, meta_lib.config_changes(meta["config"], self.cfg))
+                            int(meta["metrics_rows"]), where, meta, changes, notes)
         if bad:
             raise PreflightError(
                 f"no readable checkpoint in {manager.directory}: " + "; ".join(bad) + ". They were moved aside "
@@ -240,9 +245,9 @@ class Checkpoints:
         return None
 
     def _restore_best(self, manager: Any, step: int, abstract: Any, shardings: Any, meta: Mapping[str, Any],
-                      where: Path) -> Any:
+                      where: Path, notes: list[tuple[int, str]]) -> Any:
         """The best params and tables saved beside the state, checked against their digests; None (with a
-        warning: selection goes on from the restored record without them) if they cannot be read."""
+        warning in ``notes``: selection goes on from the restored record without them) if they cannot be read."""
         from ..core.selection import BestState
 
         best_abstract = BestState(abstract.params, abstract.tables)
@@ -259,8 +264,8 @@ class Checkpoints:
                 raise ValueError("content does not match the digests written with it")
             return BestState(best.params, best.tables)
         except Exception as e:  # noqa: BLE001
-            log.warning("checkpoint %s: the best state saved beside it is unreadable (%s); its record is kept, "
-                        "the best state itself is not", where, _summary(e))
+            notes.append((logging.WARNING, f"checkpoint {where}: the best state saved beside it is unreadable "
+                                           f"({_summary(e)}); its record is kept, the best state itself is not"))
             return None
 
     def _unreadable(self, where: Path, step: int, e: BaseException, own: bool) -> str:
@@ -392,6 +397,4 @@ def _summary(e: BaseException) -> str:
 
 def _sync(name: str) -> None:
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)

@@ -51,7 +51,7 @@ def open_with_orbax(cfg: DictConfig, program, plan, output_dir: str | os.PathLik
             if stranger:  # nothing of it is read, moved or removed
                 raise PreflightError(stranger)
             partial = sorted(p.name for p in directory.iterdir() if TMP_SUFFIX in p.name)
-            if partial:
+            if partial and jax.process_index() == 0:  # every process sees them; one says so
                 log.warning("%s holds interrupted saves %s (never committed): ignored and removed", directory,
                             partial)
         ck = Checkpoints(cfg, program, plan, out, directory if c.interval > 0 else None, lock, data=data)
@@ -120,6 +120,8 @@ def _resume(ck: Checkpoints, resume: str, source: tuple[Path, list[int]] | None,
         if jax.process_index() == 0:
             log.info("resuming from %s: step %d of %d (written by %s)", ck.restored.path, ck.restored.step,
                      ck.steps, ", ".join(f"{k} {v}" for k, v in ck.restored.meta["versions"].items()))
+            for level, note in ck.restored.notes:  # what the restore found, said as the changes are
+                log.log(level, "%s", note)
             if ck.restored.changes:  # said once the resume is certain (not before a refusal), by process 0 alone
                 log.warning("resuming with settings that differ from the checkpoint's: %s",
                             "; ".join(ck.restored.changes))

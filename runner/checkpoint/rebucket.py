@@ -30,7 +30,6 @@ import numpy as np
 from ..core import hash_rows, hash_tables as ht
 from ..errors import PreflightError
 
-log = logging.getLogger("runner")
 
 # The policy's functions compiled once per table spec (run op by op, each operation would be a program of its
 # own); they take the host's numpy arrays as they are
@@ -145,11 +144,13 @@ def remap_tokens(token_ids: np.ndarray, row_map: np.ndarray) -> np.ndarray:
     return np.where(inside, row_map[np.clip(t, 0, row_map.size - 1)], -1).astype(np.int32)
 
 
-def place(program: Any, state: Any, moves: Mapping[str, int], shardings: Any, where: Any) -> tuple[Any, dict]:
+def place(program: Any, state: Any, moves: Mapping[str, int], shardings: Any, where: Any,
+          notes: list[tuple[int, str]]) -> tuple[Any, dict]:
     """The hash tables saved with other partitions (``moves``: name -> the checkpoint's count), read at their
     stored shapes, placed again for this run's partitions (``rebucket.py``) and put on the mesh with this
     run's shardings. Returns the state and each such table's map from old rows to new ones (the deferred
-    updates follow it in ``_refit``)."""
+    updates follow it in ``_refit``). Each table placed again is named in a warning appended to ``notes``, which the
+    resume says once it is certain (``opening._resume``)."""
     if not moves:
         return state, {}
     flat, treedef = jax.tree_util.tree_flatten_with_path(state)
@@ -173,11 +174,10 @@ def place(program: Any, state: Any, moves: Mapping[str, int], shardings: Any, wh
                 x = new_leaves[i] if i in new_leaves else whole(flat[i][1])
                 out[i] = jax.make_array_from_callback(x.shape, sh[i], lambda idx, x=x: x[idx])
         row_maps[n] = r.row_map
-        if jax.process_index() == 0:
-            log.warning("checkpoint %s: hash table '%s' was saved with %d partitions and this run has %d: its %d "
-                        "ids were placed again by their new partitions%s", where, n, parts, new.partitions,
-                        r.ids, f"; {r.dropped} found no free slot in their window and were dropped"
-                        if r.dropped else " (none dropped)")
+        notes.append((logging.WARNING, f"checkpoint {where}: hash table '{n}' was saved with {parts} partitions and "
+                      f"this run has {new.partitions}: its {r.ids} ids were placed again by their new partitions"
+                      + (f"; {r.dropped} found no free slot in their window and were dropped" if r.dropped
+                         else " (none dropped)")))
     return jax.tree_util.tree_unflatten(treedef, out), row_maps
 
 

@@ -351,13 +351,19 @@ def test_a_peer_refused_while_process_0_starts_its_devices_ends_process_0_with_o
 
 @pytest.mark.slow
 def test_a_resume_with_changed_settings_names_them_once_not_once_per_process(tmp_path):
-    """Every process restores the checkpoint; process 0 alone says which settings the resume changes."""
-    hashed = ["model.tables.users.kind=hash", "model.tables.users.capacity=120", "checkpoint.interval=2"]
+    """Every process restores the checkpoint; process 0 alone says which settings the resume changes, and what the
+    restore found (here a hash table placed again for other partitions, and its best state left behind)."""
+    hashed = ["model.tables.users.kind=hash", "model.tables.users.capacity=120", "checkpoint.interval=2",
+              "trainer.eval_interval=2", "trainer.select_best=true"]
     run(compose_config([*hashed, "trainer.steps=2", f"checkpoint.dir={tmp_path / 'ck'}"]), tmp_path / "first")
     proc = subprocess.run([sys.executable, "-m", "runner.launch", "-n", "2", "--", *TINY, *hashed, "mesh=data",
-                           "trainer.steps=3", f"checkpoint.resume={tmp_path / 'ck' / '2'}",
-                           f"checkpoint.dir={tmp_path / 'ck2'}", f"hydra.run.dir={tmp_path / 'second'}"],
+                           "trainer.steps=3", "model.tables.users.partitions=2",
+                           f"checkpoint.resume={tmp_path / 'ck' / '2'}", f"checkpoint.dir={tmp_path / 'ck2'}",
+                           f"hydra.run.dir={tmp_path / 'second'}"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    said = [line for line in proc.stdout.splitlines() if "resuming with settings that differ" in line]
-    assert len(said) == 1 and said[0].startswith("[p0] ") and said[0].endswith("trainer.steps: 2 -> 3"), said
+    for says, ends in [("resuming with settings that differ", "trainer.steps: 2 -> 3"),
+                       ("hash table 'users' was saved with 1 partitions and this run has 2", "dropped)"),
+                       ("the best state saved beside it is not carried over", "from the restored record")]:
+        said = [line for line in proc.stdout.splitlines() if says in line]
+        assert len(said) == 1 and said[0].startswith("[p0] ") and said[0].endswith(ends), (says, said)

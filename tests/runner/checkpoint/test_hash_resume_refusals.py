@@ -4,12 +4,13 @@ resume that turns ``data.raw_ids`` on or off is refused naming both values and t
 ``partitions`` set on the command line that does not divide it is refused naming the setting, not the mesh."""
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from runner.app import run
 from runner.build import build
-from runner.checkpoint import open_checkpoints
+from runner.checkpoint import open_checkpoints, opening
 from runner.checkpoint.lock import LOCK_FILE
 from runner.errors import PreflightError
 from tests.runner.checkpoint.test_data import tree
@@ -17,7 +18,7 @@ from tests.runner.support import compose_config
 
 TABLES = ["model.tables.users.kind=hash", "model.tables.users.capacity=120", "model.tables.items.kind=modulo",
           "model.tables.items.vocab=101", "trainer.steps=2", "trainer.log_interval=1", "checkpoint.interval=2",
-          "trainer.run_id=raw-ids"]
+          "trainer.run_id=raw-ids", "trainer.eval_interval=2", "trainer.select_best=true"]
 
 
 def config(ck: Path, raw: bool, *overrides):
@@ -32,7 +33,7 @@ def open_on(ck: Path, raw: bool, *overrides):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """The checkpoint dir of a finished 2-step run on raw ids."""
+    """The checkpoint dir of a finished 2-step run on raw ids, its best state (selected at step 2) beside it."""
     d = tmp_path_factory.mktemp("raw")
     run(config(d / "ck", True), d / "first")
     return d / "ck"
@@ -96,3 +97,32 @@ def test_changed_settings_are_named_once_by_a_resume_and_not_by_one_then_refused
     assert ckpts.resume_point()[1] == 2
     ckpts.close()
     assert caplog.text.count(CHANGED) == 1 and f"{CHANGED}: trainer.steps: 2 -> 3" in caplog.text, caplog.text
+
+
+FOUND = ["resuming on them anyway (checkpoint.allow_data_change=true): those tables start over",
+         "hash table 'users' was saved with 1 partitions and this run has 4: its ",
+         "the best state saved beside it is not carried over: hash table(s) ['users'] were saved with other partitions"]
+
+
+@pytest.mark.slow
+def test_what_a_resume_finds_is_said_once_it_is_certain_by_process_0_alone(trained, caplog, monkeypatch):
+    """What the restore finds (ids changed on purpose, a table placed again for other partitions, its best state
+    left behind) is said with the resume, as its changed settings are: not by a resume refused after its checkpoint
+    was read, and in a multi-process run (every process restores) by process 0 alone."""
+    over = ["checkpoint.allow_data_change=true", "model.tables.users.partitions=4"]
+    with caplog.at_level(logging.INFO, logger="runner"), pytest.raises(PreflightError, match="is below step 2"):
+        open_on(trained, False, *over, "trainer.steps=1")
+    assert not [f for f in FOUND if f in caplog.text], caplog.text
+
+    caplog.clear()
+    with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="runner"):
+        m.setattr(opening, "jax", SimpleNamespace(process_index=lambda: 1, process_count=lambda: 1))
+        open_on(trained, False, *over).close()  # the resume as process 1 of a run sees it
+    assert not [f for f in FOUND if f in caplog.text], caplog.text
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="runner"):
+        ckpts = open_on(trained, False, *over)
+    assert ckpts.resume_point()[1] == 2
+    ckpts.close()
+    assert [caplog.text.count(f) for f in FOUND] == [1, 1, 1], caplog.text
