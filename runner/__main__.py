@@ -91,11 +91,14 @@ def run_or_trial(cfg: DictConfig) -> float:
 
 
 def entry() -> None:
-    """``python -m runner`` and the console script: ``main``, with Hydra's own errors outside a run (``--help``
-    or ``--hydra-help`` beside an override that cannot be applied) one message instead of a traceback."""
+    """``python -m runner`` and the console script: ``main``, with Hydra's own errors for an override it cannot
+    apply (a run's, or ``--help`` beside one) one line, exit code 2 (``override_errors``), not its report."""
     from hydra.errors import HydraException
 
+    from . import override_errors
+
     _hide_schema_groups()
+    override_errors.raised()
     clash = debug_preset_clash(sys.argv[1:])
     if clash is not None:
         print(f"error: {clash}", file=sys.stderr)
@@ -107,10 +110,10 @@ def entry() -> None:
         print("\nrunner: interrupted (Ctrl-C): stopped at once; checkpoints already committed stay usable",
               file=sys.stderr)
         sys.exit(130)
-    except HydraException as e:  # a run's own are reported by Hydra before they get here
-        cause = e.__cause__ or e.__context__
-        lines = [str(e).strip()] + ([str(cause).strip()] if cause is not None and str(cause).strip() else [])
-        print("error: " + "\n".join(lines), file=sys.stderr)
+    except HydraException as e:  # composing the config (override_errors.raised); a run's are reported by Hydra
+        if override_errors.full_error():
+            raise
+        print(f"error: {override_errors.message(e)}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -368,7 +368,7 @@ def optimizer_schema(cls: type) -> type:
             inner = optimizer_schema(hints[f.name])
             fields.append((f.name, inner, field(default_factory=inner)))
         else:
-            fields.append((f.name, hints[f.name], field(default=f.default)))
+            fields.append((f.name, hints[f.name], field(default=f.default, metadata=f.metadata)))  # its range
     return dataclasses.make_dataclass(f"{cls.__name__}Config", fields)
 
 

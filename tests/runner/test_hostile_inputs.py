@@ -18,12 +18,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hydra.errors import ConfigCompositionException
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import OmegaConf
 
-from runner import launch, report
-from runner.__main__ import DEBUG_PRESETS, debug_preset_clash
+from runner import launch, override_errors, report
+from runner.__main__ import CONF_DIR, DEBUG_PRESETS, debug_preset_clash
 from runner.build import build
+from runner.config import TrainerConfig
 from runner.errors import PreflightError
 from runner.preflight import check_selection
 from tests.runner.support import ROOT, compose_config, seq_config
@@ -605,9 +607,58 @@ def test_help_beside_an_override_that_cannot_apply_is_one_message():
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     proc = subprocess.run([sys.executable, "-m", "runner", "--help", "model.emb_width=abc"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
-    assert proc.stderr.startswith("error: Error merging override model.emb_width=abc\nValue 'abc' of type 'str' "
-                                  "could not be converted to Integer")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr == "error: model.emb_width=abc: model.emb_width takes an integer in [1, 65536], not 'abc'\n"
+
+
+TRAINER_KEYS = ", ".join(f.name for f in dataclasses.fields(TrainerConfig))
+OPTIMIZERS = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "optimizer").glob("*.yaml")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, said", [
+    (["trainer.steps=abc"], "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not 'abc'"),
+    (["trainer.nosuchkey=1"], f"trainer.nosuchkey=1: trainer has no key 'nosuchkey'; its keys: {TRAINER_KEYS} "
+                              f"(`python -m runner --cfg job` lists the settings)"),
+    (["optimizer=nosuch"], f"optimizer=nosuch: the config group optimizer has no option 'nosuch'; its options: "
+                           f"{OPTIMIZERS}"),
+    (["trainer.steps"], "override 'trainer.steps' has no '=': give it a value (trainer.steps=<value>), or remove a "
+                        "key with ~trainer.steps; `python -m runner --cfg job` lists the settings"),
+    (["-m", "trainer.steps=abc,2"], "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not "
+                                    "'abc'"),
+])
+def test_an_override_hydra_cannot_apply_is_one_line_naming_it_and_the_fix_with_exit_2(tmp_path, args, said):
+    """Hydra reported these in 4 to 20 lines ending "Set the environment variable HYDRA_FULL_ERROR=1 ...", exit 1."""
+    proc = run_cli(*args, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path / "run")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"error: {said}\n")
+    assert not (tmp_path / "run").exists()  # a sweep's folder is made (its multirun.yaml) before its first trial
+
+
+@pytest.mark.parametrize("override, said", [
+    ("trainer.stpes=3", "trainer.stpes=3: trainer has no key 'stpes'; did you mean trainer.steps? (`python -m runner "
+                        "--cfg job` lists the settings)"),
+    ("nosuch=1", "nosuch=1: the config has no key 'nosuch'; its keys: hydra, optimizer, table_optimizers, async_emb, "
+                 "mesh, distributed, model, data, logger, dense_optimizer, trainer, checkpoint (`python -m runner "
+                 "--cfg job` lists the settings)"),
+    ("optimizer=adamm", f"optimizer=adamm: the config group optimizer has no option 'adamm'; did you mean "
+                        f"optimizer=adam? its options: {OPTIMIZERS}"),
+    ("trainer.batch_size=1.5", "trainer.batch_size=1.5: trainer.batch_size takes an integer in [1, 16777216], not "
+                               "'1.5'"),
+    ("optimizer.learning_rate=fast", "optimizer.learning_rate=fast: optimizer.learning_rate takes a number in "
+                                     "(0, inf), not 'fast'"),
+    ("trainer.select_best=maybe", "trainer.select_best=maybe: trainer.select_best takes true or false, or null, not "
+                                  "'maybe'"),
+    ("model.tables.users.kind=nope", "model.tables.users.kind=nope: model.tables.users.kind takes one of dense, "
+                                     "hash, modulo, not 'nope'"),
+    ("trainer.steps=[1,", "override 'trainer.steps=[1,' cannot be parsed (no viable alternative at input '[1,'): "
+                          "quote a value holding , [ ] { } ( ) or = (https://hydra.cc/docs/1.2/advanced/"
+                          "override_grammar/basic)"),
+])
+def test_hydras_error_for_an_override_is_said_in_one_line(override, said):
+    """``override_errors.message`` on the error Hydra's composition raises (as ``python -m runner`` meets it)."""
+    with initialize_config_dir(CONF_DIR, version_base="1.3"), pytest.raises(HydraException) as e:
+        compose("config", [override])
+    assert override_errors.message(e.value) == said
 
 
 @pytest.mark.slow
