@@ -233,6 +233,7 @@ def combination_problems(trials: list[list[str]], compose: Callable[[list[str]],
                    f"into one config")
     return out
 
+
 def _shown(distribution: Any) -> str:
     """A distribution as the override that makes it (``choice(a, b)``, ``tag(log, interval(0.1, 1))``)."""
     name = type(distribution).__name__
