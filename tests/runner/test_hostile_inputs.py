@@ -624,8 +624,10 @@ OPTIMIZERS = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "optimizer").glob
                            f"{OPTIMIZERS}"),
     (["trainer.steps"], "override 'trainer.steps' has no '=': give it a value (trainer.steps=<value>), or remove a "
                         "key with ~trainer.steps; `python -m runner --cfg job` lists the settings"),
-    (["-m", "trainer.steps=abc,2"], "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not "
-                                    "'abc'"),
+    # under -m the sweep composes every trial first (hydra_plugins/runner_basic) and names the trial and its value
+    (["-m", "trainer.steps=abc,2"], "invalid sweep:\n  - trial #0 [trainer.steps=abc]: its values do not compose into "
+                                    "one config (Value 'abc' of type 'str' could not be converted to Integer): drop "
+                                    "trainer.steps=abc from the sweep, or sweep keys every choice has"),
 ])
 def test_an_override_hydra_cannot_apply_is_one_line_naming_it_and_the_fix_with_exit_2(tmp_path, args, said):
     """Hydra reported these in 4 to 20 lines ending "Set the environment variable HYDRA_FULL_ERROR=1 ...", exit 1."""
