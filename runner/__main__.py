@@ -117,6 +117,32 @@ def entry() -> None:
         sys.exit(2)
 
 
+def refusal(overrides: list[str]) -> str | None:
+    """The line (without ``error: ``) with which ``entry`` would refuse a run given ``overrides`` before the run
+    starts: a debug preset written for another model or data (``debug_preset_clash``), or an override Hydra cannot
+    apply (``override_errors.message``); None when the config composes. It composes the config as ``main`` does
+    (Hydra's config loader over ``CONF_DIR`` and the schemas ``register`` stored), in a fraction of a second, and
+    starts and writes nothing. ``runner.launch`` asks it once for the overrides it hands every process, so that a
+    bad one is said once, before any process starts. An error of another kind is left to the run to report."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.errors import HydraException
+
+    from . import override_errors
+
+    clash = debug_preset_clash(overrides)
+    if clash is not None:
+        return clash
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
+    try:
+        loader.load_configuration("config", list(overrides), RunMode.RUN)
+    except HydraException as e:
+        return override_errors.message(e)
+    except Exception:  # noqa: BLE001 - not an override's: each process meets it and reports it as a run does
+        return None
+    return None
+
+
 # The debug presets (conf/debug/) and the models and data sources each one's settings are written for: another's
 # schema lacks its keys, and Hydra stopped inside composition ("Key 'hidden' not in 'DLRMModelConfig'", exit 1)
 DEBUG_PRESETS = {"tiny": (("ranking",), ("synthetic",)), "tiny_criteo": (("dlrm", "dcn"), ("criteo",)),

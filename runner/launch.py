@@ -228,7 +228,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"distributed.initialization_timeout_s) may be given")
     signal.signal(signal.SIGTERM, _terminated)  # a scheduler stopping the launcher stops the children too
     with reserved_port() if args.port is None else contextlib.nullcontext(args.port) as port:
-        return supervise(child_commands(args.num_processes, args.overrides, port), grace=args.grace)
+        cmds = child_commands(args.num_processes, args.overrides, port)
+        refused = refusal(cmds[-1])
+        if refused is not None:
+            print(f"error: {refused}", file=sys.stderr)
+            return 2
+        return supervise(cmds, grace=args.grace)
+
+
+def refusal(cmd: Sequence[str]) -> str | None:
+    """Why ``python -m runner`` would refuse the overrides of the child command ``cmd`` before its run starts, in its
+    own words (``runner.__main__.refusal``), else None. Every child gets the same overrides but for its id and
+    its Hydra file names, so one check answers for all of them: a bad override is said once, with exit code 2,
+    and no process starts. With ``HYDRA_FULL_ERROR=1`` each process gives Hydra's full report, as the runner does."""
+    from runner import __main__ as runner_main
+    from runner.override_errors import full_error
+
+    return None if full_error() else runner_main.refusal(list(cmd[cmd.index("runner") + 1:]))
 
 
 def _terminated(signum, frame):

@@ -594,12 +594,64 @@ def test_launch_refuses_a_port_already_taken_before_starting_a_process(capsys):
     assert launch.port_problem(port) is None  # free again
 
 
+@pytest.fixture
+def started(monkeypatch):
+    """The command lines ``launch.main`` hands ``supervise`` (which starts the processes); none is started."""
+    calls: list = []
+    monkeypatch.setattr(launch, "supervise", lambda cmds, **kw: calls.append(cmds) or 0)
+    return calls
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["debug=tiny", "trainer.steps=abc"], "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, "
+                                          "not 'abc'"),
+    (["trainer.stpes=3"], "trainer.stpes=3: trainer has no key 'stpes'; did you mean trainer.steps? (`python -m "
+                          "runner --cfg job` lists the settings)"),
+    (["optimizer=adamm"], "optimizer=adamm: the config group optimizer has no option 'adamm'; did you mean "
+                          "optimizer=adam? its options: "),
+    (["trainer.steps"], "override 'trainer.steps' has no '=': give it a value (trainer.steps=<value>)"),
+    (["debug=tiny", "model=dlrm"], "debug=tiny is written for model=ranking on data=synthetic, not for this run's "
+                                   "model=dlrm on data=synthetic; use debug=tiny_criteo in its place"),
+])
+def test_launch_says_a_bad_override_once_and_starts_no_process(capsys, monkeypatch, started, overrides, said):
+    """Each process refused it on its own before: the same line twice, ``[p0] error: ...`` and ``[p1] error: ...``."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    assert launch.main(["-n", "2", "--", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {said}") and err.count("\n") == 1, err
+    assert started == []
+
+
+def test_launch_checks_the_overrides_as_the_runner_composes_them_and_starts_a_good_launch_unchanged(
+        tmp_path, monkeypatch, started):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    port, good = launch.free_port(), ["debug=tiny", "mesh=data", f"hydra.run.dir={tmp_path / 'run'}"]
+    assert launch.main(["-n", "2", "--port", str(port), "--", *good]) == 0
+    assert started == [launch.child_commands(2, good, port)] and list(tmp_path.iterdir()) == []
+    # what the runner's entry refuses, it refuses in the same words; the processes' own settings compose
+    assert launch.refusal(started[0][1]) is None
+    assert launch.refusal(["python", "-m", "runner", "trainer.steps=abc"]) == (
+        "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not 'abc'")
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # Hydra's full report is asked for: each process gives it
+    assert launch.main(["-n", "2", "--", "trainer.steps=abc"]) == 0 and len(started) == 2
+
+
 # ---- the command line itself: exit 2, one message, no traceback (a few subprocess runs) ---------------------
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
     return subprocess.run([sys.executable, "-m", "runner", *args, f"hydra.run.dir={cwd}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+def test_the_launch_command_says_a_bad_override_once_before_starting_a_process(tmp_path):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "runner.launch", "-n", "2", "--", "trainer.steps=abc"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2, "", "error: trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not 'abc'\n")
+    assert list(tmp_path.iterdir()) == []  # no run folder: no process started
 
 
 @pytest.mark.slow
