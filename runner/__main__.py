@@ -92,7 +92,9 @@ def run_or_trial(cfg: DictConfig) -> float:
 
 def entry() -> None:
     """``python -m runner`` and the console script: ``main``, with Hydra's own errors for an override it cannot
-    apply (a run's, or ``--help`` beside one) one line, exit code 2 (``override_errors``), not its report."""
+    apply (a run's, or ``--help`` beside one) one line, exit code 2 (``override_errors``), not its report. A
+    ``-m`` sweep that ends before its first trial (refused by its checks, none to run, Ctrl-C) removes the sweep
+    folder it created (``outputs.remove_unused_sweep_dir``), so a corrected command starts clean."""
     from hydra.errors import HydraException
 
     from . import override_errors
@@ -105,16 +107,23 @@ def entry() -> None:
         sys.exit(2)
     signal.signal(signal.SIGTERM, _terminated)  # the train loop answers it at a step boundary; elsewhere: this
     try:
-        main()
-    except KeyboardInterrupt:  # Ctrl-C outside a run: between a sweep's trials, in Hydra's launcher
-        print("\nrunner: interrupted (Ctrl-C): stopped at once; checkpoints already committed stay usable",
-              file=sys.stderr)
-        sys.exit(130)
-    except HydraException as e:  # composing the config (override_errors.raised); a run's are reported by Hydra
-        if override_errors.full_error():
-            raise
-        print(f"error: {override_errors.message(e)}", file=sys.stderr)
-        sys.exit(2)
+        try:
+            main()
+        except KeyboardInterrupt:  # Ctrl-C outside a run: between a sweep's trials, in Hydra's launcher
+            print("\nrunner: interrupted (Ctrl-C): stopped at once; checkpoints already committed stay usable",
+                  file=sys.stderr)
+            sys.exit(130)
+        except HydraException as e:  # composing the config (override_errors.raised); a run's are reported by Hydra
+            if override_errors.full_error():
+                raise
+            print(f"error: {override_errors.message(e)}", file=sys.stderr)
+            sys.exit(2)
+    except BaseException as e:  # a sweep that ended before its first trial leaves no folder it made
+        if not (isinstance(e, SystemExit) and e.code in (0, None)):
+            from .outputs import remove_unused_sweep_dir
+
+            remove_unused_sweep_dir()
+        raise
 
 
 def refusal(overrides: list[str]) -> str | None:

@@ -94,9 +94,47 @@ def in_the_way(run_dir: Path, subdir: str | None = ".hydra") -> str | None:
     return None
 
 
+SWEEP_FILE = "multirun.yaml"  # the sweep's config, written by Hydra's basic sweeper as its trials start
+_MADE: list[Path] = []  # the folders this process's sweep created for hydra.sweep.dir, outermost first
+
+
+def missing(path: Path) -> list[Path]:
+    """The folders of ``path`` (itself included) that do not exist yet, outermost first: those creating it makes.
+    One that cannot be looked at (a parent without permission) counts as existing: nothing is made there."""
+    path = path.absolute()
+    try:
+        return [p for p in reversed((path, *path.parents)) if not p.exists()]
+    except OSError:
+        return []
+
+
+def remove_unused_sweep_dir() -> None:
+    """Undo the sweep folder of a sweep that ended before its first trial (refused by its checks, a sweep with no
+    trial, a Ctrl-C before it started): the folders ``OutputDirCheck`` created for ``hydra.sweep.dir`` are removed
+    while they hold nothing but what the sweep wrote there (its ``multirun.yaml``), innermost first. A folder that
+    existed before the sweep, or that holds anything else (a trial's folder, a file another program put there), is
+    left as it is, with everything in it."""
+    made = list(_MADE)
+    _MADE.clear()
+    if not made:
+        return
+    try:
+        entries = list(made[-1].iterdir())
+        if any(e.name != SWEEP_FILE or not e.is_file() or e.is_symlink() for e in entries):
+            return
+        for e in entries:
+            e.unlink()
+        for folder in reversed(made):
+            folder.rmdir()  # fails on a folder that is not empty: then it and the folders above it stay
+    except OSError:
+        return
+
+
 class OutputDirCheck(Callback):
     """Before a run (or a sweep) starts, checks that Hydra's output folder can be created and written, so a bad
-    ``hydra.run.dir`` / ``hydra.sweep.dir`` ends in one message instead of Hydra's traceback (exit 2)."""
+    ``hydra.run.dir`` / ``hydra.sweep.dir`` ends in one message instead of Hydra's traceback (exit 2). Creating a
+    sweep's folder is the check; the folders it creates are noted, for ``remove_unused_sweep_dir`` to remove
+    when the sweep ends before its first trial."""
 
     @staticmethod
     def _check(config: DictConfig, key: str) -> None:
@@ -122,4 +160,5 @@ class OutputDirCheck(Callback):
         self._check(config, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _MADE[:] = missing(Path(str(config.hydra.sweep.dir)))  # the sweep folder a refused sweep removes again
         self._check(config, "hydra.sweep.dir")

@@ -685,7 +685,7 @@ def test_an_override_hydra_cannot_apply_is_one_line_naming_it_and_the_fix_with_e
     """Hydra reported these in 4 to 20 lines ending "Set the environment variable HYDRA_FULL_ERROR=1 ...", exit 1."""
     proc = run_cli(*args, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path / "run")
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"error: {said}\n")
-    assert not (tmp_path / "run").exists()  # a sweep's folder is made (its multirun.yaml) before its first trial
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()  # none made, or made and removed
 
 
 @pytest.mark.parametrize("override, said", [

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from omegaconf import OmegaConf
+
+from runner import outputs
 from runner.outputs import unusable_dir
 from tests.runner.support import ROOT
 
@@ -89,3 +92,85 @@ def test_an_empty_run_dir_and_names_the_run_writes_taken_by_the_wrong_kind_are_r
         assert proc.stderr == (f"error: hydra.run.dir={run} holds {what}, where the run writes its own; move it "
                                f"away, or set hydra.run.dir to another folder\n")
         assert sorted(p.name for p in run.iterdir()) == [name]
+
+
+# ---- a sweep that ends before its first trial removes the sweep folder it made ------------------------------
+
+def listing(root: Path) -> dict[str, str | None]:
+    """Every path under ``root`` (relative), with a file's content (None for a folder)."""
+    return {str(p.relative_to(root)): (p.read_text() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def sweep_started(sweep_dir: Path) -> None:
+    """What ``OutputDirCheck`` does as a sweep into ``sweep_dir`` starts (it notes the folders it creates)."""
+    outputs.OutputDirCheck().on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}}))
+
+
+def test_missing_names_the_folders_creating_a_path_makes(tmp_path):
+    assert outputs.missing(tmp_path) == []
+    assert outputs.missing(tmp_path / "a" / "b") == [tmp_path / "a", tmp_path / "a" / "b"]
+    (tmp_path / "f").write_text("x")
+    assert outputs.missing(tmp_path / "f" / "sweep") == [tmp_path / "f" / "sweep"]  # creating it fails: nothing made
+
+
+def test_a_sweep_that_ended_before_its_first_trial_removes_only_the_folders_it_made_and_its_own_file(tmp_path):
+    (tmp_path / "mine.txt").write_text("kept")
+    before = listing(tmp_path)
+    sweep_started(tmp_path / "multirun" / "day" / "time")
+    (tmp_path / "multirun" / "day" / "time" / "multirun.yaml").write_text("hydra: {}\n")
+    outputs.remove_unused_sweep_dir()
+    assert listing(tmp_path) == before
+
+    earlier = tmp_path / "earlier"  # an earlier sweep's folder: its trials and its multirun.yaml stay, whole
+    (earlier / "0" / ".hydra").mkdir(parents=True)
+    (earlier / "0" / ".hydra" / "overrides.yaml").write_text("- trainer.seed=0\n")
+    (earlier / "multirun.yaml").write_text("earlier\n")
+    (tmp_path / "empty").mkdir()  # a folder given empty stays
+    before = listing(tmp_path)
+    for d in (earlier, tmp_path / "empty"):
+        sweep_started(d)
+        outputs.remove_unused_sweep_dir()
+    assert listing(tmp_path) == before
+
+
+def test_a_made_sweep_folder_holding_anything_else_is_left_whole(tmp_path):
+    new = tmp_path / "a" / "sweep"
+    sweep_started(new)
+    (new / "multirun.yaml").write_text("hydra: {}\n")
+    (new / "0").mkdir()  # a trial started
+    outputs.remove_unused_sweep_dir()
+    assert sorted(listing(tmp_path)) == ["a", "a/sweep", "a/sweep/0", "a/sweep/multirun.yaml"]
+
+    other = tmp_path / "b" / "sweep"
+    sweep_started(other)
+    (tmp_path / "b" / "theirs.txt").write_text("another program's")  # beside the folder: only the folder goes
+    outputs.remove_unused_sweep_dir()
+    assert listing(tmp_path / "b") == {"theirs.txt": "another program's"}
+    outputs.remove_unused_sweep_dir()  # once: a second call has nothing noted
+    assert (tmp_path / "b").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [
+    ["optimizer=async_adam,async_sgd", "optimizer.b1=0.8"],  # a combination that does not compose: exit 2
+    ["trainer.steps=abc,2"],  # a swept value the setting cannot take: exit 2
+    ["hparams_search=optuna_emb_lr", "hydra.sweeper.direction=sideways"],  # an Optuna setting refused: exit 2
+    ["trainer.seed=range(1,1)"],  # no trial to run: exit 1
+])
+def test_a_sweep_refused_before_its_first_trial_leaves_no_folder_and_an_earlier_sweeps_stays(tmp_path, args):
+    """Each left an empty sweep folder (the no-trial sweep a multirun.yaml in it) that the next sweep into it took
+    for an earlier sweep's."""
+    proc = _cli("--multirun", *args, f"hydra.sweep.dir={tmp_path / 'new' / 'sweep'}")
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+    assert ("error: invalid sweep:" if proc.returncode == 2 else "sweep: no trial ran") in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    earlier = tmp_path / "earlier"
+    (earlier / "0" / ".hydra").mkdir(parents=True)
+    (earlier / "0" / ".hydra" / "overrides.yaml").write_text("- trainer.seed=0\n")
+    (earlier / "multirun.yaml").write_text("earlier\n")
+    before = listing(tmp_path)
+    proc = _cli("--multirun", *args, f"hydra.sweep.dir={earlier}")
+    assert proc.returncode in (1, 2), proc.stderr
+    if proc.returncode == 2:  # a sweep with no trial writes its multirun.yaml over the earlier one (Hydra's)
+        assert listing(tmp_path) == before
+    assert sorted(listing(tmp_path)) == sorted(before)
