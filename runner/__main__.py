@@ -130,9 +130,10 @@ def refusal(overrides: list[str]) -> str | None:
     """The line (without ``error: ``) with which ``entry`` would refuse a run given ``overrides`` before the run
     starts: a debug preset written for another model or data (``debug_preset_clash``), or an override Hydra cannot
     apply (``override_errors.message``); None when the config composes. It composes the config as ``main`` does
-    (Hydra's config loader over ``CONF_DIR`` and the schemas ``register`` stored), in a fraction of a second, and
-    starts and writes nothing. ``runner.launch`` asks it once for the overrides it hands every process, so that a
-    bad one is said once, before any process starts. An error of another kind is left to the run to report."""
+    (Hydra's config loader over ``CONF_DIR`` and the schemas ``register`` stored; in the mode the config sets, so a
+    search's is composed as a search's), in a fraction of a second, and starts and writes nothing.
+    ``runner.launch`` asks it once for the overrides it hands every process, so that a bad one is said once,
+    before any process starts. An error of another kind is left to the run to report."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
     from hydra.errors import HydraException
@@ -143,8 +144,16 @@ def refusal(overrides: list[str]) -> str | None:
     if clash is not None:
         return clash
     loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
-    try:
-        loader.load_configuration("config", list(overrides), RunMode.RUN)
+    overrides = list(overrides)
+    try:  # the mode the config sets (hparams_search: MULTIRUN), found first as Hydra's main does (Hydra.get_mode)
+        mode = loader.load_configuration("config", overrides, RunMode.MULTIRUN, validate_sweep_overrides=False)
+        mode = mode.hydra.mode
+    except Exception:  # noqa: BLE001 - as get_mode: a config that does not compose is run, and says why there
+        mode = None
+    if mode is None:  # as Hydra's _run_app
+        mode, overrides = RunMode.RUN, [*overrides, "hydra.mode=RUN"]
+    try:  # a search's own config; its trials' values are checked by the runner's sweepers as the search starts
+        loader.load_configuration("config", overrides, mode)
     except HydraException as e:
         return override_errors.message(e)
     except Exception:  # noqa: BLE001 - not an override's: each process meets it and reports it as a run does

@@ -630,6 +630,11 @@ def test_launch_checks_the_overrides_as_the_runner_composes_them_and_starts_a_go
     assert started == [launch.child_commands(2, good, port)] and list(tmp_path.iterdir()) == []
     # what the runner's entry refuses, it refuses in the same words; the processes' own settings compose
     assert launch.refusal(started[0][1]) is None
+    # a search (hparams_search sets hydra.mode=MULTIRUN) composes as one: its swept values are its trials'
+    search = ["hparams_search=optuna_emb_lr", "debug=tiny", "model.emb_width=choice(8,16)"]
+    assert launch.refusal(launch.child_commands(2, search, port)[-1]) is None
+    assert launch.refusal(launch.child_commands(2, [*search[:2], "trainer.steps=abc"], port)[-1]) == (
+        "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not 'abc'")
     assert launch.refusal(["python", "-m", "runner", "trainer.steps=abc"]) == (
         "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not 'abc'")
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # Hydra's full report is asked for: each process gives it
