@@ -70,6 +70,12 @@ def message(error: BaseException) -> str:
     cause = error.__cause__
     if isinstance(error, OverrideParseException):
         return _unparsed(error)
+    ambiguous = re.match(r"Ambiguous value for argument '(.*)'", str(error))
+    if ambiguous:  # Hydra's three ways out, in one line
+        given = ambiguous.group(1)
+        key, _, value = given.partition("=")
+        return (f"{given}: a value with a comma is a sweep or a list: sweep it with -m (--multirun), give a list as "
+                f"{key}=[{value}], or a string as {key}='{value}' (quoted for the shell: \"{key}='{value}'\")")
     if isinstance(error, MissingConfigException) and error.options and error.missing_cfg_file:
         return _no_option(error.missing_cfg_file, list(error.options))
     if getattr(cause, "key", None) is not None and isinstance(getattr(cause, "parent_node", None), DictConfig):

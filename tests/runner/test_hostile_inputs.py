@@ -712,6 +712,9 @@ def test_an_override_hydra_cannot_apply_is_one_line_naming_it_and_the_fix_with_e
     ("trainer.steps=[1,", "override 'trainer.steps=[1,' cannot be parsed (no viable alternative at input '[1,'): "
                           "quote a value holding , [ ] { } ( ) or = (https://hydra.cc/docs/1.2/advanced/"
                           "override_grammar/basic)"),
+    ("trainer.steps=1,2", "trainer.steps=1,2: a value with a comma is a sweep or a list: sweep it with -m "
+                          "(--multirun), give a list as trainer.steps=[1,2], or a string as trainer.steps='1,2' "
+                          "(quoted for the shell: \"trainer.steps='1,2'\")"),
 ])
 def test_hydras_error_for_an_override_is_said_in_one_line(override, said):
     """``override_errors.message`` on the error Hydra's composition raises (as ``python -m runner`` meets it)."""
