@@ -240,11 +240,14 @@ def refusal(cmd: Sequence[str]) -> str | None:
     """Why ``python -m runner`` would refuse the overrides of the child command ``cmd`` before its run starts, in its
     own words (``runner.__main__.refusal``), else None. Every child gets the same overrides but for its id and
     its Hydra file names, so one check answers for all of them: a bad override is said once, with exit code 2,
-    and no process starts. With ``HYDRA_FULL_ERROR=1`` each process gives Hydra's full report, as the runner does."""
+    and no process starts. With ``HYDRA_FULL_ERROR=1`` each process gives Hydra's full report, as the runner does;
+    a command that is not ``python -m runner`` (``child_commands`` replaced) is not checked."""
     from runner import __main__ as runner_main
     from runner.override_errors import full_error
 
-    return None if full_error() else runner_main.refusal(list(cmd[cmd.index("runner") + 1:]))
+    if full_error() or "runner" not in cmd:
+        return None
+    return runner_main.refusal(list(cmd[cmd.index("runner") + 1:]))
 
 
 def _terminated(signum, frame):
