@@ -165,22 +165,26 @@ def has_cpu_devices(n: int) -> bool:
 
 
 # ----- command line --------------------------------------------------------------------------------------
-def main(doc: str, run: Callable[[bool, Path], Any], child: Callable[[dict], Any] | None = None,
-         argv: Sequence[str] | None = None) -> None:
+def main(doc: str, run: Callable[..., Any], child: Callable[[dict], Any] | None = None,
+         argv: Sequence[str] | None = None, flags: Mapping[str, tuple[str, str]] | None = None) -> None:
     """Every benchmark module's ``python -m benchmarks.<name> [--quick] [--out DIR]``; with ``child``, also
-    the internal ``--child '<json>'`` that measures one configuration in a fresh process."""
+    the internal ``--child '<json>'`` that measures one configuration in a fresh process. ``flags``: a module's
+    own on/off options (``{"--quality": ("with_quality", help)}``), shown by ``--help`` and handed to ``run``
+    by keyword."""
     import argparse
 
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=Path, help=OUT_HELP)
+    for flag, (dest, text) in (flags or {}).items():
+        p.add_argument(flag, dest=dest, action="store_true", help=text)
     if child is not None:
         p.add_argument("--child", help="(internal) run the measurement given as JSON")
     a = p.parse_args(argv)
     if getattr(a, "child", None):
         answer(child(json.loads(a.child)))
     else:
-        run(a.quick, results_dir(p, a.out, a.quick))
+        run(a.quick, results_dir(p, a.out, a.quick), **{dest: getattr(a, dest) for dest, _ in (flags or {}).values()})
 
 
 def chosen(args: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,3 +26,19 @@ def test_the_runner_comparison_writes_both_variants_with_as_many_rows(tmp_path):
     assert got["hash"]["table_rows"]["items"] == hash_runner.QUICK["item_rows"] + 2
     assert got["modulo"]["x_modulo"]["median"] == 1.0 and got["hash"]["x_modulo"]["n"] == hash_runner.QUICK["rounds"]
     assert "| hash | authors" in (tmp_path / "hash_runner.md").read_text()
+
+
+def test_the_quality_flag_is_on_the_command_line_and_reaches_the_run(monkeypatch, capsys, tmp_path):
+    """``--help`` shows ``--quality`` (it was read from argv by hand, so argparse's help left it out), and the
+    flag reaches ``run``; an unknown option is argparse's refusal, exit code 2."""
+    with pytest.raises(SystemExit) as e:
+        hash_tables.main(["--help"])
+    assert e.value.code == 0 and "--quality" in capsys.readouterr().out
+    calls = []
+    monkeypatch.setattr(hash_tables, "run", lambda quick, out, with_quality=False: calls.append((quick, with_quality)))
+    hash_tables.main(["--quick", "--out", str(tmp_path), "--quality"])
+    hash_tables.main(["--quick", "--out", str(tmp_path)])
+    assert calls == [(True, True), (True, False)]
+    with pytest.raises(SystemExit) as e:
+        hash_tables.main(["--qualty"])
+    assert e.value.code == 2 and "unrecognized arguments: --qualty" in capsys.readouterr().err
