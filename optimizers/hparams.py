@@ -97,10 +97,14 @@ def ranges(obj_or_cls: Any) -> dict[str, Range]:
     return {f.name: f.metadata["range"] for f in dataclasses.fields(obj_or_cls) if "range" in f.metadata}
 
 
+INT_TYPES = (int, "int", "Optional[int]", "int | None")  # a field declared so takes ints only (numpy's too)
+
+
 def problems(obj: Any, prefix: str = "") -> list[str]:
     """One line per hyperparameter that is not a number (``<prefix><name>='0.1' is not a number (<doc>)``), is
-    outside its range (``<prefix><name>=<value> is outside <range> (<doc>)``) or is a number float32 cannot
-    hold (:func:`float32_problem`). A field that is itself such a dataclass (an optimizer's ``schedule``) is
+    outside its range (``<prefix><name>=<value> is outside <range> (<doc>)``), is a fraction where the field is
+    an ``int`` (``warmup_steps=2.5 is not an int``) or is a number float32 cannot hold
+    (:func:`float32_problem`). A field that is itself such a dataclass (an optimizer's ``schedule``) is
     checked the same way under ``<prefix><name>.``, and one that holds something else than the class its
     field declares (``metadata["instance_of"]``: a dict or a word given for a ``Schedule``) is named with the
     class it needs. Then, if all of that holds, the lines of the object's own ``problems()`` method, if it has
@@ -113,6 +117,8 @@ def problems(obj: Any, prefix: str = "") -> list[str]:
             out.append(f"{prefix}{name}={value!r} is not a number ({doc})")
         elif not rng.contains(value):
             out.append(f"{prefix}{name}={value!r} is outside {rng} ({doc})")
+        elif fields[name].type in INT_TYPES and not isinstance(value, numbers.Integral):
+            out.append(f"{prefix}{name}={value!r} is not an int ({doc})")
         elif too_big := float32_problem(f"{prefix}{name}", value):
             out.append(too_big)
     for name, f in fields.items():

@@ -364,6 +364,8 @@ def test_routing_settings_at_their_bounds_are_taken():
     (optimizers.Schedule("cosine", decay_steps=10, end_ratio=-1.0), r"end_ratio=-1.0 is outside \[0, 1\]"),
     (optimizers.Schedule("step", step_factor=2.0), r"step_factor=2.0 is outside \(0, 1\]"),
     (optimizers.Schedule("warmup", warmup_steps="10"), r"warmup_steps='10' is not a number"),
+    (optimizers.Schedule("warmup", warmup_steps=2.5), r"warmup_steps=2.5 is not an int"),  # was taken
+    (optimizers.Schedule("step", step_every=10.0), r"step_every=10.0 is not an int"),
 ])
 def test_a_schedule_built_by_hand_checks_its_ranges_when_called(schedule, line):
     """Before: ``Schedule("step", step_every=-3)(5)`` was 4.0 and ``end_ratio=-1`` a negative learning rate."""
