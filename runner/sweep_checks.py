@@ -163,6 +163,17 @@ def _reason(error: BaseException) -> str:
     return first
 
 
+def compose_reason(error: BaseException) -> str:
+    """Hydra's reason a trial's config (a combination of searched values) did not compose, in one line: ``_reason``
+    with its cause's first line added where ``_reason`` left it out."""
+    from .errors import first_line
+
+    reason, cause = _reason(error), error.__cause__
+    if cause is not None and first_line(cause) not in reason:
+        reason = f"{reason.rstrip('.')}: {first_line(cause)}"
+    return reason
+
+
 def trial_values(distribution: Any) -> list[Any]:
     """The values of ``distribution`` to try composing: every choice, or both ends of a range."""
     choices = getattr(distribution, "choices", None)
@@ -203,8 +214,6 @@ def combination_problems(trials: list[list[str]], compose: Callable[[list[str]],
     line and the fix. A swept value no combination with which composes, while others do, is named as the value to
     drop, in one line for all its combinations (``optimizer=async_sgd`` in ``optimizer=async_adam,async_sgd
     optimizer.b1=0.8``). Past ``COMBINATIONS_LISTED`` lines, one more counts the trials left unnamed."""
-    from .sweep_launch import compose_reason
-
     failed: dict[int, BaseException] = {}
     for num, overrides in enumerate(trials):
         try:

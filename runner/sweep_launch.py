@@ -21,6 +21,8 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.samplers import GridSampler
 
+from .sweep_checks import compose_reason
+
 log = logging.getLogger("runner.sweeps")
 
 FAILED_EXPERIMENT = "Failed experiment: "  # the plugin's warning for each failed trial
@@ -70,17 +72,6 @@ def quiet(ret: JobReturn) -> JobReturn:
     if ret.status == JobStatus.FAILED and type(ret) is JobReturn:
         ret.__class__ = QuietReturn
     return ret
-
-
-def compose_reason(error: BaseException) -> str:
-    """Hydra's reason a trial's config did not compose, in one line (its cause's first line added)."""
-    from .errors import first_line
-    from .sweep_checks import _reason
-
-    reason, cause = _reason(error), error.__cause__
-    if cause is not None and first_line(cause) not in reason:
-        reason = f"{reason.rstrip('.')}: {first_line(cause)}"
-    return reason
 
 
 def refused_return(overrides: Sequence[str], num: int, error: BaseException) -> JobReturn:
