@@ -14,7 +14,7 @@ from typing import Any
 from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE
 from ..tasks import ReportMetrics, report_metrics
 from .charts import AucPanels, _plot_final, _plot_loss, _plot_metrics, auc_panels
-from .folder import REPORT_MD, check_out, record_line
+from .folder import REPORT_MD, TITLE, check_out, record_line
 from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, find_trials, label_trials, load_trial, other_task,
                      printable, shown_metrics)
 
@@ -253,7 +253,7 @@ def _header(root: Path, trials: Sequence[Trial], rows: Sequence[dict[str, Any]],
         if not t.failed and r["best_objective"] is not None and math.isfinite(r["best_objective"])
     ]
     lines = [
-        "# Report: " + str(root).replace("\r", "\\r").replace("\n", "\\n"),  # one line, whatever the name holds
+        TITLE + str(root).replace("\r", "\\r").replace("\n", "\\n"),  # one line, whatever the name holds
         "",
         f"- trials: {len(trials)} ({len(trials) - n_failed - n_unfinished - len(unreadable)} ok, {n_failed} failed"
         + (f", {n_unfinished} unfinished: no summary.json status, still running or stopped" if n_unfinished else "")
