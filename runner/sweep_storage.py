@@ -88,11 +88,6 @@ def _write_nothing(storage: RDBStorage) -> None:
             transaction.rollback()
 
 
-def storage_problem(storage: Any) -> str | None:
-    """Why Optuna cannot open ``hydra.sweeper.storage`` (None: it can, or the study is kept in memory)."""
-    return open_storage(storage)[1]
-
-
 def opened_or_refused(storage: Any) -> Any:
     """The opened storage (None for a study kept in memory); exit code 2 with one message before the first trial if
     it cannot be opened."""

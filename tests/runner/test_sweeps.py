@@ -305,6 +305,11 @@ def test_sweep_overrides_that_cannot_make_trials_are_named_before_the_first(caps
     assert capsys.readouterr().err.splitlines()[1].startswith("  - model.emb_width=interval(8,32): an interval of")
 
 
+def storage_problem(storage):
+    """Why the search would refuse ``hydra.sweeper.storage`` (``open_storage``'s second part)."""
+    return sweep_storage.open_storage(storage)[1]
+
+
 def test_an_optuna_search_runs_with_the_runners_sweeper_and_a_storage_is_opened_first(tmp_path, capsys):
     from hydra.core.plugins import Plugins
     from hydra.plugins.sweeper import Sweeper
@@ -315,21 +320,21 @@ def test_an_optuna_search_runs_with_the_runners_sweeper_and_a_storage_is_opened_
     assert sweeps.RUNNER_OPTUNA in {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
 
     fix = "give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a study kept in memory"
-    assert sweep_storage.storage_problem(None) is None
+    assert storage_problem(None) is None
     url = f"sqlite:///{tmp_path}/study.db"  # a study kept in a file (SQLAlchemy 2 breaks optuna 2's; pyproject.toml)
-    assert sweep_storage.storage_problem(url) is None and (tmp_path / "study.db").is_file()
+    assert storage_problem(url) is None and (tmp_path / "study.db").is_file()
     import optuna
 
     study = optuna.create_study(storage=url, study_name="s", direction="maximize", load_if_exists=True)
     study.tell(study.ask(), 0.75)
     assert optuna.load_study(storage=url, study_name="s").best_value == 0.75  # what a resumed search reads
     missing = f"sqlite:///{tmp_path}/no/such/folder/study.db"
-    assert sweep_storage.storage_problem(missing) == (
+    assert storage_problem(missing) == (
         f"hydra.sweeper.storage={missing} cannot be opened (OperationalError: (sqlite3.OperationalError) unable to "
         f"open database file): {fix}")
-    assert sweep_storage.storage_problem("optuna.db").startswith(
+    assert storage_problem("optuna.db").startswith(
         "hydra.sweeper.storage=optuna.db cannot be opened (Argument")
-    assert sweep_storage.storage_problem("  ") == f"hydra.sweeper.storage='  ' is not a database URL: {fix}"
+    assert storage_problem("  ") == f"hydra.sweeper.storage='  ' is not a database URL: {fix}"
     capsys.readouterr()  # optuna's own log lines
     with pytest.raises(SystemExit) as e:
         sweep_storage.opened_or_refused(missing)
@@ -756,16 +761,16 @@ def test_a_storage_that_opens_but_cannot_be_written_is_refused_before_the_first_
     url = f"sqlite:///{tmp_path}/study.db"
     optuna.create_study(storage=url, study_name="s", direction="maximize")
     before = (tmp_path / "study.db").read_bytes()
-    assert sweep_storage.storage_problem(url) is None and (tmp_path / "study.db").read_bytes() == before
+    assert storage_problem(url) is None and (tmp_path / "study.db").read_bytes() == before
     read_only = f"sqlite:///file:{tmp_path}/study.db?mode=ro&uri=true"
-    assert sweep_storage.storage_problem(read_only) == (
+    assert storage_problem(read_only) == (
         f"hydra.sweeper.storage={read_only} cannot be written (OperationalError: (sqlite3.OperationalError) attempt "
         f"to write a readonly database): give a database URL Optuna can open (e.g. sqlite:///optuna.db) or null for a "
         f"study kept in memory")
 
 
 def test_a_storage_refused_does_not_show_its_password():
-    problem = sweep_storage.storage_problem("mysql://u:secret@host/db")
+    problem = storage_problem("mysql://u:secret@host/db")
     assert problem.startswith("hydra.sweeper.storage=mysql://u:***@host/db cannot be opened (") and "secret" not in problem
 
 
