@@ -150,12 +150,10 @@ def converted(path: str, files: Sequence[Path], cache: str | None, max_bad_lines
         return once(folder, make)
     except FormatError as e:
         raise bad_input(e, max_bad_lines) from None
-    except DiskError as e:
+    except (DiskError, OSError) as e:  # before PrepareError, of which DiskError is one
         raise cache_failed(f"data.path={path}: converting the logs into {folder}", e) from None
     except PrepareError as e:
         raise PreflightError(f"data.path={path}: {e}") from None
-    except OSError as e:
-        raise cache_failed(f"data.path={path}: converting the logs into {folder}", e) from None
 
 
 def cache_failed(what: str, e: OSError | DiskError) -> PreflightError:
