@@ -57,8 +57,7 @@ class Restored:
     metrics_rows: int
     path: Path
     meta: dict
-    changes: list[str] = dataclasses.field(default_factory=list)  # settings this run changed (meta.config_changes)
-    notes: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (level, message): said as changes are
+    notes: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (level, message): opening._resume's
 
 
 class Checkpoints:
@@ -234,9 +233,10 @@ class Checkpoints:
                                   f"restored record"))
                 else:
                     self.restored_best = self._restore_best(manager, step, abstract, shardings, meta, where, notes)
-            changes = meta_lib.config_changes(meta["config"], self.cfg)
+            if changed := "; ".join(meta_lib.config_changes(meta["config"], self.cfg)):
+                notes.append((logging.WARNING, f"resuming with settings that differ from the checkpoint's: {changed}"))
             return Restored(self._refit(state, meta, where, row_maps), int(meta["data_step"]),
-                            int(meta["metrics_rows"]), where, meta, changes, notes)
+                            int(meta["metrics_rows"]), where, meta, notes)
         if bad:
             raise PreflightError(
                 f"no readable checkpoint in {manager.directory}: " + "; ".join(bad) + ". They were moved aside "

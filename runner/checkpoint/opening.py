@@ -120,11 +120,8 @@ def _resume(ck: Checkpoints, resume: str, source: tuple[Path, list[int]] | None,
         if jax.process_index() == 0:
             log.info("resuming from %s: step %d of %d (written by %s)", ck.restored.path, ck.restored.step,
                      ck.steps, ", ".join(f"{k} {v}" for k, v in ck.restored.meta["versions"].items()))
-            for level, note in ck.restored.notes:  # what the restore found, said as the changes are
-                log.log(level, "%s", note)
-            if ck.restored.changes:  # said once the resume is certain (not before a refusal), by process 0 alone
-                log.warning("resuming with settings that differ from the checkpoint's: %s",
-                            "; ".join(ck.restored.changes))
+            for level, note in ck.restored.notes:  # what the restore found (settings that differ among them): said
+                log.log(level, "%s", note)  # once the resume is certain (not before a refusal), by process 0 alone
             ck.last_row = meta_lib.carry_metrics(out / METRICS_FILE, ck.restored.meta.get("output_dir"), ck.rows)
     elif ck.manager is not None and jax.process_index() == 0:
         _set_aside_metrics(out / METRICS_FILE)
