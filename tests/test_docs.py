@@ -104,6 +104,7 @@ def documented_runner_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_documented_command_parses_and_composes():
     """What a user copies from the docs into bash reaches Hydra as written: each override parses (bash passes
     ``data.path=~/x`` with the ``~`` unexpanded, which Hydra's grammar refuses) and the config composes."""

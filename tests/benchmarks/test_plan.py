@@ -80,6 +80,7 @@ def test_a_results_folder_that_cannot_be_written_is_refused_before_the_benchmark
             f"this user can write") in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_criteo_plan_that_compiles_nothing_in_time_fails_and_writes_nothing(tmp_path, capsys):
     from benchmarks.plan_criteo import main
 

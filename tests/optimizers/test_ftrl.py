@@ -35,6 +35,7 @@ def one_update(opt, table: np.ndarray, grads: np.ndarray, state=None, valid_as: 
 
 
 @pytest.mark.parametrize("tensorflow_l2, factor", [(True, 2.0), (False, 1.0)], ids=["tensorflow", "paper"])
+@pytest.mark.slow
 def test_the_l2_convention_from_a_zero_row(tensorflow_l2, factor):
     """From w = 0 (z = 0 on either reading): w' = -g / (sqrt(n0 + g**2) / alpha + factor * l2)."""
     alpha, l2, n0 = 0.5, 0.3, 0.1
@@ -46,6 +47,7 @@ def test_the_l2_convention_from_a_zero_row(tensorflow_l2, factor):
     np.testing.assert_array_equal(table[[0, 2]], 0.0)
 
 
+@pytest.mark.slow
 def test_l1_keeps_weights_exactly_zero_while_z_is_inside_it():
     """From w = 0: z' = g; |g| <= l1 gives exactly 0, else -(g - sign(g) l1) / (sqrt(n') / alpha)."""
     alpha, l1, n0 = 0.5, 0.6, 0.1

@@ -44,6 +44,7 @@ def skewed(tokens):
     return ids, grads
 
 
+@pytest.mark.slow
 def test_overflow_is_counted_and_the_update_refused_when_the_policy_is_stop():
     mesh = table_mesh()
     tokens = 24  # 3 per device
@@ -96,6 +97,7 @@ def routed_step(ctx, opt, table0, update):
     return jax.jit(step)(table, opt.init(*table0.shape), update)
 
 
+@pytest.mark.slow
 def test_overflowing_ids_are_rerouted_in_rounds_by_default():
     """The default policy: a step where any device has more ids for one shard than its slots routes the rest in
     further rounds of the same slots, so the lookup reads every row and the update is the dense one."""

@@ -120,6 +120,7 @@ def unsharded_dense_run(name):
 @pytest.mark.parametrize("name", sorted(DENSE))
 @pytest.mark.parametrize("layout, routing", [(TableLayout.row, Routing.alltoall), (TableLayout.row, Routing.gather),
                                              (TableLayout.column, Routing.alltoall)], ids=["row", "row-gather", "column"])
+@pytest.mark.slow
 def test_dense_baseline_sharded_equals_unsharded(name, layout, routing):
     """The plain optax baselines on 2x4 shards, fed the records the train step makes for the layout (per device
     on the routed row and the column layout, the whole batch's on the gather row layout): table, state, norm and
@@ -249,6 +250,7 @@ def test_the_rule_run_chunk_by_chunk_changes_nothing(case, monkeypatch):
             pass
 
 
+@pytest.mark.slow
 def test_chunked_rule_on_a_bfloat16_table_is_bit_identical(monkeypatch):
     """bfloat16 table (f32 state, stochastic rounding keyed by row id): the routed owner's rule in 2-row
     chunks writes the same bits as in one pass."""

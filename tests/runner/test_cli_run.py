@@ -70,6 +70,7 @@ def test_sharded_mesh_from_the_command_line(tmp_path):
     assert rows[-1]["emb/shard_rows_max/items"] >= rows[-1]["emb/shard_rows_mean/items"] > 0
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_directory_sets_the_first_ones_record_aside(cfg_of, tmp_path, caplog):
     """Without checkpoints, a run started in a directory an earlier run wrote (hydra.run.dir given again) moves
     that run's metrics.jsonl and summary.json aside whole, and writes its own: no mixed series, nothing lost."""

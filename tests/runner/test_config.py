@@ -140,6 +140,7 @@ def test_the_tests_compose_raises_hydras_error_for_a_bad_value():
         compose_config(["trainer.steps=many"])
 
 
+@pytest.mark.slow
 def test_composes_share_the_config_store_and_each_gets_its_own_nodes():
     """Hydra copies its repository for every compose and every group ``--help`` lists; the ConfigStore in it is
     shared (runner.config_store.share_config_store), and each compose still gets nodes of its own: a composed

@@ -130,6 +130,7 @@ def test_supervise_prefixes_output_and_succeeds_when_all_do():
     assert "[p1] c" in lines
 
 
+@pytest.mark.slow
 def test_supervise_stops_the_others_when_one_fails():
     out = io.StringIO()
     sleeper = _py("import time; print('up', flush=True); time.sleep(120)")

@@ -226,6 +226,7 @@ def test_a_debug_preset_for_its_own_model_and_data_or_an_error_of_hydras_passes(
     assert debug_preset_clash(args) is None
 
 
+@pytest.mark.slow
 def test_the_presets_table_is_conf_debug_and_names_a_preset_for_every_model():
     """Each preset composes with each model and data source it lists, every model has one, and any other model
     with it is refused (a new preset or model must be added to runner.__main__.DEBUG_PRESETS)."""
@@ -622,6 +623,7 @@ def test_launch_says_a_bad_override_once_and_starts_no_process(capsys, monkeypat
     assert started == []
 
 
+@pytest.mark.slow
 def test_launch_checks_the_overrides_as_the_runner_composes_them_and_starts_a_good_launch_unchanged(
         tmp_path, monkeypatch, started):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)

@@ -221,6 +221,7 @@ def test_a_folder_in_the_way_of_a_report_file_is_refused_and_nothing_is_written(
     (lambda d: (d / "summary.json").write_text("[" * 200_000), "summary.json (nested too deeply)"),
     (lambda d: (d / "summary.json").write_text("[1, 2]"), "summary.json (not a JSON object)"),
 ], ids=["not-utf8", "cut-short", "nested", "a-list"])
+@pytest.mark.slow
 def test_a_summary_that_cannot_be_read_makes_its_trial_unreadable_not_unfinished(multirun, tmp_path, damage, why):
     damage(multirun / "0")
     with open(multirun / "1" / "metrics.jsonl", "a") as f:
@@ -302,6 +303,7 @@ def _loaded(root: Path):
     return trials, label_trials(trials)
 
 
+@pytest.mark.slow
 def test_trials_are_labelled_by_what_differs_and_the_rest_is_one_header_line(tmp_path):
     root = _sweep(tmp_path / "sweep")
     md = build_report(root).read_text()
@@ -492,6 +494,7 @@ def test_a_next_item_run_gets_its_task_s_objective_chart_and_oracle_lines(tmp_pa
 # --------------------------------------------------------------------------- what a report says of its trials
 
 
+@pytest.mark.slow
 def test_an_out_that_is_a_sweep_folder_inside_dir_keeps_that_sweep_s_trials(multirun, tmp_path, capsys):
     """--out is not passed over when trials are looked for: the report writes only files there, and a sweep
     folder given as --out holds trials of DIR's own (they were silently left out)."""
@@ -617,6 +620,7 @@ def _files(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
 
 
+@pytest.mark.slow
 def test_an_out_holding_another_folder_s_report_is_refused_unless_overwrite(multirun, tmp_path, capsys):
     """The report of B into the --out that holds A's replaced A's files without a word. A report of A there is
     updated in place; B's is refused, A's files untouched, until --overwrite says to replace it."""
@@ -658,6 +662,7 @@ def test_files_of_the_report_s_names_it_did_not_write_are_refused_unless_overwri
     assert _rows(mine)[0]["trial"] == "0" and (mine / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_report_moved_with_its_folder_or_of_before_records_is_still_its_own(multirun, tmp_path):
     """A sweep copied whole (to another machine, say) keeps its report's folder; a report.md written before reports
     recorded their folder is its own folder's when it is in that folder (elsewhere: not known, refused)."""
@@ -688,6 +693,7 @@ def test_an_out_in_another_run_s_folder_is_refused(multirun, tmp_path, capsys):
     assert _files(other) == before and not (other / "sub").exists()
 
 
+@pytest.mark.slow
 def test_a_folder_name_that_is_not_utf8_is_shown_escaped_not_a_traceback(multirun, tmp_path):
     """A trial folder whose name is not UTF-8 (bytes Python keeps as surrogates) stopped the report with a
     UnicodeEncodeError in report.csv (and matplotlib's TypeError in the charts' labels)."""
@@ -754,6 +760,7 @@ def test_a_path_that_cannot_be_looked_at_is_one_line_not_a_traceback(multirun, t
     assert sorted(p.name for p in multirun.iterdir()) == ["0", "1", "2", "multirun.yaml"]
 
 
+@pytest.mark.slow
 def test_a_folder_name_holding_a_line_break_keeps_its_title_one_line_and_its_report_its_own(multirun, tmp_path):
     """The title spread the name over three lines, which pushed the record of the folder below where it was
     looked for: the same command again was refused as a report of another folder."""

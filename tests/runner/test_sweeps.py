@@ -425,6 +425,7 @@ def optuna_search(tmp_path, arguments, launcher, **settings):
         return sweeper.sweep(arguments)
 
 
+@pytest.mark.slow
 def test_optuna_values_a_trial_cannot_take_are_refused_before_the_first(tmp_path, capsys):
     """Hydra composes an Optuna trial's config only when it launches it, so a bad ``choice`` value would end the
     search there; every value a trial could get is composed first, each named with Hydra's reason."""
@@ -469,6 +470,7 @@ class _TrialLauncher:
         return out
 
 
+@pytest.mark.slow
 def test_an_optuna_trial_whose_values_clash_fails_alone_and_the_search_goes_on(tmp_path, capsys, caplog):
     """Values each fine alone (checked before the first trial) can clash in one trial: a config that does not compose
     (async_sgd has no b1) is refused alone, as the preflight refuses a batch that does not divide; each is one line,
@@ -555,6 +557,7 @@ B1_CLASH = ("its values do not compose into one config (Could not override 'opti
             "'AsyncSGDConfig'): drop optimizer=async_sgd from the sweep, or sweep keys every choice has")
 
 
+@pytest.mark.slow
 def test_a_basic_sweeps_combinations_that_do_not_compose_are_refused_before_the_first_trial(tmp_path, capsys):
     """Values each fine can clash in one combination (async_sgd has no b1). Hydra's basic sweeper stopped at the
     first such batch in its multi-line error, exit code 1, naming no combination, and with max_batch_size only
@@ -694,6 +697,7 @@ class _Beating(_Launcher):
         return super().launch(overrides, initial_job_idx)
 
 
+@pytest.mark.slow
 def test_a_killed_searchs_running_trials_are_failed_when_its_study_resumes(tmp_path, monkeypatch, caplog):
     """A search killed mid-trial (SIGKILL, a machine gone) left the trial RUNNING in its stored study for good. A
     search now records a heartbeat for its running trials, and one of the same study marks FAIL, as a batch starts,

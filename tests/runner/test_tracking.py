@@ -145,6 +145,7 @@ def _offline_runs(d: Path) -> list[Path]:
     return sorted((d / "wandb").glob("offline-run-*"))
 
 
+@pytest.mark.slow
 def test_wandb_tracker_offline_two_runs(tmp_path, offline_wandb):
     d1, d2 = tmp_path / "trial0", tmp_path / "trial1"
     t1 = WandbTracker(
@@ -181,6 +182,7 @@ def test_wandb_tracker_offline_two_runs(tmp_path, offline_wandb):
     assert t1.run_dir == runs1[0]
 
 
+@pytest.mark.slow
 def test_wandb_reinit_finishes_leaked_run(tmp_path, offline_wandb):
     """A trial that forgot finish() must not leak into the next one in the same process."""
     import wandb

@@ -134,6 +134,7 @@ def test_sharded_and_chunked_match_numpy(monkeypatch, spec):
 
 
 @pytest.mark.parametrize("spec", [P("table", None), P()], ids=["rows", "replicated"])
+@pytest.mark.slow
 def test_padding_columns_do_not_count(monkeypatch, spec):
     """A table stored wider than its rows (``stored_width``) digests as the narrow one: its first ``cols`` columns,
     whole, sharded by rows or chunked; a change inside them still shows."""

@@ -109,6 +109,7 @@ def test_killed_while_removing_an_old_checkpoint_leaves_only_readable_steps(tmp_
     assert metric_rows(tmp_path / "run") == metric_rows(tmp_path / "straight")
 
 
+@pytest.mark.slow
 def test_a_step_half_deleted_in_place_is_skipped_and_reported(tmp_path, caplog):
     """What an in-place removal killed halfway leaves (a runner before the atomic one): a step folder without
     its metadata. When every newer step is unreadable too, the restore skips it by name, removes it (this run's

@@ -33,6 +33,7 @@ def initial_tables(overrides) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.slow
 def test_auto_permutes_exactly_the_row_sharded_tables(layout):
     """Row ``permute_ids(i)`` of each stored table holds the initial values of id ``i`` (row ``i`` of the one-device
     unpermuted table: initial values follow the id) on a row-sharded mesh; elsewhere row ``i`` does."""

@@ -91,6 +91,7 @@ def test_rebucket_matches_the_reference_and_keeps_every_placed_id_whole(parts):
         assert _estimate(new, r.hashed.sketch, k) >= _estimate(old, state.sketch, k)
 
 
+@pytest.mark.slow
 def test_a_full_window_drops_the_least_recently_seen_and_the_update_drops_their_gradients():
     old = ht.HashSpec(16, probes=4, partitions=1)
     new = dataclasses.replace(old, partitions=4)  # windows of 4 slots: a partition takes at most 4 ids

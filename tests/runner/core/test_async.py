@@ -106,6 +106,7 @@ def test_bounded_staleness_and_delay_compensation_match_the_oracle(cfg_of, stale
     assert gap(other) > 20 * max(gap(tables), 1e-7)
 
 
+@pytest.mark.slow
 def test_the_flush_of_a_long_queue_is_one_update_a_table_in_a_loop(cfg_of):
     """The flush applies a queue of k records in a loop (``lax.scan``), not unrolled: its program holds as many
     scatters for k = 16 as for k = 2 (unrolled, a queue of 64 took minutes to compile)."""

@@ -58,6 +58,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow
 def test_a_failing_user_optimizer_is_one_message_and_the_checkpoints_are_untouched(tmp_path, saved, case, caplog):
     """The resume of the saved run with the user's class failing: traced (its rule raises) or at run time (its
     host callback raises on the first update after the resume)."""
@@ -76,6 +77,7 @@ def test_a_failing_user_optimizer_is_one_message_and_the_checkpoints_are_untouch
         assert not (tmp_path / "fresh").exists() or steps_in(tmp_path / "fresh") == []
 
 
+@pytest.mark.slow
 def test_a_host_callback_failing_mid_run_leaves_only_the_checkpoints_before_it(tmp_path):
     """Fresh run, the check fails from update 3 on: the checkpoints written before the failure are all there
     are (none of the failed step, no partial save)."""

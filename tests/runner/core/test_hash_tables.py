@@ -146,7 +146,8 @@ SLOW = pytest.mark.slow  # make test-fast keeps one policy of each kind
 POLICIES = [dict(evict="lru"), pytest.param(dict(evict="lfu"), marks=SLOW),
             pytest.param(dict(evict="ttl", ttl=20), marks=SLOW),
             pytest.param(dict(evict="lru", admit_after=3, admit_window=7), marks=SLOW),
-            dict(evict="lfu", admit_after=2, sketch_width=64), dict(evict="ttl", ttl=5, admit_after=2)]
+            pytest.param(dict(evict="lfu", admit_after=2, sketch_width=64), marks=SLOW),
+            pytest.param(dict(evict="ttl", ttl=5, admit_after=2), marks=SLOW)]
 
 
 PARTITIONED = [dict(evict="lru", partitions=4),
@@ -178,6 +179,7 @@ def test_mapping_matches_the_dict_reference(policy):
 
 
 @pytest.mark.parametrize("chunk,share", [(1, 0), (3, 8), (3, 1)])
+@pytest.mark.slow
 def test_rounds_packed_or_whole_match_the_dict_reference(monkeypatch, chunk, share):
     """A round after the first packs the positions still wanting a slot when at most ``ROUND_CHUNK`` of them are
     left, else runs on the whole batch; the first round packs them into ``FIRST_ROUND_SHARE`` eighths of the
@@ -230,6 +232,7 @@ def test_a_large_table_whose_windows_rarely_wrap_matches_the_dict_reference(poli
     assert list(np.asarray(state.last)) == ref.last and list(np.asarray(state.count)) == ref.count
 
 
+@pytest.mark.slow
 def test_new_ids_rows_and_state_are_reset_chunk_by_chunk(monkeypatch):
     """``reset_rows`` packs the new ids and resets them ``RESET_CHUNK`` at a time (the last chunk overlapping the
     one before): each new id's row is its fresh row, each per-row state leaf its initial row, nothing else moves."""
@@ -343,6 +346,7 @@ def test_the_batch_dedupe_is_numpys_unique_of_the_64_bit_ids(n):
 @pytest.mark.parametrize("policy", [dict(evict="lru"),
                                     pytest.param(dict(evict="lfu", admit_after=2, admit_window=9), marks=SLOW)],
                          ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+@pytest.mark.slow
 def test_each_partition_run_on_its_own_equals_the_whole_table(policy):
     """What a row shard does with its partition (``first``: the state it holds is one partition) equals the
     whole table's step restricted to that partition: slots, counts, keys, metadata and sketch."""
@@ -384,6 +388,7 @@ def _first_admission(spec: ht.HashSpec, lookups: int, steps: int) -> int | None:
 
 
 @pytest.mark.parametrize("window, lookups", [(1, 1), (1, 3), (2, 3), (3, 2)])
+@pytest.mark.slow
 def test_the_top_estimate_is_the_largest_admit_after_an_id_ever_reaches(window, lookups):
     """``top_estimate`` (the bound the preflight refuses above) against the step itself: the id seen at every
     lookup of every step reaches an ``admit_after`` of exactly the bound (after a few windows) and never one more."""

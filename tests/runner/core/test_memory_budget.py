@@ -189,6 +189,7 @@ def test_the_state_counts_each_devices_shard_on_this_host_by_part():
     assert parts["other"] >= 8 * params  # the dense model on each of the 8 devices
 
 
+@pytest.mark.slow
 def test_a_state_that_cannot_fit_is_refused_naming_its_parts_and_the_ways_out(cfg_of, tmp_path, monkeypatch):
     """Refused before the state is built or a checkpoint is opened: no train step, no checkpoint folder."""
     cfg = cfg_of(["trainer.steps=3", "checkpoint.interval=2", f"checkpoint.dir={tmp_path / 'ck'}",

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from runner.build import build
 from tests.optimizers.reference import schedule_multiplier
 from tests.runner.support import batch_size, compose_config, to_device
 
 
+@pytest.mark.slow
 def test_a_100_step_warmup_compiles_the_step_once_and_logs_each_tables_rate():
     cfg = compose_config(["optimizer.schedule.kind=warmup", "optimizer.schedule.warmup_steps=100",
                           "+optimizer@table_optimizers.users=async_sgd", "trainer.steps=120"])

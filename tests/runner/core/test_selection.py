@@ -89,6 +89,7 @@ def scripted(monkeypatch, values, test_values=None):
     return calls
 
 
+@pytest.mark.slow
 def test_early_stopping_reports_the_peak_and_the_sweep_gets_its_value(tmp_path, monkeypatch):
     calls = scripted(monkeypatch, [0.5, 0.7, 0.6, 0.65, 0.9, 0.95])  # peak at the 2nd evaluation (step 4)
     objective = run(compose_config(["trainer.steps=12", "trainer.eval_interval=2", "trainer.select_best=true",
@@ -119,6 +120,7 @@ def test_selection_and_early_stopping_go_by_a_validation_metric_whatever_the_obj
     assert (s.objective, s.select, s.patience) == (selected, True, 3)
 
 
+@pytest.mark.slow
 def test_a_test_objective_returns_the_test_metric_of_the_state_selected_on_validation(tmp_path, monkeypatch,
                                                                                        caplog):
     # valid peaks at the 2nd evaluation (step 4); test peaks at the 3rd and would stop later if selected on

@@ -64,6 +64,7 @@ RUN = ["trainer.steps=5", "trainer.log_interval=1"]
 
 
 @pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.slow
 def test_a_stacked_run_trains_exactly_as_its_tables_apart(mode):
     """The ranking model's three tables (users, items, authors: vocabs 301, 501, 51, width 8) stacked into one
     and kept apart: the same initial rows (bit for bit), losses and final rows and optimizer state of every
@@ -106,6 +107,7 @@ def test_an_out_of_range_id_of_a_member_counts_under_its_name_and_reads_zeros():
     assert flat[0, 0] == program.contexts["stack0"].stored_rows  # out of range: reads zeros, updates nothing
 
 
+@pytest.mark.slow
 def test_a_resume_with_other_stacking_is_refused(tmp_path):
     from runner.app import run
 

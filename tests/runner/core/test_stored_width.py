@@ -37,6 +37,7 @@ def scores(program, state, task):
     pytest.param(["async_emb=on", *HASHED, "model.tables.items.capacity=152", "model.tables.items.partitions=4",
                   "model.tables.users.partitions=4"], id="async-hash-4-partitions", marks=pytest.mark.slow),
 ])
+@pytest.mark.slow
 def test_a_padded_run_trains_as_the_narrow_one(extra):
     program, s00, s0, l0, task = train(extra)
     padded, s01, s1, l1, _ = train([*extra, *PAD])
@@ -119,6 +120,7 @@ def test_a_checkpoint_resumes_at_another_stored_width(tmp_path, first, then):
     assert set(range(6, 11)) <= set(got) and all(got[k] == pytest.approx(want[k], rel=1e-5) for k in range(6, 11))
 
 
+@pytest.mark.slow
 def test_a_slot_given_to_a_new_id_gets_a_fresh_row_and_zero_padding():
     """``reset_rows`` on a table stored wider than its rows: the new id's fresh row in its own columns, zeros
     past them (the update that follows writes zeros there too, but a row evicted before its update keeps them)."""

@@ -59,6 +59,7 @@ def test_day_split_trains_on_every_day_but_the_last_and_halves_it(logs, tmp_path
     np.testing.assert_allclose(train.records(np.arange(4000))["dense"], first["dense"])
 
 
+@pytest.mark.slow
 def test_seeded_split_is_90_5_5_of_lines_and_does_not_depend_on_blocks(logs, tmp_path):
     a = convert(logs["one"], tmp_path / "a", seed=1)
     b = convert(logs["one"], tmp_path / "b", seed=1, block_bytes=4096, shard_lines=700)

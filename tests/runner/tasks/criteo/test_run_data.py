@@ -193,6 +193,7 @@ def test_an_evaluation_of_one_label_is_refused_before_training(made, tmp_path):
                                                "(null) to train on generated logs"),
                                       ("cache", "give a folder for the run's conversions, or leave data.cache out "
                                                 "(null: outputs/criteo_data)")])
+@pytest.mark.slow
 def test_an_empty_data_path_or_cache_is_refused(tmp_path, key, fix):
     """As an unset shell variable gives them (data.path=$LOGS): refused, not read as unset."""
     message = f"data.{key} is empty (data.{key}= with nothing after it, as from an unset shell variable): {fix}"

@@ -36,6 +36,7 @@ def np_mlp(layers, x, last_relu):
     return x
 
 
+@pytest.mark.slow
 def test_dlrm_matches_a_numpy_reference_of_its_interactions():
     specs, embs, batch = inputs()
     model = DLRM(specs, bottom=(8,), top=(6,))
@@ -58,6 +59,7 @@ def test_dlrm_matches_a_numpy_reference_of_its_interactions():
 @pytest.mark.parametrize("low_rank, bottom, structure", [(None, None, "stacked"), (3, None, "stacked"),
                                                        (None, (5,), "stacked"), (3, (), "parallel"),
                                                        (None, (5,), "parallel")])
+@pytest.mark.slow
 def test_dcn_matches_a_numpy_reference_of_its_cross_layers(low_rank, bottom, structure):
     specs, embs, batch = inputs(1)
     model = DCN(specs, cross_layers=2, low_rank=low_rank, deep=(7,), bottom=bottom, structure=structure)

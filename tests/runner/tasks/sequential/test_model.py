@@ -43,6 +43,7 @@ def hidden(model, params, table, b):
     return np.asarray(model.encode(params, jnp.asarray(table[b["inputs"]]), jnp.asarray(b["inputs"])), np.float64)
 
 
+@pytest.mark.slow
 def test_encoder_is_causal_and_ignores_padding():
     model, params, table = make()
     b = batch()
@@ -84,6 +85,7 @@ def per_position_reference(b, h, rows, negatives_at, correction=lambda n: 0.0, t
 
 
 @pytest.mark.parametrize("l2_norm, temperature", [(False, 1.0), (True, 0.1)])
+@pytest.mark.slow
 def test_sampled_softmax_matches_numpy(l2_norm, temperature):
     model, params, table = make(l2_norm=l2_norm, temperature=temperature)
     b = batch()
