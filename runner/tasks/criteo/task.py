@@ -38,7 +38,7 @@ from .ids import FIRST, HashIds, VocabIds, vocabulary
 from .logs import DEFAULT_CACHE, cache_failed, converted, once, raw_logs
 from .model import DCN, DLRM, TABLES
 from .order import examples
-from .prepare import FORMAT, MIN_EXAMPLES, convert, split_rule, too_few
+from .prepare import FORMAT, MIN_EXAMPLES, PrepareError, convert, split_rule, too_few
 from .report import REPORT
 from .shards import DamagedShard, Shards, read_manifest
 from .synthetic import CriteoSpec, room_problem, write_logs
@@ -90,8 +90,10 @@ def generated(cfg: DictConfig) -> Path:
                              f"file system with room")
     try:
         return once(folder, make)
-    except (OSError, DiskError) as e:
+    except (OSError, DiskError) as e:  # before PrepareError, of which DiskError is one
         raise cache_failed(f"generating Criteo logs (data.path unset) into {folder}", e) from None
+    except PrepareError as e:  # any other conversion refusal: the run's one line, as for raw logs (logs.converted)
+        raise PreflightError(f"generating Criteo logs (data.path unset) into {folder}: {e}") from None
 
 
 def _spec(d: DictConfig) -> CriteoSpec:

@@ -168,6 +168,23 @@ def test_a_data_cache_that_cannot_be_written_is_one_message(made, tmp_path, monk
                                  f"its owner: chmod u+w), or set data.cache to a folder it may write")
 
 
+def test_a_conversion_refused_while_generating_logs_is_one_message(tmp_path, monkeypatch):
+    """A ``PrepareError`` from converting the generated logs, other than a disk's, was not caught: the run ended in
+    a traceback. It is now the run's refusal (``PreflightError``, said as one line), and the cache keeps no half
+    folder."""
+    def refuses(*args, **kwargs):
+        raise PrepareError("too few examples for a run to train and evaluate on; give more lines")
+
+    monkeypatch.setattr("runner.tasks.criteo.task.convert", refuses)
+    cache = tmp_path / "cache"
+    with pytest.raises(PreflightError) as e:
+        task_of("data.lines=3000", f"data.cache={cache}")
+    assert str(e.value).startswith(f"generating Criteo logs (data.path unset) into {cache}/generated-")
+    assert str(e.value).endswith(": too few examples for a run to train and evaluate on; give more lines")
+    assert "\n" not in str(e.value)
+    assert not cache.exists() or list(cache.iterdir()) == []  # the temporary folder of the attempt was removed
+
+
 def test_an_evaluation_of_one_label_is_refused_before_training(made, tmp_path):
     log = tmp_path / "clicks_none.txt"
     log.write_text("".join("0" + line[1:] for line in made[0].read_text().splitlines(keepends=True)))
