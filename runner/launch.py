@@ -15,7 +15,6 @@ second Ctrl-C stops them at once (SIGKILL; checkpoints already committed stay us
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
 import math
@@ -27,6 +26,8 @@ import sys
 import threading
 import time
 from typing import IO, Sequence
+
+from .command_line import OneLineParser
 
 
 MAX_PROCESSES = 256  # processes on one machine; more is a typo, not a plan
@@ -183,7 +184,7 @@ def _stop(procs: Sequence[subprocess.Popen], grace: float, say) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m runner.launch", description=__doc__.split("\n\n")[0],
         epilog="example: python -m runner.launch -n 2 -- mesh=data_table mesh.cpu_devices=4 optimizer=async_adam")
     parser.add_argument("-n", "--num-processes", type=int, required=True, help="processes to start")

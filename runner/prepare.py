@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 
+from .command_line import OneLineParser
 from .errors import Terminated, sigterm_unwinds, stopped
 from .tasks.criteo.disk import fix, reason
 from .tasks.criteo.prepare import PrepareError, convert
@@ -41,7 +42,7 @@ def bag_sizes(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m runner.prepare", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m runner.prepare", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     c = sub.add_parser("criteo", help="convert Criteo-format TSV files (or .gz) into shards")
     c.add_argument("inputs", nargs="+", help="train.txt, or day_0 ... day_23 (.gz too)")

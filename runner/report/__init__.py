@@ -40,11 +40,11 @@ DIR, is refused (nothing written) unless ``--overwrite`` is given; so is an ``--
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..command_line import OneLineParser
 from ..errors import Terminated, sigterm_unwinds, stopped
 from .charts import AucPanels, auc_figure, auc_panels
 from .summary import build_report
@@ -58,7 +58,7 @@ __all__ = ["AucPanels", "ReportError", "Trial", "auc_figure", "auc_panels", "bui
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m runner.report DIR [--out DIR] [--metric M] [--goal G] [--overwrite]``; returns the exit code (2:
     refused; 130/143: stopped by Ctrl-C/SIGTERM, the report's temporary folder removed)."""
-    p = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m runner.report", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="run directory or Hydra multirun directory")
     p.add_argument("--out", default=None, help="output directory (default: DIR)")
     p.add_argument("--metric", default=None,

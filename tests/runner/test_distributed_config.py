@@ -166,10 +166,10 @@ def test_launch_refuses_a_flag_of_the_runner_naming_it(flag, capsys):
     with pytest.raises(SystemExit) as e:
         main(["-n", "2", "--", flag, "job", "trainer.steps=3"])
     assert e.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
+    assert capsys.readouterr().err == (
         f"python -m runner.launch: error: {flag}: a flag of python -m runner, not an override, and runner.launch "
         f"starts training processes; use it with python -m runner alone (e.g. python -m runner --cfg job "
-        f"<overrides> prints the config)")
+        f"<overrides> prints the config); see python -m runner.launch --help\n")
 
 
 def test_launch_cli_rejects_zero_processes():

@@ -152,13 +152,14 @@ def main(argv: list[str] | None = None) -> None:
     sequences as ``OUT_DIR/ratings.dat`` (MovieLens-1M's format: ``data=movielens data.path=OUT_DIR`` reads it).
     A ``ratings.dat`` already there (a MovieLens copy, say) is never replaced, and a bad argument is refused with
     one line (exit code 2) before anything is written."""
-    import argparse  # noqa: PLC0415 (only the command line needs them)
-    import contextlib  # noqa: PLC0415
+    import contextlib  # noqa: PLC0415 (only the command line needs them)
     import os  # noqa: PLC0415
 
-    p = argparse.ArgumentParser(prog="python -m runner.tasks.sequential.synthetic",
-                                description="Write the synthetic sequences (a planted next-item pattern) as "
-                                            "OUT_DIR/ratings.dat, in MovieLens-1M's format.")
+    from ...command_line import OneLineParser  # noqa: PLC0415
+
+    p = OneLineParser(prog="python -m runner.tasks.sequential.synthetic",
+                      description="Write the synthetic sequences (a planted next-item pattern) as "
+                                  "OUT_DIR/ratings.dat, in MovieLens-1M's format.")
     p.add_argument("out", metavar="OUT_DIR", help="the folder to write ratings.dat into (made if missing)")
     p.add_argument("sizes", metavar="N", type=int, nargs="*", default=[],
                    help="num_users num_items num_clusters, in that order (default 2000 1000 50)")
