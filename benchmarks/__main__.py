@@ -26,6 +26,8 @@ import time
 import traceback
 from pathlib import Path
 
+from runner.command_line import OneLineParser
+
 from . import common
 
 BENCHMARKS = ("fused_update", "memory", "sharded", "phases", "trainer", "precision", "async_cost", "bags",
@@ -131,7 +133,7 @@ def summary(out: Path, took: dict[str, list], quick: bool, wall: float) -> str:
 
 def main(argv=None) -> int:
     names = available()
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes and few repetitions (a smoke test)")
     p.add_argument("--only", action="append", choices=names, metavar="NAME",
                    help=f"run only this benchmark (repeatable): {', '.join(names)}")

@@ -165,15 +165,26 @@ def has_cpu_devices(n: int) -> bool:
 
 
 # ----- command line --------------------------------------------------------------------------------------
+def command(run: Callable[..., Any]) -> str | None:
+    """``python -m benchmarks.<name>``, the command of the module defining ``run`` (when it runs as ``__main__``,
+    its module spec names it), for the parser's messages; None (argparse's default: the file's name) where
+    neither says."""
+    module = run.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name if spec is not None else None
+    return f"python -m {module}" if module else None
+
+
 def main(doc: str, run: Callable[..., Any], child: Callable[[dict], Any] | None = None,
          argv: Sequence[str] | None = None, flags: Mapping[str, tuple[str, str]] | None = None) -> None:
     """Every benchmark module's ``python -m benchmarks.<name> [--quick] [--out DIR]``; with ``child``, also
     the internal ``--child '<json>'`` that measures one configuration in a fresh process. ``flags``: a module's
     own on/off options (``{"--quality": ("with_quality", help)}``), shown by ``--help`` and handed to ``run``
     by keyword."""
-    import argparse
+    from runner.command_line import OneLineParser  # noqa: PLC0415
 
-    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p = OneLineParser(prog=command(run), description=doc.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=Path, help=OUT_HELP)
     for flag, (dest, text) in (flags or {}).items():

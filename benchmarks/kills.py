@@ -27,7 +27,6 @@ Writes ``benchmarks/results/kills.{md,json}``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -38,6 +37,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from runner.command_line import OneLineParser
 
 from . import common
 from .kill_runs import (HEARTBEAT_S, SINGLE, committed, final, finish, peer_cmds, relaunch_single, resumed_from,
@@ -307,7 +308,7 @@ def report(out: Path, data: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.kills", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m benchmarks.kills", description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=20, help="trials per scenario (default 20)")
     p.add_argument("--seed", type=int, default=0, help="seeds the kill timings")
     p.add_argument("--only", action="append", choices=SCENARIOS, help="run only this scenario (repeatable)")

@@ -169,15 +169,16 @@ def run(quick: bool, out: Path, devices=(64, 256), rows: int = 10**9, width: int
 
 def main(argv=None) -> None:
     """``python -m benchmarks.plan [--rows R] [--width W] [--batch B] [--devices N ...] [--quick] [--out DIR]``."""
-    import argparse
     import json
     import sys
+
+    from runner.command_line import OneLineParser
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         common.answer(child(json.loads(argv[1])))
         return
-    p = argparse.ArgumentParser(prog="python -m benchmarks.plan", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m benchmarks.plan", description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=float, help="table rows (default 1e9)")
     p.add_argument("--width", type=int, help="table width (default 128)")
     p.add_argument("--batch", type=int, help="global batch (default 65,536)")

@@ -150,15 +150,16 @@ def run(quick: bool, out: Path, devices=(64, 256), batch: int = BATCH, unstacked
 
 def main(argv=None) -> int:
     """``python -m benchmarks.plan_criteo [--devices N ...] [--batch B] [--unstacked] [--quick] [--out DIR]``."""
-    import argparse
     import json
     import sys
+
+    from runner.command_line import OneLineParser
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         common.answer(child(json.loads(argv[1])))
         return 0
-    p = argparse.ArgumentParser(prog="python -m benchmarks.plan_criteo", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m benchmarks.plan_criteo", description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, nargs="+", help="virtual device counts to compile for (default 64 256)")
     p.add_argument("--batch", type=int, help=f"global batch (default {BATCH:,})")
     p.add_argument("--unstacked", action="store_true",

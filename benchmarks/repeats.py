@@ -11,9 +11,10 @@ replace those benchmarks' rows of the ``repeats.json`` already in ``--out``, and
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+
+from runner.command_line import OneLineParser
 
 from . import common
 
@@ -69,7 +70,7 @@ def report(rows: list[dict], runs: int) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.repeats", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m benchmarks.repeats", description=__doc__.split("\n\n")[0])
     p.add_argument("dirs", nargs="+", type=Path, help="the --out folders of the runs")
     p.add_argument("--out", type=Path, default=common.RESULTS)
     p.add_argument("--update", action="store_true",

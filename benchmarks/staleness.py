@@ -20,7 +20,6 @@ benchmarks``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -28,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from runner.command_line import OneLineParser
 
 from . import common
 
@@ -135,7 +136,7 @@ def write(out: Path, results: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m benchmarks.staleness", description=__doc__.splitlines()[0])
     p.add_argument("--task", choices=sorted(TASKS), default="ranking")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--data", help="the task's data.path (ml100k: the folder of u.data)")
