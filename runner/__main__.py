@@ -116,7 +116,7 @@ def entry() -> None:
         except HydraException as e:  # composing the config (override_errors.raised); a run's are reported by Hydra
             if override_errors.full_error():
                 raise
-            print(f"error: {override_errors.message(e)}", file=sys.stderr)
+            print(f"error: {override_errors.message(sweep_error(e, _overrides()))}", file=sys.stderr)
             sys.exit(2)
     except BaseException as e:  # a sweep that ended before its first trial leaves no folder it made
         if not (isinstance(e, SystemExit) and e.code in (0, None)):
@@ -144,7 +144,7 @@ def refusal(overrides: list[str]) -> str | None:
     if clash is not None:
         return clash
     loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
-    overrides = list(overrides)
+    overrides = given = list(overrides)
     try:  # the mode the config sets (hparams_search: MULTIRUN), found first as Hydra's main does (Hydra.get_mode)
         mode = loader.load_configuration("config", overrides, RunMode.MULTIRUN, validate_sweep_overrides=False)
         mode = mode.hydra.mode
@@ -155,10 +155,44 @@ def refusal(overrides: list[str]) -> str | None:
     try:  # a search's own config; its trials' values are checked by the runner's sweepers as the search starts
         loader.load_configuration("config", overrides, mode)
     except HydraException as e:
-        return override_errors.message(e)
+        return override_errors.message(sweep_error(e, given))
     except Exception:  # noqa: BLE001 - not an override's: each process meets it and reports it as a run does
         return None
     return None
+
+
+def sweep_error(error: BaseException, overrides: list[str]) -> BaseException:
+    """The error to name for Hydra's ``error`` composing the config of ``overrides`` (the command line's): ``error``
+    itself, unless it is Hydra's "Sweep parameters ... requires --multirun" for a command whose config does not
+    compose as a sweep's. Hydra reads whether a command is a sweep from its composed config (``hparams_search=...``
+    sets ``hydra.mode=MULTIRUN``); when another override keeps that config from composing (``trainer.steps=abc``),
+    Hydra runs the command as a single run, whose first complaint is the search's swept value
+    (``model.emb_width=choice(8,16)``), not the value that is wrong. The error of composing it as a sweep is
+    returned then: it names that value."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.errors import HydraException
+
+    if "requires --multirun" not in str(error):
+        return error
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
+    try:
+        loader.load_configuration("config", list(overrides), RunMode.MULTIRUN, validate_sweep_overrides=False)
+    except HydraException as e:
+        return e
+    except Exception:  # noqa: BLE001 - not an override's: Hydra's own error stands
+        return error
+    return error  # it composes as a sweep: a swept value given to a single run (no -m, no search)
+
+
+def _overrides() -> list[str]:
+    """The command line's overrides, as ``hydra.main`` reads them (its flags left out)."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        return list(get_args_parser().parse_known_args(sys.argv[1:])[0].overrides)
+    except (Exception, SystemExit):  # noqa: BLE001 - Hydra parsed them already: this does not fail
+        return [a for a in sys.argv[1:] if not a.startswith("-")]
 
 
 # The debug presets (conf/debug/) and the models and data sources each one's settings are written for: another's

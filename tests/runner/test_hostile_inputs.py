@@ -638,6 +638,8 @@ def test_launch_checks_the_overrides_as_the_runner_composes_them_and_starts_a_go
     assert launch.refusal(launch.child_commands(2, search, port)[-1]) is None
     assert launch.refusal(launch.child_commands(2, [*search[:2], "trainer.steps=abc"], port)[-1]) == (
         "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not 'abc'")
+    assert launch.refusal(launch.child_commands(2, [*search, "trainer.stpes=3"], port)[-1]).startswith(
+        "trainer.stpes=3: trainer has no key 'stpes'; did you mean trainer.steps?")  # not "requires --multirun"
     assert launch.refusal(["python", "-m", "runner", "trainer.steps=abc"]) == (
         "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not 'abc'")
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # Hydra's full report is asked for: each process gives it
@@ -684,6 +686,12 @@ OPTIMIZERS = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "optimizer").glob
                            f"{OPTIMIZERS}"),
     (["trainer.steps"], "override 'trainer.steps' has no '=': give it a value (trainer.steps=<value>), or remove a "
                         "key with ~trainer.steps; `python -m runner --cfg job` lists the settings"),
+    # a search's swept value beside a bad one: Hydra found no search (its config did not compose) and said the swept
+    # value "requires --multirun"; the bad value is named
+    (["hparams_search=optuna_emb_lr", "model.emb_width=choice(8,16)", "trainer.steps=abc"],
+     "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not 'abc'"),
+    (["hparams_search=optuna_ranking", "trainer.seed=choice(1,2)", "optimizer=nosuch"],
+     f"optimizer=nosuch: the config group optimizer has no option 'nosuch'; its options: {OPTIMIZERS}"),
     # under -m the sweep composes every trial first (hydra_plugins/runner_basic) and names the trial and its value
     (["-m", "trainer.steps=abc,2"], "invalid sweep:\n  - trial #0 [trainer.steps=abc]: its values do not compose into "
                                     "one config (Value 'abc' of type 'str' could not be converted to Integer): drop "
