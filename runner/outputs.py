@@ -11,9 +11,12 @@ A run's output folder (Hydra's ``outputs/<date>/<time>``, or one trial of a ``mu
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -106,6 +109,31 @@ def missing(path: Path) -> list[Path]:
         return [p for p in reversed((path, *path.parents)) if not p.exists()]
     except OSError:
         return []
+
+
+@contextlib.contextmanager
+def kept_sweep_file(sweep_dir: Path) -> Iterator[SimpleNamespace]:
+    """Hydra's basic sweeper writes the sweep's ``multirun.yaml`` before it launches the first trial: inside this,
+    set ``.started`` on what it yields once a trial starts; a sweep that ends before (Ctrl-C, SIGTERM, an error of
+    the launcher) puts back the ``multirun.yaml`` an earlier sweep into ``sweep_dir`` left, or removes its own
+    where there was none, so that a sweep that ran no trial leaves the earlier sweep's record as it was."""
+    path = sweep_dir / SWEEP_FILE
+    state = SimpleNamespace(started=False)
+    try:
+        earlier = path.read_bytes() if path.is_file() else None
+    except OSError:  # unreadable: Hydra cannot write over it either, and there is nothing to put back
+        state.started = True
+    try:
+        yield state
+    finally:
+        if not state.started:
+            try:
+                if earlier is not None:
+                    path.write_bytes(earlier)
+                elif path.is_file() and not path.is_symlink():
+                    path.unlink()
+            except OSError:
+                pass  # the folder went away or became read-only: nothing left to put back there
 
 
 def remove_unused_sweep_dir() -> None:

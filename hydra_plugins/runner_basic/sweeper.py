@@ -9,12 +9,16 @@ batches' trials have run. This subclass composes every combination before Hydra 
 ``multirun.yaml`` and refuses those that fail (``runner.sweep_checks.combination_problems``): exit code 2,
 ``error: invalid sweep:`` and one line per combination naming its trial number, its values, Hydra's reason and
 the fix, or one line for all the combinations of a value that composes with none. A sweep whose combinations all
-compose runs as Hydra's does, without composing them again batch by batch. The runner's ``sweep_summary`` callback
+compose runs as Hydra's does, without composing them again batch by batch. A sweep with no combination (an empty
+range) launches nothing and writes no ``multirun.yaml``; one that ends before its first trial starts (Ctrl-C,
+SIGTERM) puts back the ``multirun.yaml`` an earlier sweep into its folder left (``runner.outputs.kept_sweep_file``),
+so a sweep that ran no trial never writes over an earlier one's record. The runner's ``sweep_summary`` callback
 (``runner.sweeps.SweepSummary``) swaps it in for Hydra's class, so every ``-m`` sweep gets it.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, List
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -37,7 +41,7 @@ class RunnerBasicSweeper(BasicSweeper):
     def sweep(self, arguments: List[str]) -> Any:
         """Hydra's sweep over ``arguments``, after refusing every combination whose config does not compose
         (exit code 2, one line each)."""
-        from runner import sweep_checks
+        from runner import outputs, sweep_checks
 
         assert self.hydra_context is not None and self.config is not None
         loader, config = self.hydra_context.config_loader, self.config
@@ -45,9 +49,23 @@ class RunnerBasicSweeper(BasicSweeper):
         def compose(overrides: list[str]) -> Any:  # a trial's config, as the launcher will compose it
             return loader.load_sweep_config(master_config=config, sweep_overrides=overrides)
 
-        sweep_checks.refuse(sweep_checks.combination_problems(self.combinations(arguments), compose))
+        trials = self.combinations(arguments)
+        sweep_checks.refuse(sweep_checks.combination_problems(trials, compose))
         self._all_composed = True
-        return super().sweep(arguments)
+        if not trials:  # Hydra would write multirun.yaml (over an earlier sweep's there) and launch an empty batch
+            return []
+        with outputs.kept_sweep_file(Path(str(config.hydra.sweep.dir))) as kept:
+            launch = self.launcher.launch
+
+            def launch_noted(batch: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+                kept.started = True  # a trial starts: its multirun.yaml is this sweep's record
+                return launch(batch, initial_job_idx=initial_job_idx)
+
+            self.launcher.launch = launch_noted
+            try:
+                return super().sweep(arguments)
+            finally:
+                self.launcher.launch = launch
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         """Hydra's check that ``batch``'s configs compose, unless ``sweep`` has composed every combination."""

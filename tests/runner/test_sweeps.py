@@ -594,6 +594,18 @@ def test_a_basic_sweep_whose_combinations_all_compose_runs_every_batch_as_hydras
     assert [r.return_value for batch in returns for r in batch] == [0.5] * 6
 
 
+def test_a_basic_sweep_with_no_trial_leaves_an_earlier_sweeps_multirun_yaml_as_it_was(tmp_path, capsys):
+    """Hydra wrote the sweep's multirun.yaml, over the one an earlier sweep into the folder left, and launched an
+    empty batch; a sweep with no trial launches nothing and writes nothing now."""
+    (tmp_path / "multirun.yaml").write_text("earlier sweep's config\n")
+    launcher = _BasicLauncher()
+    assert basic_sweep(tmp_path, [*TINY, "trainer.seed=range(1,1)"], launcher) == []
+    assert launcher.batches == [] and capsys.readouterr().err == ""
+    assert (tmp_path / "multirun.yaml").read_text() == "earlier sweep's config\n"
+    basic_sweep(tmp_path, [*TINY, "trainer.seed=1"], launcher)  # a trial starts: the record is this sweep's
+    assert "trainer" in OmegaConf.load(tmp_path / "multirun.yaml")
+
+
 def test_a_basic_sweep_runs_with_the_runners_sweeper():
     from hydra.core.plugins import Plugins
     from hydra.plugins.sweeper import Sweeper
