@@ -136,12 +136,33 @@ def kept_sweep_file(sweep_dir: Path) -> Iterator[SimpleNamespace]:
                 pass  # the folder went away or became read-only: nothing left to put back there
 
 
+_CREATED: list[Path] = []  # the files a search created before its first trial (an Optuna study's SQLite database)
+
+
+def note_created(path: Path) -> None:
+    """``path`` was created by this process's sweep before its first trial (the database a new
+    ``hydra.sweeper.storage`` names): ``remove_unused_sweep_dir`` removes it if the sweep ends before one."""
+    _CREATED.append(path.absolute())
+
+
+def keep_created() -> None:
+    """The sweep's first trial starts: the files it created are its record now, kept whatever happens next."""
+    _CREATED.clear()
+
+
 def remove_unused_sweep_dir() -> None:
     """Undo the sweep folder of a sweep that ended before its first trial (refused by its checks, a sweep with no
     trial, a Ctrl-C before it started): the folders ``OutputDirCheck`` created for ``hydra.sweep.dir`` are removed
     while they hold nothing but what the sweep wrote there (its ``multirun.yaml``), innermost first. A folder that
     existed before the sweep, or that holds anything else (a trial's folder, a file another program put there), is
-    left as it is, with everything in it."""
+    left as it is, with everything in it. A file the sweep created before its first trial (``note_created``: a new
+    Optuna study database, inside the sweep folder or anywhere else) is removed first; one that existed before the
+    sweep is never noted, so it stays."""
+    for path in _CREATED:
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+    _CREATED.clear()
     made = list(_MADE)
     _MADE.clear()
     if not made:
@@ -189,4 +210,5 @@ class OutputDirCheck(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _MADE[:] = missing(Path(str(config.hydra.sweep.dir)))  # the sweep folder a refused sweep removes again
+        _CREATED.clear()  # noted afresh for this sweep
         self._check(config, "hydra.sweep.dir")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 from optuna.storages import RDBStorage
@@ -88,10 +89,34 @@ def _write_nothing(storage: RDBStorage) -> None:
             transaction.rollback()
 
 
+def sqlite_file(storage: Any) -> Path | None:
+    """The file of a SQLite database URL (``sqlite:///study.db``: ``study.db``, as opening it resolves it, from the
+    current folder); None for another database, a database kept in memory, or what is not a URL."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(storage) if isinstance(storage, str) and storage.startswith("sqlite") else None
+    except Exception:  # noqa: BLE001 - not a URL: open_storage names it
+        return None
+    name = url.database if url is not None else None
+    if not name or name == ":memory:" or name.startswith("file::memory:"):
+        return None
+    if name.startswith("file:") and str(url.query.get("uri", "")).lower() == "true":  # an SQLite URI
+        name = name[len("file:"):].split("?", 1)[0]
+    return Path(name).absolute()
+
+
 def opened_or_refused(storage: Any) -> Any:
     """The opened storage (None for a study kept in memory); exit code 2 with one message before the first trial if
-    it cannot be opened."""
+    it cannot be opened. A SQLite database that opening it created is noted (``outputs.note_created``): a search
+    that ends before its first trial (refused by its checks) leaves no database it made."""
+    from .outputs import note_created
+
+    path = sqlite_file(storage)
+    new = path is not None and not path.exists()
     opened, problem = open_storage(storage)
+    if new and path.is_file():
+        note_created(path)
     refuse([problem] if problem else [])
     return opened
 

@@ -14,7 +14,8 @@ into the end-of-sweep summary (one line per failed trial) plus one line naming t
 1). Trials a search leaves unfinished (Ctrl-C, SIGTERM, a crash)
 are marked failed in the stored study, where Optuna would keep them running for good; those a search killed
 outright left (SIGKILL, a machine gone) are marked failed by the next search of the study, which finds them by
-their heartbeat (``runner.sweep_storage``; the storage is opened once, for the checks and the search). The
+their heartbeat (``runner.sweep_storage``; the storage is opened once, for the checks and the search). A SQLite
+database the search created is removed again when it is refused before its first trial (one that existed stays). The
 plugin's own ``Storage: <URL>`` log line shows a database URL's password as ``***``. The runner's
 ``sweep_summary`` callback (``runner.sweeps.SweepSummary``) swaps it in for the plugin's class, so
 ``hydra/sweeper=optuna`` gets it too.
@@ -38,7 +39,7 @@ class RunnerOptunaSweeper(OptunaSweeper):
         """The plugin's search over ``arguments`` (the command line's overrides), after the checks that refuse one
         that cannot work (exit code 2); a search it stops is summarised (exit code 1), and the trials it leaves
         unfinished are marked failed."""
-        from runner import sweep_checks, sweep_launch, sweep_storage, sweeps
+        from runner import outputs, sweep_checks, sweep_launch, sweep_storage, sweeps
 
         impl = self.sweeper
         plugin_log = logging.getLogger(type(impl).__module__)
@@ -68,6 +69,7 @@ class RunnerOptunaSweeper(OptunaSweeper):
             print(note, file=sys.stderr, flush=True)
         with sweep_storage.Heartbeat(storage) as heartbeat:  # a killed search's trials: failed as a batch starts
             def batch(trials: list) -> None:  # the plugin builds the sampler (a grid's) as the search starts
+                outputs.keep_created()  # trials start: a database this search created is its record now
                 sweep_launch.told_without_stop(trials[0].study.sampler)  # a grid's failed last trial: no traceback
                 heartbeat.batch(trials)
 

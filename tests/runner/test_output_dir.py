@@ -187,3 +187,45 @@ def test_a_sweep_refused_before_its_first_trial_leaves_no_folder_and_an_earlier_
     proc = _cli("--multirun", *args, f"hydra.sweep.dir={earlier}")
     assert proc.returncode in (1, 2) and len(proc.stderr.splitlines()) == 1 + (proc.returncode == 2), proc.stderr
     assert listing(tmp_path) == before  # the earlier multirun.yaml too: a sweep with no trial wrote over it (Hydra)
+
+
+def test_a_database_the_refused_sweep_created_is_removed_and_one_that_existed_stays(tmp_path):
+    from runner.sweep_storage import sqlite_file
+
+    assert sqlite_file(f"sqlite:///{tmp_path}/s/study.db") == tmp_path / "s" / "study.db"
+    assert sqlite_file(f"sqlite:///file:{tmp_path}/study.db?mode=ro&uri=true") == tmp_path / "study.db"
+    assert [sqlite_file(u) for u in ("sqlite://", "sqlite:///:memory:", "mysql://u:p@h/db", None, 3)] == [None] * 5
+    new, kept = tmp_path / "new" / "sweep", tmp_path / "kept.db"
+    kept.write_text("an earlier study")
+    sweep_started(new)
+    (new / "study.db").write_text("this sweep's study")
+    outputs.note_created(new / "study.db")
+    outputs.remove_unused_sweep_dir()
+    assert listing(tmp_path) == {"kept.db": "an earlier study"}
+    sweep_started(new)
+    (new / "study.db").write_text("this sweep's study")
+    outputs.note_created(new / "study.db")
+    outputs.keep_created()  # its first trial started: the study is the sweep's record
+    outputs.remove_unused_sweep_dir()
+    assert listing(tmp_path)["new/sweep/study.db"] == "this sweep's study"
+
+
+@pytest.mark.slow
+def test_a_search_refused_before_its_first_trial_leaves_no_study_database_it_created(tmp_path):
+    """A storage in the new sweep folder kept that folder and its new study.db; a study.db there before stays,
+    byte for byte."""
+    import optuna
+
+    search = ["hparams_search=optuna_emb_lr", "optimizer=choice(async_adam,nosuch)"]  # nosuch: refused
+    new = tmp_path / "new" / "sweep"
+    proc = _cli(*search, f"hydra.sweep.dir={new}", f"hydra.sweeper.storage=sqlite:///{new}/study.db")
+    assert proc.returncode == 2 and proc.stderr.splitlines()[0] == "error: invalid sweep:", proc.stderr
+    assert "optimizer=nosuch cannot be applied" in proc.stderr and len(proc.stderr.splitlines()) == 2
+    assert list(tmp_path.iterdir()) == []
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    optuna.create_study(storage=f"sqlite:///{earlier}/study.db", study_name="other").enqueue_trial({"x": 1})
+    before = (earlier / "study.db").read_bytes()
+    proc = _cli(*search, f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.sweeper.storage=sqlite:///{earlier}/study.db")
+    assert proc.returncode == 2 and "optimizer=nosuch cannot be applied" in proc.stderr, proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["earlier"] and (earlier / "study.db").read_bytes() == before
