@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tasks import PACKAGES, report_metrics
-from .trials import ReportError
+from .trials import ReportError, open_regular
 
 REPORT_MD = "report.md"
 TITLE = "# Report: "
@@ -35,9 +35,9 @@ def recorded(md: Path) -> dict[str, Any] | None:
     reports recorded their folder, the folder its title names as it was given (``title``); None without a
     report.md or of one the report did not write."""
     try:
-        with open(md, encoding="utf-8", errors="replace") as f:
+        with open_regular(md) as f:
             head = f.read(1 << 16).splitlines()
-    except OSError:  # missing, a folder, unreadable
+    except OSError:  # missing, unreadable, a folder or a FIFO (which would block the report until a writer came)
         return None
     for line in head[1:]:  # the line under the title (further down where the title's path held a line break)
         if line.startswith(RECORD) and line.endswith(" -->"):

@@ -2,14 +2,16 @@
 and label them by what differs between them."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE, read_overrides
 from ..tasks import ReportMetrics, report_metrics
@@ -22,6 +24,33 @@ _SKIP_DIRS = {"wandb", ".hydra", "__pycache__", "checkpoints", ".git"}
 class ReportError(ValueError):
     """The report cannot be made from these arguments; the message says which and what to give instead."""
 
+
+class NotRegularFile(OSError):
+    """A path the report reads that is a FIFO, a folder, a device or a socket: its ``strerror`` says which."""
+
+    def __init__(self, path: Path, mode: int):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                "no file")
+        super().__init__(errno.EINVAL, f"{kind}, not a regular file", str(path))
+
+
+def open_regular(path: Path, errors: str = "replace") -> IO[str]:
+    """``path`` opened to read as UTF-8 text (``errors``: what bytes that are not UTF-8 become; ``"strict"``
+    raises ``UnicodeDecodeError`` as they are read), or ``NotRegularFile`` when it is no
+    regular file: opening a FIFO waits for a writer that may never come, and a device such as /dev/zero never
+    ends. The open itself does not wait (``O_NONBLOCK``) and what is checked is what was opened, not the name
+    looked at a moment before. A missing file raises ``FileNotFoundError``, like ``open``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, mode)
+        os.set_blocking(fd, True)
+        return open(fd, encoding="utf-8", errors=errors)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _to_float(v: Any) -> float | None:
@@ -61,7 +90,8 @@ def read_metrics(path: Path, problems: list[str] | None = None) -> tuple[list[di
     records: list[dict[str, Any]] = []
     bad = 0
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with open_regular(path) as f:
+            text = f.read()
     except FileNotFoundError:
         return records, 0
     except OSError as e:
@@ -89,7 +119,8 @@ def read_metrics(path: Path, problems: list[str] | None = None) -> tuple[list[di
 def _read_summary(trial_dir: Path, problems: list[str]) -> dict[str, Any]:
     path = trial_dir / SUMMARY_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path, errors="strict") as f:  # a summary not UTF-8 is named, not guessed at
+            data = json.loads(f.read())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, RecursionError) as e:  # unreadable, cut short, not UTF-8, nested too deeply

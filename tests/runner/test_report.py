@@ -1,6 +1,9 @@
 """runner.report over a fake Hydra multirun tree."""
 import csv
 import json
+import os
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -768,3 +771,57 @@ def test_a_folder_name_holding_a_line_break_keeps_its_title_one_line_and_its_rep
     for _ in range(2):
         assert main([str(odd), "--out", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "report.md").read_text().splitlines()[0] == f"# Report: {odd.parent}/a\\nb\\nc"
+
+
+# --------------------------------------------------------------------------- files that are no regular file
+
+
+class _Blocked(BaseException):
+    """Raised by ``_within``: no ``except OSError`` (TimeoutError is one) or ``except Exception`` takes it for a
+    file that cannot be read."""
+
+
+@contextmanager
+def _within(seconds: float):
+    """Fail, rather than hang, a call still blocked after ``seconds`` (opening a FIFO waits for a writer)."""
+    def late(signum, frame):
+        raise _Blocked(f"still blocked after {seconds} s")
+
+    before = signal.signal(signal.SIGALRM, late)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+@pytest.mark.parametrize("name, make, kind", [
+    ("metrics.jsonl", os.mkfifo, "a FIFO"),
+    ("metrics.jsonl", os.mkdir, "a folder"),
+    ("metrics.jsonl", lambda p: os.symlink(os.devnull, p), "a device"),
+    ("summary.json", os.mkfifo, "a FIFO"),
+], ids=["metrics-fifo", "metrics-folder", "metrics-device", "summary-fifo"])
+def test_a_fifo_folder_or_device_in_place_of_a_trials_file_makes_it_unreadable_not_a_hang(multirun, tmp_path, name,
+                                                                                            make, kind):
+    """A FIFO named metrics.jsonl or summary.json blocked the report for good (opening it waits for a writer), a
+    device was read as a file (/dev/zero: until memory ran out). Each is now named, and its trial unreadable."""
+    (multirun / "0" / name).unlink()
+    make(multirun / "0" / name)
+    with _within(60):
+        md = build_report(multirun, tmp_path / "r").read_text()
+    assert f"- unreadable: `0`: {name} ({kind}, not a regular file)" in md
+    assert [r["status"] for r in _rows(tmp_path / "r")] == ["unreadable", "ok", "failed"]
+
+
+def test_a_fifo_named_report_md_in_out_is_refused_not_a_hang(multirun, tmp_path, capsys):
+    """Whose report --out holds is read from its report.md: a FIFO of that name blocked the report for good."""
+    out = tmp_path / "X"
+    out.mkdir()
+    os.mkfifo(out / "report.md")
+    with _within(60):
+        assert main([str(multirun), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {out} holds report.md, not known to be a report of {multirun}; "
+                                       f"give another --out (a new folder), or add --overwrite to replace it. "
+                                       f"Nothing was written\n")
+    assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").is_fifo()
