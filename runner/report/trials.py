@@ -85,35 +85,39 @@ def _unreadable(path: Path, e: BaseException) -> str:
 
 
 def read_metrics(path: Path, problems: list[str] | None = None) -> tuple[list[dict[str, Any]], int]:
-    """Parse a ``metrics.jsonl``; returns (records, number of unparseable lines). A file that is there but
-    cannot be read is named in ``problems``."""
+    """Parse a ``metrics.jsonl`` line by line; returns (records, number of unparseable lines). A file that is
+    there but cannot be read is named in ``problems`` (with the records of the lines read before a read error)."""
     records: list[dict[str, Any]] = []
     bad = 0
     try:
         with open_regular(path) as f:
-            text = f.read()
+            for chunk in f:  # line by line: a long run's log is never held whole as text
+                # split as str.splitlines splits (at \x0b, \x1c, \u2028 too), as the whole file's text was before
+                for line in chunk.splitlines():
+                    bad += _parse_line(line.strip(), records)
     except FileNotFoundError:
         return records, 0
-    except OSError as e:
+    except OSError as e:  # the lines read before a read error are kept, the file named
         if problems is not None:
             problems.append(_unreadable(path, e))
-        return records, 0
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):  # a line cut short, or one nested past what the parser recurses
-            bad += 1
-            continue
-        if isinstance(obj, dict):
-            if "\\u" in line:  # a key of a lone surrogate escape ("\ud800") that no chart's font can draw
-                obj = {printable(k): v for k, v in obj.items()}
-            records.append(obj)
-        else:
-            bad += 1
     return records, bad
+
+
+def _parse_line(line: str, records: list[dict[str, Any]]) -> int:
+    """Append the record ``line`` holds to ``records``; returns 1 when it holds none (it is cut short, nested
+    past what the parser recurses or no JSON object), else 0. A blank line is no record and nothing bad."""
+    if not line:
+        return 0
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return 1
+    if not isinstance(obj, dict):
+        return 1
+    if "\\u" in line:  # a key of a lone surrogate escape ("\ud800") that no chart's font can draw
+        obj = {printable(k): v for k, v in obj.items()}
+    records.append(obj)
+    return 0
 
 
 def _read_summary(trial_dir: Path, problems: list[str]) -> dict[str, Any]:

@@ -825,3 +825,40 @@ def test_a_fifo_named_report_md_in_out_is_refused_not_a_hang(multirun, tmp_path,
                                        f"give another --out (a new folder), or add --overwrite to replace it. "
                                        f"Nothing was written\n")
     assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").is_fifo()
+
+
+def test_metrics_are_read_line_by_line_with_the_results_of_the_whole_file_s_lines(tmp_path, monkeypatch):
+    """metrics.jsonl was read whole into memory (a long run's log can be large); it is now read line by line,
+    with what reading it whole gave: records, blank lines passed over, bad lines (a truncated last one) counted."""
+    from runner.report import read_metrics, trials
+
+    rows = [{"step": i, "train/loss": 1 / (i + 1), "valid/auc_\u00e9": 0.5 + i / 8000} for i in range(3000)]
+    body = "".join(json.dumps(r, ensure_ascii=i % 2 == 0) + ("\r\n" if i % 3 else "\n") + ("\n" if i % 7 == 0 else "")
+                   for i, r in enumerate(rows))
+    body += '[1, 2]\n{"step": 3000, "k\\ud800": 1}\n{"step": 3001, "train/lo'  # no object; a lone surrogate; cut
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(body.encode("utf-8"))
+    assert len(body) > 20 * 8192  # many of the reader's buffers, lines split between them
+
+    class LinesOnly:
+        """The file as open_regular gives it, refusing to be read whole."""
+
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def __iter__(self):
+            return iter(self.f)
+
+        def read(self, *a):
+            raise AssertionError("metrics.jsonl was read whole")
+
+    opened = trials.open_regular
+    monkeypatch.setattr(trials, "open_regular", lambda p, *a, **k: LinesOnly(opened(p, *a, **k)))
+    records, bad = read_metrics(path)
+    assert records == [*rows, {"step": 3000, "k\\ud800": 1}] and bad == 2
