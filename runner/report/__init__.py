@@ -32,11 +32,14 @@ values and missing keys are tolerated. A folder without any trial is refused and
 ``report.md`` records the folder it reports (a comment under its title): a report of the same folder updates it,
 while an output folder holding another folder's report, or files of the report's names that are no report of
 DIR, is refused (nothing written) unless ``--overwrite`` is given; so is an ``--out`` in another run's folder.
+It also records the files the report wrote: a report replacing one removes those of the one before it does not write
+(the chart of another task). One report at a time writes a folder (a lock on its ``.report.lock``); another
+into it meanwhile is refused.
 
 - ``trials.py``: finding and reading the trials, labelling them;
 - ``charts.py``: the charts;
 - ``summary.py``: ``report.md`` and ``report.csv``;
-- ``folder.py``: whose report an output folder holds.
+- ``folder.py``: whose report an output folder holds, and putting a report into it.
 """
 from __future__ import annotations
 

@@ -8,13 +8,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE
 from ..tasks import ReportMetrics, report_metrics
 from .charts import AucPanels, _plot_final, _plot_loss, _plot_metrics, auc_panels
-from .folder import REPORT_MD, TITLE, check_out, record_line
+from .folder import REPORT_MD, TITLE, check_out, place, record_line, writing, written
 from .trials import (LOSS_KEY, ReportError, Trial, _is_trial_dir, find_trials, label_trials, load_trial, other_task,
                      printable, shown_metrics)
 
@@ -147,38 +148,36 @@ def build_report(
         notes.extend(warnings)
     common = label_trials(trials)
     rows = [_row(t, metric, goal) for t in trials]
-    check_out(root, out, given, overwrite)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".report-", dir=out))  # written whole, then moved into place
-    except OSError as e:
-        what = (f"--out {out} cannot be made or written ({e.strerror or e}); give a folder that can be written"
-                if given else f"{out}, the run or sweep folder the report is written into without --out, cannot "
-                f"be written ({e.strerror or e}); give --out a folder that can be written")
-        raise ReportError(f"{what}. Nothing was written") from None
-    try:
-        _write_csv(stage / "report.csv", rows)
-        _plot_loss(trials, stage)
-        panels = auc_panels(trials, shown)
-        _plot_metrics(trials, stage, panels)
-        _plot_final(rows, trials, stage, metric)
-        lines = (_header(root, trials, rows, common, metric, goal, panels, warnings) + _table(trials, rows, metric)
-                 + _charts(panels, shown, metric))
-        lines.insert(1, record_line(root, out))  # under the title: the folder it reports (folder.check_out)
-        (stage / REPORT_MD).write_text(printable("\n".join(lines)), encoding="utf-8")
-        # report.md first: a report stopped midway is its own folder's, which the same command then completes
-        made = sorted((p.name for p in stage.iterdir()), key=lambda name: (name != REPORT_MD, name))
-        blocked = [out / name for name in made if (out / name).is_dir()]
-        if blocked:
-            raise ReportError(f"{blocked[0]} is a folder where the report writes a file; move it away or give "
-                              f"another --out. Nothing was written")
-        for name in made:
-            os.replace(stage / name, out / name)
-    except OSError as e:
-        raise ReportError(f"writing the report into {out} failed ({e.strerror or e}); give --out "
-                          f"{'another' if given else 'a'} folder that can be written") from None
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    check_out(root, out, given, overwrite)  # before --out is made: a refused report makes nothing
+    with ExitStack() as held:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            held.enter_context(writing(out, given))  # one report at a time: another one into out is refused
+            check_out(root, out, given, overwrite)  # again, now that no other report changes out meanwhile
+            stage = Path(tempfile.mkdtemp(prefix=".report-", dir=out))  # written whole, then moved into place
+        except OSError as e:
+            what = (f"--out {out} cannot be made or written ({e.strerror or e}); give a folder that can be written"
+                    if given else f"{out}, the run or sweep folder the report is written into without --out, cannot "
+                    f"be written ({e.strerror or e}); give --out a folder that can be written")
+            raise ReportError(f"{what}. Nothing was written") from None
+        try:
+            before = written(out)  # the files of the report out holds, which this one replaces
+            _write_csv(stage / "report.csv", rows)
+            _plot_loss(trials, stage)
+            panels = auc_panels(trials, shown)
+            _plot_metrics(trials, stage, panels)
+            _plot_final(rows, trials, stage, metric)
+            lines = (_header(root, trials, rows, common, metric, goal, panels, warnings)
+                     + _table(trials, rows, metric) + _charts(panels, shown, metric))
+            files = [p.name for p in stage.iterdir()] + [REPORT_MD]
+            lines.insert(1, record_line(root, out, files))  # under the title: its folder and files (folder.py)
+            (stage / REPORT_MD).write_text(printable("\n".join(lines)), encoding="utf-8")
+            place(stage, out, before)
+        except OSError as e:
+            raise ReportError(f"writing the report into {out} failed ({e.strerror or e}); give --out "
+                              f"{'another' if given else 'a'} folder that can be written") from None
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
     return out / "report.md"
 
 

@@ -862,3 +862,53 @@ def test_metrics_are_read_line_by_line_with_the_results_of_the_whole_file_s_line
     monkeypatch.setattr(trials, "open_regular", lambda p, *a, **k: LinesOnly(opened(p, *a, **k)))
     records, bad = read_metrics(path)
     assert records == [*rows, {"step": 3000, "k\\ud800": 1}] and bad == 2
+
+
+# --------------------------------------------------------------------------- a report replacing one, two at once
+
+
+def _next_item_run(root: Path) -> Path:
+    _write_trial(root, ["model=sequential"], [{"step": 10, "train/loss": 2.5, "valid/ndcg@10": 0.2}])
+    (root / ".hydra" / "config.yaml").write_text("data:\n  name: synthetic_sequences\n")
+    return root
+
+
+def test_a_report_replacing_another_removes_the_charts_it_does_not_write_and_nothing_else(multirun, tmp_path):
+    """--overwrite of a ranking report with a next-item one left auc.png beside the new report, a chart that
+    is none of its. The files the report before recorded writing and this one does not are removed; a file of a
+    report's name the report before did not record writing, and any other file, are kept."""
+    out, run = tmp_path / "X", _next_item_run(tmp_path / "seq")
+    assert main([str(multirun), "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    assert main([str(run), "--out", str(out), "--overwrite"]) == 0
+    assert sorted(_files(out)) == ["final_metric.png", "loss.png", "notes.txt", "ranking_metrics.png", "report.csv",
+                                   "report.md"]
+    assert (out / "notes.txt").read_text() == "mine"
+    mine = tmp_path / "mine"  # a user's folder: their own auc.png and report.md, no report recorded writing them
+    mine.mkdir()
+    (mine / "auc.png").write_bytes(b"my plot")
+    (mine / "report.md").write_text("# My notes\n")
+    assert main([str(run), "--out", str(mine), "--overwrite"]) == 0
+    assert (mine / "auc.png").read_bytes() == b"my plot" and (mine / "ranking_metrics.png").is_file()
+
+
+def test_a_second_report_into_a_folder_another_one_is_writing_is_refused(multirun, tmp_path, capsys):
+    """Two reports into one --out at once mixed their files (one's report.md beside the other's charts). The one
+    writing holds out/.report.lock; another is refused, nothing changed. The lock is the system's (flock), so
+    the file a report killed midway left behind blocks none after it."""
+    import fcntl
+
+    out = tmp_path / "X"
+    assert main([str(multirun / "0"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    before = _files(out)
+    with open(out / ".report.lock", "w") as lock:  # as the report writing the folder holds it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main([str(multirun / "0"), "--out", str(out), "--metric", "train/loss"]) == 2
+        assert capsys.readouterr().err == (f"error: --out {out} is being written by another report (it holds "
+                                           f"{out / '.report.lock'}); wait for it to end, then run the command "
+                                           f"again. Nothing was written\n")
+        assert main([str(multirun)]) == 0  # another folder: not held
+    assert _files(out) == {**before, ".report.lock": b""}
+    assert main([str(multirun / "0"), "--out", str(out), "--metric", "train/loss"]) == 0  # the lock left, not held
+    assert _rows(out)[0]["objective"] == "train/loss" and sorted(_files(out)) == sorted(before)
