@@ -328,10 +328,11 @@ def track_asked(impl: Any, on_batch: Callable[[list[Any]], None] | None = None) 
     return asked
 
 
-def fail_unfinished(trials: Iterable[Any]) -> int:
+def fail_unfinished(trials: Iterable[Any], warn: bool = True) -> int:
     """Mark ``FAIL`` those of ``trials`` (Optuna trials of one search) their study still holds as ``RUNNING``, as a
-    search stopped mid-batch leaves them; return how many. A storage that cannot be written is logged, not
-    raised: this runs while another error or exit is on its way out."""
+    search stopped mid-batch leaves them; return how many. A storage that cannot be written is logged (unless not
+    ``warn``: the search is ending on that storage's failure, said already), not raised: this runs while another
+    error or exit is on its way out."""
     from optuna.trial import TrialState
 
     trials, failed = list(trials), 0
@@ -345,7 +346,8 @@ def fail_unfinished(trials: Iterable[Any]) -> int:
                 study.tell(trial, state=TrialState.FAIL)
                 failed += 1
     except Exception as e:  # noqa: BLE001 - a storage gone away must not hide why the search stopped
-        log.warning("could not mark the search's unfinished trials failed: %s: %s", type(e).__name__, e)
+        if warn:
+            log.warning("could not mark the search's unfinished trials failed: %s: %s", type(e).__name__, e)
     return failed
 
 

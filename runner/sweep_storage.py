@@ -121,6 +121,43 @@ def opened_or_refused(storage: Any) -> Any:
     return opened
 
 
+def storage_error(error: BaseException) -> BaseException | None:
+    """The database's own error behind ``error`` (SQLAlchemy's, which names the driver's: ``(sqlite3.OperationalError)
+    unable to open database file``), or Optuna's ``StorageInternalError`` where it holds none; None when ``error``
+    is not the storage's. Optuna wraps a failed commit in ``StorageInternalError`` ("An exception is raised during
+    the commit. This typically happens due to invalid data ..."), a line that names neither the cause nor the fix."""
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    seen, found, e = set(), None, error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, SQLAlchemyError):
+            return e
+        if isinstance(e, StorageInternalError) and found is None:
+            found = e
+        e = e.__cause__ or e.__context__
+    return found
+
+
+def failed_during_search(error: BaseException, storage: Any, sweep_dir: Any) -> str | None:
+    """The line ending a search whose ``storage`` (``hydra.sweeper.storage``'s URL) failed as the search wrote a
+    trial into it (the database file deleted or made read-only, its folder removed, the disk full, the server
+    gone), naming what failed and the fix; None when ``error`` is not the storage's. The trials' folders under
+    ``sweep_dir`` stay, and so does every trial the study took before it failed: resuming the search with the same
+    storage and study continues it."""
+    cause = storage_error(error) if storage is not None else None
+    if cause is None:
+        return None
+    path = sqlite_file(storage)
+    fix = (f"free the disk, or restore {path} (its folder, its write permission)" if path is not None
+           else "bring the database back (the server, its disk, the connection)")
+    return mask_password(
+        f"sweep: the study storage hydra.sweeper.storage={storage} failed during the search ({type(cause).__name__}: "
+        f"{first_line(cause)}): the trials so far are in {sweep_dir} and in the study as far as it was written; "
+        f"{fix}, then resume the search with the same hydra.sweeper.storage and hydra.sweeper.study_name")
+
+
 class Heartbeat:
     """Records, every ``HEARTBEAT_S`` seconds from a thread of the search's process, that the trials of the batch it
     runs are alive; ``batch(trials)``, as a batch starts, first fails the study's stale trials (a killed search's)."""

@@ -785,6 +785,43 @@ def test_a_storage_that_opens_but_cannot_be_written_is_refused_before_the_first_
         f"study kept in memory")
 
 
+class _MovingAway(_TrialLauncher):
+    """Trials that return 0.5; the second one moves the study's database away as it runs (deleted, its disk
+    unmounted), so the plugin's ``study.tell`` after it finds an empty database (``no such table``)."""
+
+    def launch(self, overrides, initial_job_idx):
+        if initial_job_idx == 1:
+            self.db.rename(self.db.with_name("kept.db"))
+        return super().launch(overrides, initial_job_idx)
+
+
+@pytest.mark.slow
+def test_a_storage_failing_during_the_search_ends_in_one_line_and_keeps_the_trials(tmp_path, capsys, caplog):
+    """A search whose storage fails between trials ended in Optuna's traceback (StorageInternalError: An exception is
+    raised during the commit ...); it ends with one line naming the storage, the failure and the fix, exit code 1,
+    and the trials the study took before stay in it: put back, the study resumes."""
+    import optuna
+    from optuna.trial import TrialState
+
+    db = tmp_path / "study.db"
+    url, launcher = f"sqlite:///{db}", _MovingAway()
+    launcher.db = db
+    with pytest.raises(SystemExit) as e:
+        optuna_search(tmp_path, ["optimizer=choice(async_adam,async_rowwise_adagrad)", *TINY], launcher,
+                      storage=url, n_trials=3)
+    assert e.value.code == 1 and [n for n, _ in launcher.launched] == [0, 1]
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and r.name.startswith("runner")]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"sweep: the study storage hydra.sweeper.storage={url} failed during the search (OperationalError: "
+        f"(sqlite3.OperationalError) no such table: trials): the trials so far are in {tmp_path} and in the study as "
+        f"far as it was written; free the disk, or restore {db} (its folder, its write permission), then resume the "
+        f"search with the same hydra.sweeper.storage and hydra.sweeper.study_name")
+    kept = optuna.load_study(storage=f"sqlite:///{tmp_path}/kept.db", study_name="s").trials
+    assert [(t.state, t.value) for t in kept] == [(TrialState.COMPLETE, 0.5), (TrialState.RUNNING, None)]
+    assert sweep_storage.failed_during_search(KeyError("trials"), url, tmp_path) is None  # not the storage's
+    assert sweep_storage.failed_during_search(e.value, None, tmp_path) is None
+
+
 def test_a_storage_refused_does_not_show_its_password():
     problem = storage_problem("mysql://u:secret@host/db")
     assert problem.startswith("hydra.sweeper.storage=mysql://u:***@host/db cannot be opened (") and "secret" not in problem
