@@ -116,7 +116,7 @@ def entry() -> None:
         except HydraException as e:  # composing the config (override_errors.raised); a run's are reported by Hydra
             if override_errors.full_error():
                 raise
-            print(f"error: {override_errors.message(sweep_error(e, _overrides()))}", file=sys.stderr)
+            print(f"error: {override_errors.message(sweep_error(e, _overrides()), searches())}", file=sys.stderr)
             sys.exit(2)
     except BaseException as e:  # a sweep that ended before its first trial leaves no folder it made
         if not (isinstance(e, SystemExit) and e.code in (0, None)):
@@ -155,7 +155,7 @@ def refusal(overrides: list[str]) -> str | None:
     try:  # a search's own config; its trials' values are checked by the runner's sweepers as the search starts
         loader.load_configuration("config", overrides, mode)
     except HydraException as e:
-        return override_errors.message(sweep_error(e, given))
+        return override_errors.message(sweep_error(e, given), searches())
     except Exception:  # noqa: BLE001 - not an override's: each process meets it and reports it as a run does
         return None
     return None
@@ -183,6 +183,11 @@ def sweep_error(error: BaseException, overrides: list[str]) -> BaseException:
     except Exception:  # noqa: BLE001 - not an override's: Hydra's own error stands
         return error
     return error  # it composes as a sweep: a swept value given to a single run (no -m, no search)
+
+
+def searches() -> list[str]:
+    """The Optuna searches a swept value can be given to: the options of the ``hparams_search`` config group."""
+    return sorted(p.stem for p in (Path(CONF_DIR) / "hparams_search").glob("*.yaml"))
 
 
 def _overrides() -> list[str]:

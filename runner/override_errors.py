@@ -8,7 +8,10 @@ instead (``raised``) and prints ``message(error)`` with exit code 2, as it does 
 - a value of the wrong type (``trainer.steps=abc``): the type the setting takes, with its range where the schema
   declares one (``optimizers.hparam``) and ``null`` where it may be unset;
 - a key the schema lacks (``trainer.nosuchkey=1``): the closest keys of that node, else all of them;
-- an option a config group lacks (``optimizer=nosuch``): the closest options, and all of them.
+- an option a config group lacks (``optimizer=nosuch``): the closest options, and all of them;
+- a value with a comma without ``-m`` (``trainer.seed=1,2``): a sweep with ``-m``, a list, or a string;
+- a swept value without a sweep (``model.emb_width=choice(8,16)``, Hydra's "requires --multirun"): ``-m``, an Optuna
+  search (``hparams_search=...``), or one value.
 
 An error of another kind is said by its first lines, joined. With ``HYDRA_FULL_ERROR=1`` Hydra's own report (its
 stack trace) is left as it is.
@@ -18,7 +21,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
@@ -65,11 +68,15 @@ def full_error() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
-def message(error: BaseException) -> str:
-    """One line for Hydra's ``error`` (without ``error: ``)."""
+def message(error: BaseException, searches: Sequence[str] = ()) -> str:
+    """One line for Hydra's ``error`` (without ``error: ``); ``searches``: the ``hparams_search`` options, named as
+    the way to search a swept value given without a sweep."""
     cause = error.__cause__
     if isinstance(error, OverrideParseException):
         return _unparsed(error)
+    swept = re.match(r"Sweep parameters '(.*)' requires --multirun", str(error))
+    if swept:
+        return _swept(swept.group(1), searches)
     ambiguous = re.match(r"Ambiguous value for argument '(.*)'", str(error))
     if ambiguous:  # Hydra's three ways out, in one line
         given = ambiguous.group(1)
@@ -99,6 +106,25 @@ def _unparsed(error: OverrideParseException) -> str:
                 f"`python -m runner --cfg job` lists the settings")
     why = error.message.splitlines()[-2 if "\nSee " in error.message else -1].strip()
     return f"override '{given}' cannot be parsed ({why}): quote a value holding , [ ] {{ }} ( ) or = ({GRAMMAR})"
+
+
+def _swept(given: str, searches: Sequence[str]) -> str:
+    """A swept value (``choice``, ``range``, ``interval``) given to a single run: the sweeps that take it, and the
+    value to give instead (a ``choice``'s or ``range``'s first; an interval is searched by Optuna only)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    key, _, _ = given.partition("=")
+    one, interval = f"{key}=<value>", False
+    try:
+        override = OverridesParser.create().parse_override(given)
+        key, interval = override.get_key_element(), override.is_interval_sweep()
+        one = f"{key}={next(iter(override.sweep_string_iterator()))}" if not interval else f"{key}=<value>"
+    except Exception:  # noqa: BLE001 - Hydra parsed it already; a value it cannot list is written <value>
+        pass
+    search = f"hparams_search=<one of {', '.join(searches)}>" if searches else "hparams_search=<a search>"
+    multirun = "" if interval else "sweep it with -m (--multirun: one run per value, Hydra's basic sweeper), "
+    return (f"{given}: a swept value needs a sweep: {multirun}search it with {search} (an Optuna search), or give "
+            f"one value ({one})")
 
 
 def _no_option(missing: str, options: list[str]) -> str:

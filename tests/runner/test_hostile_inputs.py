@@ -23,7 +23,7 @@ from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import OmegaConf
 
 from runner import launch, override_errors, report
-from runner.__main__ import CONF_DIR, DEBUG_PRESETS, debug_preset_clash
+from runner.__main__ import CONF_DIR, DEBUG_PRESETS, debug_preset_clash, refusal, searches
 from runner.build import build
 from runner.config import TrainerConfig
 from runner.errors import PreflightError
@@ -673,6 +673,9 @@ def test_help_beside_an_override_that_cannot_apply_is_one_message():
     assert proc.stderr == "error: model.emb_width=abc: model.emb_width takes an integer in [1, 65536], not 'abc'\n"
 
 
+SWEPT_FIXES = ("a swept value needs a sweep: sweep it with -m (--multirun: one run per value, Hydra's basic sweeper), "
+               "search it with hparams_search=<one of optuna_emb_lr, optuna_ml100k, optuna_ranking> (an Optuna "
+               "search), or give one value")
 TRAINER_KEYS = ", ".join(f.name for f in dataclasses.fields(TrainerConfig))
 OPTIMIZERS = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "optimizer").glob("*.yaml")))
 
@@ -692,6 +695,8 @@ OPTIMIZERS = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "optimizer").glob
      "trainer.steps=abc: trainer.steps takes an integer in [1, inf), or null, not 'abc'"),
     (["hparams_search=optuna_ranking", "trainer.seed=choice(1,2)", "optimizer=nosuch"],
      f"optimizer=nosuch: the config group optimizer has no option 'nosuch'; its options: {OPTIMIZERS}"),
+    # a swept value with no -m and no search: Hydra said it "requires --multirun", with no fix
+    (["model.emb_width=choice(8,16)"], f"model.emb_width=choice(8,16): {SWEPT_FIXES} (model.emb_width=8)"),
     # under -m the sweep composes every trial first (hydra_plugins/runner_basic) and names the trial and its value
     (["-m", "trainer.steps=abc,2"], "invalid sweep:\n  - trial #0 [trainer.steps=abc]: its values do not compose into "
                                     "one config (Value 'abc' of type 'str' could not be converted to Integer): drop "
@@ -732,6 +737,24 @@ def test_hydras_error_for_an_override_is_said_in_one_line(override, said):
     with initialize_config_dir(CONF_DIR, version_base="1.3"), pytest.raises(HydraException) as e:
         compose("config", [override])
     assert override_errors.message(e.value) == said
+
+
+@pytest.mark.parametrize("override, one", [("model.emb_width=choice(8,16)", "model.emb_width=8"),
+                                           ("trainer.seed=range(3,5)", "trainer.seed=3")])
+def test_a_swept_value_without_a_sweep_is_one_line_naming_the_sweeps_that_take_it(override, one):
+    """Hydra said only "Sweep parameters '...' requires --multirun"; the runner and ``runner.launch``'s check say the
+    fixes: -m, an Optuna search (each of conf/hparams_search/), or one value."""
+    said = f"{override}: {SWEPT_FIXES} ({one})"
+    assert searches() == sorted(p.stem for p in (ROOT / "conf" / "hparams_search").glob("*.yaml"))
+    with initialize_config_dir(CONF_DIR, version_base="1.3"), pytest.raises(HydraException) as e:
+        compose("config", [override, "debug=tiny"])
+    assert "requires --multirun" in str(e.value)
+    assert override_errors.message(e.value, searches()) == said
+    assert refusal([override, "debug=tiny"]) == said  # what runner.launch refuses, before any process starts
+    interval = "optimizer.learning_rate=interval(0.01,0.1)"  # Hydra's basic sweeper cannot sweep an interval
+    assert refusal([interval]) == (
+        f"{interval}: a swept value needs a sweep: search it with hparams_search=<one of optuna_emb_lr, "
+        f"optuna_ml100k, optuna_ranking> (an Optuna search), or give one value (optimizer.learning_rate=<value>)")
 
 
 @pytest.mark.slow
