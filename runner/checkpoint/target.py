@@ -8,6 +8,8 @@ from typing import Any, Mapping
 import jax
 
 from ..errors import PreflightError
+from optimizers.row_update import GlobalDecay
+
 from .meta import SEGMENT_IDS, UNIQUE_TOKENS, incompatible, table_record
 
 
@@ -24,10 +26,10 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
     sh = jax.tree_util.tree_leaves(shardings)
     out = []
     keys = [jax.tree_util.keystr(p) for p, _ in flat]
-    decay_problems(stored, keys, problems)
+    decay_keys = decay_problems(stored, [p for p, _ in flat], meta.get("tables", {}), problems)
     for (path, x), s, key in zip(flat, sh, keys):
         if key not in stored:
-            if ".decay." not in key:  # named by decay_problems
+            if key not in decay_keys:  # named by decay_problems
                 problems.append(f"array {key}: missing from the checkpoint (this config has shape {tuple(x.shape)})")
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
             continue
@@ -54,7 +56,7 @@ def restore_target(meta: Mapping[str, Any], abstract: Any, shardings: Any, repli
         else:
             problems.append(f"array {key} shape: the checkpoint has {shape}, this config has {tuple(x.shape)}")
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s))
-    extra = sorted(k for k in set(stored) - set(keys) if ".decay." not in k)
+    extra = sorted(set(stored) - set(keys) - decay_keys)
     if extra:
         problems.append(f"arrays {extra}: in the checkpoint but not in this config's state")
     if problems:
@@ -69,17 +71,37 @@ def _other_padding(meta: Mapping[str, Any], path: tuple, shape: tuple, now: tupl
     return t is not None and len(shape) == len(now) == 2 and min(shape[1], now[1]) >= t["width"]
 
 
-def decay_problems(stored: Mapping[str, Any], ours: list[str], problems: list[str]) -> None:
+def decay_table(path: tuple) -> str | None:
+    """The table whose ``decoupled_global`` bookkeeping the leaf at ``path`` is (``emb_states[t].decay.<field>``),
+    read from the path's key entries, so a table's name is compared whole (``item`` is not ``items``, and a name
+    holding ``.decay.`` or a quote is only a name); None for any other leaf."""
+    if (len(path) >= 3 and path[0] == jax.tree_util.GetAttrKey("emb_states")
+            and isinstance(path[1], jax.tree_util.DictKey) and path[2] == jax.tree_util.GetAttrKey("decay")):
+        return path[1].key
+    return None
+
+
+def decay_problems(stored: Mapping[str, Any], ours: list[tuple], tables: Mapping[str, Any],
+                   problems: list[str]) -> set[str]:
     """A table whose ``weight_decay_mode=decoupled_global`` bookkeeping (``decay.touch``, ``decay.total``: kept only
     in that mode, with a weight decay above 0) is in the checkpoint or in this config but not both: one line naming
-    the setting, not the arrays."""
-    def tables(keys):
-        return {k.split("'")[1] for k in keys if k.startswith(".emb_states['") and ".decay." in k}
-
-    theirs, now = tables(stored), tables(ours)
-    for t in sorted(theirs ^ now):
+    the setting, not the arrays. ``ours`` are this state's leaf paths, ``tables`` the checkpoint's tables by name;
+    a stored array is the bookkeeping of a table only when its key is exactly that table's decay path (the stored
+    keys are ``keystr`` text). Returns the keys of all the bookkeeping arrays, ours and the checkpoint's, whose
+    absence on the other side is named here rather than array by array."""
+    mine = {jax.tree_util.keystr(p): t for p in ours if (t := decay_table(p)) is not None}
+    now = set(mine.values())
+    theirs: dict[str, set[str]] = {}
+    for t in set(tables) | now:
+        prefix = (jax.tree_util.GetAttrKey("emb_states"), jax.tree_util.DictKey(t), jax.tree_util.GetAttrKey("decay"))
+        found = {k for f in GlobalDecay._fields if (k := jax.tree_util.keystr(prefix + (jax.tree_util.GetAttrKey(f),)))
+                 in stored}
+        if found:
+            theirs[t] = found
+    for t in sorted(set(theirs) ^ now):
         saved = "with" if t in theirs else "without"
-        problems.append(f"table '{t}' weight decay (optimizer.weight_decay_mode / table_optimizers.{t}.weight_decay_mode"
-                        f"): the checkpoint was saved {saved} the decay bookkeeping of weight_decay_mode="
+        problems.append(f"table '{t}' weight decay (optimizer.weight_decay_mode / table_optimizers.{t}."
+                        f"weight_decay_mode): the checkpoint was saved {saved} the decay bookkeeping of weight_decay_mode="
                         f"decoupled_global (with a weight_decay above 0), and this config "
                         f"{'does not keep it' if t in theirs else 'keeps it'}; resume with the mode it was saved with")
+    return set(mine).union(*theirs.values())
