@@ -101,7 +101,7 @@ def decay_problems(stored: Mapping[str, Any], ours: list[tuple], tables: Mapping
     for t in sorted(set(theirs) ^ now):
         saved = "with" if t in theirs else "without"
         problems.append(f"table '{t}' weight decay (optimizer.weight_decay_mode / table_optimizers.{t}."
-                        f"weight_decay_mode): the checkpoint was saved {saved} the decay bookkeeping of weight_decay_mode="
-                        f"decoupled_global (with a weight_decay above 0), and this config "
+                        f"weight_decay_mode): the checkpoint was saved {saved} the decay bookkeeping of "
+                        f"weight_decay_mode=decoupled_global (with a weight_decay above 0), and this config "
                         f"{'does not keep it' if t in theirs else 'keeps it'}; resume with the mode it was saved with")
     return set(mine).union(*theirs.values())
