@@ -12,12 +12,15 @@ A run's output folder (Hydra's ``outputs/<date>/<time>``, or one trial of a ``mu
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import IO, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -53,14 +56,45 @@ def listed(names) -> str:
     return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+class NotRegularFile(OSError):
+    """A run-folder file (read by the report, ``read_overrides``) that is a FIFO, a folder, a device or a socket:
+    its ``strerror`` says which."""
+
+    def __init__(self, path: Path, mode: int):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                "no file")
+        super().__init__(errno.EINVAL, f"{kind}, not a regular file", str(path))
+
+
+def open_regular(path: Path, errors: str = "replace") -> IO[str]:
+    """``path`` opened to read as UTF-8 text (``errors``: what bytes that are not UTF-8 become; ``"strict"``
+    raises ``UnicodeDecodeError`` as they are read), or ``NotRegularFile`` when it is no
+    regular file: opening a FIFO waits for a writer that may never come, and a device such as /dev/zero never
+    ends. The open itself does not wait (``O_NONBLOCK``) and what is checked is what was opened, not the name
+    looked at a moment before. A missing file raises ``FileNotFoundError``, like ``open``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, mode)
+        os.set_blocking(fd, True)
+        return open(fd, encoding="utf-8", errors=errors)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_overrides(run_dir: Path, errors: str = "replace") -> list[str]:
     """The command-line overrides Hydra recorded for a run (``[]`` when there are none). ``errors``: how bytes
     that are not UTF-8 are decoded; ``"strict"`` raises ``UnicodeDecodeError`` (the report names such a file
-    rather than show a trial without overrides)."""
-    path = Path(run_dir) / OVERRIDES_FILE
-    if not path.is_file():
+    rather than show a trial without overrides). A FIFO, folder or device of that name raises ``NotRegularFile``
+    (``open_regular``) rather than block the reader or pass for no overrides; the caller names it."""
+    try:
+        with open_regular(Path(run_dir) / OVERRIDES_FILE, errors=errors) as f:
+            text = f.read()
+    except FileNotFoundError:
         return []
-    text = path.read_text(encoding="utf-8", errors=errors)
     try:
         import yaml
 

@@ -2,18 +2,17 @@
 and label them by what differs between them."""
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
 import re
-import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from ..outputs import FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE, read_overrides
+from ..outputs import (FAILED_MARKER, METRICS_FILE, OVERRIDES_FILE, SUMMARY_FILE, NotRegularFile, open_regular,
+                       read_overrides)
 from ..tasks import ReportMetrics, report_metrics
 
 LOSS_KEY = "train/loss"
@@ -23,34 +22,6 @@ _SKIP_DIRS = {"wandb", ".hydra", "__pycache__", "checkpoints", ".git"}
 
 class ReportError(ValueError):
     """The report cannot be made from these arguments; the message says which and what to give instead."""
-
-
-class NotRegularFile(OSError):
-    """A path the report reads that is a FIFO, a folder, a device or a socket: its ``strerror`` says which."""
-
-    def __init__(self, path: Path, mode: int):
-        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
-                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
-                "no file")
-        super().__init__(errno.EINVAL, f"{kind}, not a regular file", str(path))
-
-
-def open_regular(path: Path, errors: str = "replace") -> IO[str]:
-    """``path`` opened to read as UTF-8 text (``errors``: what bytes that are not UTF-8 become; ``"strict"``
-    raises ``UnicodeDecodeError`` as they are read), or ``NotRegularFile`` when it is no
-    regular file: opening a FIFO waits for a writer that may never come, and a device such as /dev/zero never
-    ends. The open itself does not wait (``O_NONBLOCK``) and what is checked is what was opened, not the name
-    looked at a moment before. A missing file raises ``FileNotFoundError``, like ``open``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(path, mode)
-        os.set_blocking(fd, True)
-        return open(fd, encoding="utf-8", errors=errors)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _to_float(v: Any) -> float | None:
@@ -77,11 +48,12 @@ def printable(text: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def _unreadable(path: Path, e: BaseException) -> str:
-    """What the report says of a file that is there but cannot be read or parsed."""
+def _unreadable(path: Path, e: BaseException, name: Path | str | None = None) -> str:
+    """What the report says of a file that is there but cannot be read or parsed; ``name``: how to call it when
+    its file name alone is not clear (``.hydra/config.yaml``)."""
     why = getattr(e, "strerror", None) or ("nested too deeply" if isinstance(e, RecursionError) else
                                            "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not JSON")
-    return f"{path.name} ({why})"
+    return f"{name or path.name} ({why})"
 
 
 def read_metrics(path: Path, problems: list[str] | None = None) -> tuple[list[dict[str, Any]], int]:
@@ -138,16 +110,24 @@ def _read_summary(trial_dir: Path, problems: list[str]) -> dict[str, Any]:
 
 
 
-def _read_data_name(trial_dir: Path) -> str | None:
-    """``data.name`` of the trial's composed config (which task it ran); None without a readable one."""
+def _read_data_name(trial_dir: Path, problems: list[str]) -> str | None:
+    """``data.name`` of the trial's composed config (which task it ran); None without a readable one (then the
+    default task's report). A config that is there but cannot be read (a FIFO, a folder, no permission) is named
+    in ``problems``, as the trial's other files are."""
     path = trial_dir / CONFIG_FILE
     try:
-        if not path.is_file():
-            return None
+        with open_regular(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        problems.append(_unreadable(path, e, CONFIG_FILE))
+        return None
+    try:
         import yaml
 
-        data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
-    except Exception:  # noqa: BLE001 - an unreadable config: the default task's report
+        data = yaml.safe_load(text)
+    except Exception:  # noqa: BLE001 - a config that is no YAML: the default task's report
         return None
     name = data.get("data", {}).get("name") if isinstance(data, dict) and isinstance(data.get("data"), dict) else None
     return str(name) if name is not None else None
@@ -270,7 +250,7 @@ def load_trial(trial_dir: Path, label: str | None = None) -> Trial:
         bad_lines=bad,
         summary=summary,
         failed=failed,
-        data=_read_data_name(trial_dir),
+        data=_read_data_name(trial_dir, problems),
         unreadable=problems,
     )
 

@@ -814,6 +814,24 @@ def test_a_fifo_folder_or_device_in_place_of_a_trials_file_makes_it_unreadable_n
     assert [r["status"] for r in _rows(tmp_path / "r")] == ["unreadable", "ok", "failed"]
 
 
+@pytest.mark.parametrize("path, make, shown", [
+    (".hydra/overrides.yaml", os.mkfifo, "overrides.yaml (a FIFO, not a regular file)"),
+    (".hydra/overrides.yaml", os.mkdir, "overrides.yaml (a folder, not a regular file)"),
+    (".hydra/config.yaml", os.mkfifo, ".hydra/config.yaml (a FIFO, not a regular file)"),
+    (".hydra/config.yaml", lambda p: os.symlink(os.devnull, p), ".hydra/config.yaml (a device, not a regular file)"),
+], ids=["overrides-fifo", "overrides-folder", "config-fifo", "config-device"])
+def test_a_fifo_folder_or_device_in_place_of_a_trials_hydra_file_is_named_not_missing(multirun, tmp_path, path, make,
+                                                                                      shown):
+    """Hydra's overrides.yaml or config.yaml as a FIFO, folder or device was taken for no file: the trial showed
+    no overrides, or the default task's report, and nothing said why. Each is now named, its trial unreadable."""
+    (multirun / "0" / path).unlink()
+    make(multirun / "0" / path)
+    with _within(60):
+        md = build_report(multirun, tmp_path / "r").read_text()
+    assert f"- unreadable: `0`: {shown}" in md.splitlines()
+    assert [r["status"] for r in _rows(tmp_path / "r")] == ["unreadable", "ok", "failed"]
+
+
 def test_a_fifo_named_report_md_in_out_is_refused_not_a_hang(multirun, tmp_path, capsys):
     """Whose report --out holds is read from its report.md: a FIFO of that name blocked the report for good."""
     out = tmp_path / "X"
