@@ -16,8 +16,8 @@ What a trial gets (``runner.__main__`` calls these; ``python -m runner -m a=1,2`
   so a trial whose objective is not finite is failed the same way for Optuna).
 
 :class:`SweepSummary` (a Hydra callback, ``conf/hydra/callbacks/sweep_summary.yaml``) prints, when the sweep
-ends, ``sweep: N trials, M ok, K failed`` and one line per failed trial, of the trials this sweep launched (not
-those an earlier sweep into the same folder left there). The process
+ends, ``sweep: N trials, M ok, K failed`` and one line per failed trial with the overrides that tell it from the
+others, of the trials this sweep launched (not those an earlier sweep into the same folder left there). The process
 exits non-zero only when every trial failed or none ran (an empty range). It runs a ``-m`` sweep with the runner's
 subclass of Hydra's basic sweeper (``hydra_plugins/runner_basic``), which refuses before the first trial, exit
 code 2, every combination whose config does not compose. Before an Optuna search it refuses
@@ -253,15 +253,19 @@ def _earlier(d: Path) -> bool:
 
 def sweep_failures(sweep_dir: str | os.PathLike) -> tuple[list[Path], list[tuple[Path, str, str]], int]:
     """(trial dirs, [(dir, overrides, first line of FAILED)], earlier) for the trials under ``sweep_dir`` that this
-    sweep launched; ``earlier``: how many more an earlier sweep into it left there (``note_earlier_trials``)."""
+    sweep launched; ``earlier``: how many more an earlier sweep into it left there (``note_earlier_trials``). A
+    failed trial's overrides are those that differ between the trials (``shared_overrides``; all of a lone one's)."""
+    from .report.trials import shared_overrides
     from .sweep_launch import refused
 
     found = _trial_dirs(Path(sweep_dir)) if Path(sweep_dir).is_dir() else []
     trials = [d for d in found if not _earlier(d)]
-    failed = [(d, " ".join(read_overrides(d)), _first_line(d / FAILED_MARKER)) for d in trials
+    ran = {d: read_overrides(d) for d in trials}
+    common = set(shared_overrides([*ran.values(), *(overrides for _, overrides, _ in refused)]))
+    failed = [(d, " ".join(o for o in ran[d] if o not in common), _first_line(d / FAILED_MARKER)) for d in trials
               if (d / FAILED_MARKER).is_file()]
-    gone = [(Path(sweep_dir) / str(num), " ".join(overrides), f"{type(e).__name__}: {e}")  # no folder: never ran
-            for num, overrides, e in refused]
+    gone = [(Path(sweep_dir) / str(num), " ".join(o for o in overrides if o not in common), f"{type(e).__name__}: {e}")
+            for num, overrides, e in refused]  # no folder: it never ran
     return trials + [d for d, _, _ in gone], failed + gone, len(found) - len(trials)
 
 

@@ -294,13 +294,19 @@ def find_trials(root: Path, exclude: Iterable[Path] = ()) -> list[Path]:
     return sorted(found, key=lambda p: _natural_key(p.relative_to(root)))
 
 
-def common_overrides(trials: Sequence[Trial]) -> list[str]:
-    """The overrides every trial has (in the first trial's order); none for a single trial, whose label then
-    shows all of its own."""
-    if len(trials) < 2:
+def shared_overrides(overrides: Sequence[Sequence[str]]) -> list[str]:
+    """The overrides every one of several trials has (in the first trial's order), given each trial's list;
+    none for a single trial, which is then shown by all of its own. What a trial shows of its overrides is the
+    rest: the values that tell it from the others (the report's labels, a sweep's ``FAILED`` lines)."""
+    if len(overrides) < 2:
         return []
-    rest = [set(t.overrides) for t in trials[1:]]
-    return [o for o in dict.fromkeys(trials[0].overrides) if all(o in r for r in rest)]
+    rest = [set(o) for o in overrides[1:]]
+    return [o for o in dict.fromkeys(overrides[0]) if all(o in r for r in rest)]
+
+
+def common_overrides(trials: Sequence[Trial]) -> list[str]:
+    """The overrides every trial has (``shared_overrides``)."""
+    return shared_overrides([t.overrides for t in trials])
 
 
 def label_trials(trials: Sequence[Trial]) -> list[str]:

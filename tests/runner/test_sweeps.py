@@ -236,12 +236,12 @@ def test_sweep_summary_names_failed_trials_and_exits_only_if_all_failed(tmp_path
     (tmp_path / "multirun.yaml").write_text("{}\n")
     sweeps.SweepSummary().on_multirun_end(cfg)
     out = capsys.readouterr().out.splitlines()
-    assert out == [f"sweep: 3 trials, 2 ok, 1 failed ({tmp_path})",
-                   "  FAILED #1 [optimizer=adam async_emb=on]: PreflightError: no fused update"]
+    assert out == [f"sweep: 3 trials, 2 ok, 1 failed ({tmp_path})",  # async_emb=on, every trial's, is not shown
+                   "  FAILED #1 [optimizer=adam]: PreflightError: no fused update"]
 
     (tmp_path / "1" / "FAILED").write_text("PreflightError: invalid config:\n  - model.emb_width=0 is outside\n")
     sweeps.SweepSummary().on_multirun_end(cfg)  # a list's first item beside its heading: the line names the value
-    assert capsys.readouterr().out.splitlines()[1] == ("  FAILED #1 [optimizer=adam async_emb=on]: PreflightError: "
+    assert capsys.readouterr().out.splitlines()[1] == ("  FAILED #1 [optimizer=adam]: PreflightError: "
                                                        "invalid config: - model.emb_width=0 is outside")
     for i in (0, 2):
         (tmp_path / str(i) / "FAILED").write_text("RuntimeError: diverged\n")
@@ -250,6 +250,22 @@ def test_sweep_summary_names_failed_trials_and_exits_only_if_all_failed(tmp_path
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert f"sweep: 3 trials, 0 ok, 3 failed ({tmp_path})" in err and "FAILED #2 [optimizer=async_sgd" in err
+
+
+def test_failed_lines_show_the_overrides_that_differ_and_a_lone_trial_all_of_its_own(tmp_path, capsys):
+    """The FAILED lines listed every override of a trial, the ones all trials share as well, which buried the
+    values that differ; they now show those that differ (as the report's labels do), in the trial's order."""
+    fixed = ["trainer.batch_size=30", "data.num_items=600"]
+    sweeps.note_earlier_trials(tmp_path / "three")  # a sweep starts (no trial refused in this process yet)
+    for i, (opt, lr) in enumerate([("adam", "0.1"), ("adam", "0.01"), ("async_sgd", "0.1")]):
+        _fake_trial(tmp_path / "three", i, [f"optimizer={opt}", fixed[0], f"optimizer.lr={lr}", fixed[1]],
+                    "RuntimeError: diverged" if i else None)
+    lines, failed = sweeps.summary_lines(tmp_path / "three")
+    assert not failed and lines[1:] == ["  FAILED #1 [optimizer=adam optimizer.lr=0.01]: RuntimeError: diverged",
+                                        "  FAILED #2 [optimizer=async_sgd optimizer.lr=0.1]: RuntimeError: diverged"]
+    _fake_trial(tmp_path / "one", 0, ["optimizer=adam", *fixed], "RuntimeError: diverged")
+    lines, failed = sweeps.summary_lines(tmp_path / "one")
+    assert failed and lines[1:] == [f"  FAILED #0 [optimizer=adam {' '.join(fixed)}]: RuntimeError: diverged"]
 
 
 def test_an_unseeded_search_over_several_processes_is_refused():
@@ -502,8 +518,8 @@ def test_an_optuna_trial_whose_values_clash_fails_alone_and_the_search_goes_on(t
                                    "optimizer.b1=0.8" in ln for ln in lines)
     summary, failed = sweeps.summary_lines(tmp_path)
     assert failed and summary[0] == f"sweep: 2 trials, 0 ok, 2 failed ({tmp_path})"  # the stand-in made no folder
-    assert all(ln.startswith("  FAILED #") and "optimizer=async_sgd" in ln and ln.endswith(clash.split(": ", 1)[1])
-               for ln in summary[1:])
+    assert sorted(ln.split(": ", 1)[0].split(" [")[1] for ln in summary[1:]) == ["mesh=data]", "mesh=single]"]
+    assert all(ln.startswith("  FAILED #") and ln.endswith(clash.split(": ", 1)[1]) for ln in summary[1:])
     with pytest.raises(SystemExit) as e:  # the plugin's own max_failure_rate=0.0: the first clash stops the search
         optuna_search(tmp_path, ["optimizer=choice(async_sgd)", "optimizer.b1=choice(0.8)", *TINY], launcher,
                       n_trials=2, max_failure_rate=0.0)
@@ -1056,7 +1072,7 @@ def test_a_bad_trial_is_recorded_and_the_next_one_still_completes(tmp_path):
     proc = runner_cli("-m", "optimizer=async_sgd,adam", "async_emb=on", f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sweep: 2 trials, 1 ok, 1 failed" in proc.stdout
-    assert "FAILED #1 [optimizer=adam async_emb=on" in proc.stdout
+    assert "FAILED #1 [optimizer=adam]: PreflightError" in proc.stdout
     good, bad = trial_dirs(tmp_path)
     assert "PreflightError: use_async_emb requires an embedding optimizer" in (bad / "FAILED").read_text()
     assert json.loads((bad / "summary.json").read_text())["status"] == "failed"
