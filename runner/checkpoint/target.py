@@ -7,9 +7,9 @@ from typing import Any, Mapping
 
 import jax
 
-from ..errors import PreflightError
 from optimizers.row_update import GlobalDecay
 
+from ..errors import PreflightError
 from .meta import SEGMENT_IDS, UNIQUE_TOKENS, incompatible, table_record
 
 
