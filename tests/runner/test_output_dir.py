@@ -211,6 +211,7 @@ def test_a_database_the_refused_sweep_created_is_removed_and_one_that_existed_st
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # enqueue_trial: an earlier study's record
 def test_a_search_refused_before_its_first_trial_leaves_no_study_database_it_created(tmp_path):
     """A storage in the new sweep folder kept that folder and its new study.db; a study.db there before stays,
     byte for byte."""
