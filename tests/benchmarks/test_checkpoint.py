@@ -1,11 +1,13 @@
 """The checkpoint benchmark's saves on the 2x4 mesh (``benchmarks/checkpoint.py``): the runner's type handlers
 and Orbax's default take turns on the same state, each save timed with its own peak, and both become rows."""
 import numpy as np
+import pytest
 
 from benchmarks import checkpoint, common
 from tests.runner.checkpoint.test_handlers import _state
 
 
+@pytest.mark.slow
 def test_mesh_saves_take_turns_and_report_a_row_each(tmp_path):
     state = _state(64, 8)
     saves = checkpoint._mesh_saves(state, tmp_path / "mesh", rounds=2)

@@ -35,6 +35,7 @@ def schedule(seed=0):
     dict(learning_rate=0.05, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0),
     dict(learning_rate=0.05, b1=0.8, b2=0.95, eps=1e-6, weight_decay=0.2),
 ], ids=["adam", "adamw"])
+@pytest.mark.slow
 def test_rows_follow_optax_on_their_own_stream(hp):
     steps = schedule()
     table0 = np.random.default_rng(1).normal(size=(VOCAB, WIDTH)).astype(np.float32)

@@ -45,6 +45,7 @@ def bf16_step(opt, ctx=CTX):
     return jax.jit(step, donate_argnums=(0, 1), compiler_options=compiler_options(["bfloat16"]))
 
 
+@pytest.mark.slow
 def test_rounding_picks_a_neighbour_with_the_right_probability():
     rng = np.random.default_rng(0)
     x = rng.normal(size=64).astype(np.float32) * 10.0 ** rng.integers(-6, 6, size=64)
@@ -157,6 +158,7 @@ def test_rounding_depends_on_row_column_and_update_count():
 
 @pytest.mark.parametrize("layout", [TableLayout.row, TableLayout.column])
 @pytest.mark.parametrize("name", ["async_rowwise_adagrad", "async_adam"])
+@pytest.mark.slow
 def test_sharded_bf16_equals_unsharded_bit_for_bit(name, layout):
     opt = optimizers.create(name, learning_rate=0.01)
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "table"))

@@ -74,6 +74,7 @@ def test_compensated_updates_match_the_reference(case, layout):
     assert np.abs(ref.table - plain.table).max() > 1e-2  # the correction mattered: uncompensated ends elsewhere
 
 
+@pytest.mark.slow
 def test_without_the_correction_the_same_rows_differ():
     """The correction is not a no-op: the same updates uncompensated end elsewhere (so the check above can
     fail), and a compensated record whose w_then equals the row now changes nothing against no compensation."""

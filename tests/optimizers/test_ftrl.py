@@ -60,6 +60,7 @@ def test_l1_keeps_weights_exactly_zero_while_z_is_inside_it():
 
 
 @pytest.mark.parametrize("multiply", [False, True], ids=["z", "lr-times-z"])
+@pytest.mark.slow
 def test_the_first_update_steps_from_the_initial_embedding(multiply):
     """A large initial accumulator next to a small gradient: w' = w - g / (sqrt(n0 + g**2) / alpha), a small step.
     Starting from z = 0 instead would give w * (1 - sqrt(n0 / n')) - alpha * g / sqrt(n'): nearly 0."""

@@ -211,6 +211,7 @@ def test_a_record_from_another_context_is_refused(setup):
         sgd.gradient_update_start(ctx.fresh(), bad, table, sgd.init(VOCAB, WIDTH), jnp.zeros(()))
 
 
+@pytest.mark.slow
 def test_64_bit_ids_past_int32_update_nothing(setup):
     """A numpy int64 id of 2**32 + 5 used to wrap onto row 5 (JAX's int32); now it is out of range, dropped."""
     ctx, sgd, table, ids, grads = setup

@@ -94,6 +94,7 @@ def dense_gradient(ids, grads):
     (optimizers.Adagrad(learning_rate=0.1, initial_accumulator_value=0.2, eps=1e-6),
      optax.adagrad(0.1, initial_accumulator_value=0.2, eps=1e-6)),
 ], ids=["adam", "adagrad"])
+@pytest.mark.slow
 def test_dense_apply_matches_optax_and_skips_bad_steps(opt, tx):
     ctx = optimizers.AsyncEmbContext(VOCAB, WIDTH, TOKENS)
     apply = jax.jit(functools.partial(opt.apply_dense, ctx))

@@ -120,6 +120,7 @@ def test_overflowing_ids_are_rerouted_in_rounds_by_default():
     np.testing.assert_array_equal(np.asarray(rows), np.asarray(table)[ids.reshape(8, 3)])
 
 
+@pytest.mark.slow
 def test_rows_past_an_owners_buffer_after_rerouting_refuse_the_update():
     """Rerouting delivers every device's ids in rounds, but an owner keeps at most every device's slots of
     distinct rows (``owner_slots_for``); past that the update is refused whole and counted, never half-written."""
@@ -228,6 +229,7 @@ def test_make_update_on_the_routed_layout_dedupes_each_devices_own_tokens():
 
 
 @pytest.mark.parametrize("layout", [TableLayout.row, TableLayout.column])
+@pytest.mark.slow
 def test_the_lookups_dedupe_without_the_padding_id_is_make_updates(layout):
     """The routed row and the column train step reuse their lookup's per-device dedupe (which keeps id 0, the
     padding row) as the update record: with 0 dropped it equals ``make_update``'s, padding tokens -1, with or

@@ -201,6 +201,7 @@ def poisoned_updates():
 
 @pytest.mark.parametrize("layout", [TableLayout.row, TableLayout.column])
 @pytest.mark.parametrize("name", sorted(POISON))
+@pytest.mark.slow
 def test_refusal_of_a_non_finite_result_is_one_decision_on_every_shard(name, layout):
     """Only one row shard (row layout) or every column shard holds the non-finite result; every shard
     refuses the whole update: table and state bit-for-bit unchanged, valid false, like one device."""
@@ -227,6 +228,7 @@ def test_refusal_of_a_non_finite_result_is_one_decision_on_every_shard(name, lay
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c)) for c in CASES[:3]])
+@pytest.mark.slow
 def test_the_rule_run_chunk_by_chunk_changes_nothing(case, monkeypatch):
     """The routed owner runs the rule over its owned rows in chunks of ``RULE_CHUNK`` rows, skipping chunks of
     padding only. With chunks of 2 rows (several per step, the last part padding) table, state, norm and

@@ -113,6 +113,7 @@ def test_bfloat16_padded_rounds_as_the_narrow_table():
     assert not out[1][:, WIDTH:].any()
 
 
+@pytest.mark.slow
 def test_dense_baseline_on_a_padded_table():
     opt = optimizers.create("adam", learning_rate=0.05)
     tables = []

@@ -46,6 +46,7 @@ def test_budget_arithmetic():
     assert budget.derived_eval_interval(24, 50) == 3  # a log interval longer than the eval interval is ignored
 
 
+@pytest.mark.slow
 def test_model_sequential_brings_an_epoch_budget_and_the_command_line_wins():
     cfg = compose_config(SEQ, tiny=False)
     assert cfg.trainer.steps is None and cfg.trainer.default_epochs == 50 and cfg.trainer.batch_size == 128

@@ -198,6 +198,7 @@ sys.exit(launch.main(["-n", "2"]))
 """
 
 
+@pytest.mark.slow
 def test_a_terminated_launcher_stops_its_children():
     proc = subprocess.Popen([sys.executable, "-c", SLEEPING_LAUNCHER], stdout=subprocess.PIPE, text=True)
     children = [int(proc.stdout.readline().split()[-1]) for _ in range(2)]

@@ -100,6 +100,7 @@ RANKING = [
 
 
 @pytest.mark.parametrize("override, needle", RANKING, ids=[o for o, _ in RANKING])
+@pytest.mark.slow
 def test_ranking_config_value_is_refused_by_name(override, needle):
     assert needle in refused(compose_config([override]))
 

@@ -284,6 +284,7 @@ def test_settings_of_another_loss_or_task_are_named_in_a_warning():
                              "one-hot (data.bags unset): it has no effect; set data.bags to write bags, or leave it out"),
     (["data.ids=hash", "data.hash_rows=1000", "model.pooling=mean", "data.bags=[2]"], None),  # each one read
 ], ids=["generator-with-path", "hash-rows-with-vocab", "min-count-with-hash", "mean-of-one-hot", "used"])
+@pytest.mark.slow
 def test_criteo_data_settings_another_one_leaves_unread_are_named(overrides, warned):
     from runner.notices import unused_settings
 

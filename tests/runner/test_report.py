@@ -891,6 +891,7 @@ def _next_item_run(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_report_replacing_another_removes_the_charts_it_does_not_write_and_nothing_else(multirun, tmp_path):
     """--overwrite of a ranking report with a next-item one left auc.png beside the new report, a chart that
     is none of its. The files the report before recorded writing and this one does not are removed; a file of a
@@ -910,6 +911,7 @@ def test_a_report_replacing_another_removes_the_charts_it_does_not_write_and_not
     assert (mine / "auc.png").read_bytes() == b"my plot" and (mine / "ranking_metrics.png").is_file()
 
 
+@pytest.mark.slow
 def test_a_second_report_into_a_folder_another_one_is_writing_is_refused(multirun, tmp_path, capsys):
     """Two reports into one --out at once mixed their files (one's report.md beside the other's charts). The one
     writing holds out/.report.lock; another is refused, nothing changed. The lock is the system's (flock), so

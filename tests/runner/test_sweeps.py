@@ -598,6 +598,7 @@ def test_a_basic_sweeps_combinations_that_do_not_compose_are_refused_before_the_
         for n, o, c in ((0, "async_sgd", "AsyncSGDConfig"), (1, "async_rowwise_adagrad", "AsyncRowwiseAdagradConfig"))]
 
 
+@pytest.mark.slow
 def test_a_basic_sweep_whose_combinations_all_compose_runs_every_batch_as_hydras_does(tmp_path, capsys):
     launcher = _BasicLauncher()
     returns = basic_sweep(tmp_path, [*TINY, "optimizer=async_adam,async_rowwise_adagrad", "trainer.seed=0,1,2"],
@@ -663,6 +664,7 @@ def test_a_failed_trials_line_names_its_values_and_the_whole_error():
     assert sweep_launch.one_line("no fused update.\nWays out: (1) pick one") == "no fused update. Ways out: (1) pick one"
 
 
+@pytest.mark.slow
 def test_a_stored_study_searched_otherwise_is_refused_and_unfinished_trials_are_failed(tmp_path, capsys):
     import optuna
     from optuna.trial import TrialState
@@ -905,6 +907,7 @@ def test_report_of_a_sweep_with_one_ok_and_one_failed_trial(tmp_path):
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.slow
 def test_experiments_are_documented_and_compose(name):
     text = (CONF / "experiment" / f"{name}.yaml").read_text()
     assert text.startswith("# @package _global_\n")
@@ -935,6 +938,7 @@ def test_async_vs_sync_adam_is_a_four_trial_sweep():
 
 
 @pytest.mark.parametrize("name", SEARCHES)
+@pytest.mark.slow
 def test_searches_are_optuna_over_existing_keys_and_async_optimizers(name):
     text = (CONF / "hparams_search" / f"{name}.yaml").read_text()
     assert text.startswith("# @package _global_\n") and "TAKES" not in text and "EXPECT" not in text

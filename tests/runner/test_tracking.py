@@ -263,6 +263,7 @@ def test_rows_already_in_the_file_count_in_the_summary_as_if_logged_here(tmp_pat
     assert fresh.summary() == {}
 
 
+@pytest.mark.slow
 def test_a_resumed_wandb_run_keeps_the_best_objective_and_lowest_loss_from_before_its_checkpoint(tmp_path,
                                                                                                  offline_wandb):
     """W&B's summary max/min counts only what one launch logs: a resumed run's W&B summary must still hold the

@@ -63,6 +63,7 @@ ARRAYS = {
 
 
 @pytest.mark.parametrize("name", list(ARRAYS))
+@pytest.mark.slow
 def test_whole_array_matches_numpy(name):
     a = ARRAYS[name]
     assert int(cd.digest(jnp.asarray(a))) == reference(a)
@@ -122,6 +123,7 @@ def test_padding_rows_do_not_count_and_moves_do():
 
 
 @pytest.mark.parametrize("spec", [P("table", None), P(None, "table"), P()], ids=["rows", "columns", "replicated"])
+@pytest.mark.slow
 def test_sharded_and_chunked_match_numpy(monkeypatch, spec):
     monkeypatch.setattr(cd, "CHUNK_BYTES", 3 * 8 * 4 * 7 + 4)  # tiny chunks: 7 rows of 8 floats, overlapping tail
     mesh = build_mesh(MeshPlan((("data", 2), ("table", 4)), "table", "row"))

@@ -159,6 +159,7 @@ def test_metadata_of_the_wrong_shape_is_named_in_the_fallback_warning():
     assert malformed({**good, "step": True}) == "its metadata's step is True, not a count"
 
 
+@pytest.mark.slow
 def test_a_step_folder_copied_under_another_number_is_refused_and_left_alone(tmp_path, saved):
     ck = tmp_path / "ck"
     shutil.copytree(saved, ck)

@@ -38,6 +38,7 @@ def test_chunking_does_not_change_values():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.slow
 def test_every_layout_gets_the_same_values(dtype):
     spec = TableSpec(SPEC.name, SPEC.vocab, SPEC.width, 1, SPEC.rows, dtype=dtype, init_scale=SPEC.init_scale)
     want = np.asarray(init_table(spec, jax.random.key(7), None))

@@ -215,6 +215,7 @@ def test_windows_read_as_slices_or_slot_by_slot_equal_plain_indexing():
 
 @pytest.mark.parametrize("policy", [dict(evict="lru"), pytest.param(dict(evict="lfu"), marks=SLOW)],
                          ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+@pytest.mark.slow
 def test_a_large_table_whose_windows_rarely_wrap_matches_the_dict_reference(policy):
     """Windows read as slices (no id's window wraps in most steps of a 4,096-slot table) give the reference's
     slots, admissions, evictions and final table, as the slot-by-slot reads of small tables do."""

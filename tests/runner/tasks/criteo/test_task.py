@@ -177,6 +177,7 @@ CLI = [(["model=dlrm", "model.pooling=max"], "model.pooling"), (["model=dlrm", "
 
 @pytest.mark.parametrize("overrides, message", [b if "data.days=500" not in b[0] else pytest.param(*b, marks=pytest.mark.slow)
                                                 for b in BAD if b not in CLI], ids=lambda v: str(v)[:60])
+@pytest.mark.slow
 def test_bad_settings_are_refused_by_one_message(tmp_path, overrides, message):
     from runner.build import build
     from runner.errors import PreflightError
@@ -320,6 +321,7 @@ def test_lines_skipped_at_conversion_are_reported_by_the_run(tmp_path):
     assert "skipping 2 bad input lines (--max-bad-lines 2 per file" in note and ":3001: " in note
 
 
+@pytest.mark.slow
 def test_the_real_log_presets_need_their_logs(tmp_path):
     """experiment=criteo_kaggle / criteo_terabyte compose the reference models and stop, naming data.path,
     rather than train on generated logs; the Terabyte preset refuses a folder not split by day."""

@@ -37,6 +37,7 @@ def test_table_ids_are_the_raw_ids_and_out_of_range_ones_are_masked():
         assert not np.asarray(bad[name]).any()
 
 
+@pytest.mark.slow
 def test_out_of_range_user_ids_are_counted_and_refused_under_strict_ids():
     cfg = compose_config(["trainer.steps=2", "trainer.log_interval=1", "trainer.strict_ids=true"])
     program, task, _ = build(cfg)

@@ -67,6 +67,7 @@ def test_an_evaluation_too_small_for_an_auc_is_refused_naming_the_fewest_batches
     assert all(np.isfinite(got[f"{s}/auc_{a}"]) for s in ("valid", "test") for a in task.actions)
 
 
+@pytest.mark.slow
 def test_an_action_too_rare_to_evaluate_is_named():
     _, task, _ = build(compose_config(["trainer.eval_batches=2"]))
     real = task.data.batch

@@ -102,6 +102,7 @@ def test_sampled_softmax_matches_numpy(l2_norm, temperature):
     np.testing.assert_allclose(float(out["top1"]), want_top1, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_full_softmax_and_predict_match_numpy():
     model, params, table = make("full_softmax")
     b = batch()
