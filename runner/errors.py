@@ -92,6 +92,15 @@ def said_by_process_0(e: RunnerError, process: int | str, what: str) -> RunnerEr
     return type(e)(f"{what} is refused (process {process}): process 0's output says why")
 
 
+def causes(error: BaseException | None) -> Iterator[BaseException]:
+    """``error`` and the exceptions behind it (``__cause__``, else ``__context__``), each once, outermost first."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def first_line(error: BaseException) -> str:
     """An error's message in one line: its first (the type's name when it has none)."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -20,7 +20,7 @@ from typing import Any
 
 from optuna.storages import RDBStorage
 
-from .errors import first_line
+from .errors import causes, first_line
 from .sweep_checks import mask_password, refuse
 
 log = logging.getLogger("runner.sweeps")
@@ -129,14 +129,12 @@ def storage_error(error: BaseException) -> BaseException | None:
     from optuna.exceptions import StorageInternalError
     from sqlalchemy.exc import SQLAlchemyError
 
-    seen, found, e = set(), None, error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    found = None
+    for e in causes(error):
         if isinstance(e, SQLAlchemyError):
             return e
         if isinstance(e, StorageInternalError) and found is None:
             found = e
-        e = e.__cause__ or e.__context__
     return found
 
 

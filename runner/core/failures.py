@@ -23,7 +23,7 @@ import logging
 import re
 from typing import Any, Iterator
 
-from ..errors import TrainingError
+from ..errors import TrainingError, causes
 
 BUILT_IN = ("optimizers.", "runner.")  # modules whose classes are the project's own
 FIX = "Fix the class, or pick a built-in optimizer, e.g. optimizer=async_adam"
@@ -72,14 +72,11 @@ LAST_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Failure|Exit|Int
 
 def _callback_failure(e: BaseException) -> str | None:
     """The text of a failed host callback's JaxRuntimeError anywhere in ``e``'s chain, or None."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e)
-        if type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and "callback" in text.lower() \
+    for link in causes(e):
+        text = str(link)
+        if type(link).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and "callback" in text.lower() \
                 and "Traceback (most recent call last)" in text:
             return text
-        e = e.__cause__ or e.__context__
     return None
 
 
