@@ -4,6 +4,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -134,8 +135,6 @@ def refusal(overrides: list[str]) -> str | None:
     search's is composed as a search's), in a fraction of a second, and starts and writes nothing.
     ``runner.launch`` asks it once for the overrides it hands every process, so that a bad one is said once,
     before any process starts. An error of another kind is left to the run to report."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
     from hydra.errors import HydraException
 
     from . import override_errors
@@ -143,7 +142,7 @@ def refusal(overrides: list[str]) -> str | None:
     clash = debug_preset_clash(overrides)
     if clash is not None:
         return clash
-    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
+    loader = _loader()
     overrides = given = list(overrides)
     try:  # the mode the config sets (hparams_search: MULTIRUN), found first as Hydra's main does (Hydra.get_mode)
         mode = loader.load_configuration("config", overrides, RunMode.MULTIRUN, validate_sweep_overrides=False)
@@ -169,13 +168,11 @@ def sweep_error(error: BaseException, overrides: list[str]) -> BaseException:
     Hydra runs the command as a single run, whose first complaint is the search's swept value
     (``model.emb_width=choice(8,16)``), not the value that is wrong. The error of composing it as a sweep is
     returned then: it names that value."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
     from hydra.errors import HydraException
 
     if "requires --multirun" not in str(error):
         return error
-    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
+    loader = _loader()
     try:
         loader.load_configuration("config", list(overrides), RunMode.MULTIRUN, validate_sweep_overrides=False)
     except HydraException as e:
@@ -183,6 +180,15 @@ def sweep_error(error: BaseException, overrides: list[str]) -> BaseException:
     except Exception:  # noqa: BLE001 - not an override's: Hydra's own error stands
         return error
     return error  # it composes as a sweep: a swept value given to a single run (no -m, no search)
+
+
+def _loader() -> Any:
+    """Hydra's config loader over the runner's ``conf/`` (``CONF_DIR``), as ``hydra.main`` builds it: the checks
+    that compose a command's config before Hydra does (``refusal``, ``sweep_error``, ``debug_preset_clash``)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+
+    return ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
 
 
 def searches() -> list[str]:
@@ -216,8 +222,6 @@ def debug_preset_clash(args: list[str]) -> str | None:
         return None
     import itertools
 
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -231,7 +235,7 @@ def debug_preset_clash(args: list[str]) -> str | None:
             return None
         lines = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
                  else [o.input_line] for o in chosen]
-        loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
+        loader = _loader()
         for trial in itertools.product(*lines):
             c = loader.compute_defaults_list("config", list(trial), RunMode.RUN).overrides.known_choices
             models, datas = DEBUG_PRESETS.get(c.get("debug"), ((c.get("model"),), (c.get("data"),)))
