@@ -13,6 +13,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ._lazy import P, jax, jnp
+from . import kernels
 from .checks import check_batch, check_ids, check_pad_id
 from .indexing import take_rows
 from .protocol import AsyncEmbGradientUpdate
@@ -27,14 +28,6 @@ if TYPE_CHECKING:
 def num_unique_for(tokens_per_batch: int, rows: int) -> int:
     """Static size of the unique-id buffer: every distinct id fits, plus one padding slot."""
     return min(tokens_per_batch, rows) + 1
-
-
-_INT32_MAX = 2**31 - 1
-
-
-def dedupe_method(num_tokens: int, vocab: int) -> str:
-    """``"packed"`` when every (id, position) pair fits one int32 key, else ``"search"``."""
-    return "packed" if (vocab + 1) * max(num_tokens, 1) - 1 <= _INT32_MAX else "search"
 
 
 def int32_ids(ids: Any, vocab: int) -> jax.Array:
@@ -55,41 +48,17 @@ def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
 
     Returns ``(unique_tokens [num_unique], segment_ids [n])``: sorted distinct ids padded with ``vocab``
     (out of range, so scatters drop it), and each token's index into them, -1 for padding tokens
-    (``pad_id``) and ids outside ``[0, vocab)``. Both methods do one keys-only sort and find run starts
-    (``jnp.unique(return_inverse=True)`` lowers to a two-operand sort, about 3x slower on XLA:CPU):
-
-    - ``"search"``: sort the ids, then a scan ``searchsorted`` maps each token to its run;
-    - ``"packed"`` (when ``(vocab + 1) * n`` fits in int32, e.g. small tables): sort ``id * n + position``,
-      so each sorted key also says which token it came from and one scatter writes the segment ids
-      (about 25% faster at 16K tokens). The default picks it whenever it fits; results are identical.
+    (``pad_id``) and ids outside ``[0, vocab)``. On CPU a native radix-sort kernel computes it when it could be
+    built (``optimizers.kernels``), elsewhere XLA's sort; ``method`` ("packed", "search") forces one of the XLA
+    methods (``kernels.xla_dedupe_keys``). Every method gives the same result.
     """
     check_ids(ids)
     check_pad_id(pad_id)
     ids = int32_ids(ids, vocab).reshape(-1)
-    n = ids.shape[0]
-    method = method or dedupe_method(n, vocab)
     valid = (ids >= 0) & (ids < vocab)
     if pad_id is not None:
         valid &= ids != pad_id
-    keys = jnp.where(valid, ids, vocab)
-    if method == "packed":
-        if dedupe_method(n, vocab) != "packed":
-            raise ValueError(f"dedupe method 'packed' needs (vocab + 1) * tokens <= 2**31: vocab={vocab}, tokens={n}")
-        packed = jnp.sort(keys * n + jnp.arange(n, dtype=jnp.int32))
-        s = packed // n
-        position = packed - s * n
-    elif method == "search":
-        s = jnp.sort(keys)
-    else:
-        raise ValueError(f"unknown dedupe method {method!r} (packed or search)")
-    starts = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
-    run = jnp.cumsum(starts) - 1
-    slot = jnp.where(starts, run, num_unique)
-    unique = jnp.full((num_unique,), vocab, jnp.int32).at[slot].set(s, mode="drop", unique_indices=True)
-    if method == "packed":
-        seg = jnp.zeros((n,), jnp.int32).at[position].set(run.astype(jnp.int32), unique_indices=True)
-    else:
-        seg = jnp.searchsorted(unique, keys, method="scan").astype(jnp.int32)
+    unique, seg = kernels.dedupe_keys(jnp.where(valid, ids, vocab), vocab, num_unique, method)
     return unique, jnp.where(valid, seg, -1)
 
 

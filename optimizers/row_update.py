@@ -13,6 +13,7 @@ import enum
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ._lazy import jax, jnp, lax
+from . import kernels
 from .indexing import take_rows
 from .rounding import rounding_bits, stochastic_round_bf16
 from .scopes import phase
@@ -90,6 +91,42 @@ class Touched(NamedTuple):
 def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Array, state: EmbOptState,
                gate: jax.Array, pending: jax.Array, chunk: int | None = None, lost: jax.Array | None = None,
                live: tuple[int, jax.Array] | None = None):
+    """``xla_write_rows``'s result. Where the native CPU kernel applies (``native_applies``: row-wise Adagrad on
+    one device) a CPU program runs it instead: the same values up to float32 rounding, in one pass."""
+    if lost is None and live is None and native_applies(opt, ctx, touched, table, state):
+        return _native_write(opt, ctx, touched, table, state, gate, pending)
+    return xla_write_rows(opt, ctx, touched, table, state, gate, pending, chunk, lost, live)
+
+
+def native_applies(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Array, state: EmbOptState) -> bool:
+    """Whether ``optimizers.kernels.rowwise_adagrad`` computes this update: ``AsyncRowwiseAdagrad``'s own rule
+    (not a subclass's), one device, a float32 table stored at its width, no weight decay or the decoupled kind,
+    no delay compensation, and the kernels usable (``optimizers.kernels.usable()``: on CPU and built)."""
+    from .async_rowwise_adagrad import AsyncRowwiseAdagrad  # noqa: PLC0415 - it imports this module
+
+    return (isinstance(opt, AsyncRowwiseAdagrad) and type(opt).update_rows is AsyncRowwiseAdagrad.update_rows
+            and not ctx.sharded and not ctx.compensates and touched.then is None and state.decay is None
+            and decay_mode(opt) in (None, WeightDecayMode.decoupled) and table.dtype == jnp.float32
+            and table.ndim == 2 and table.shape[1] == ctx.emb_width and not kernels.usable())
+
+
+def _native_write(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Array, state: EmbOptState,
+                  gate: jax.Array, pending: jax.Array):
+    """``write_rows`` by the native row-wise Adagrad kernel (its time shows in the "rule" phase)."""
+    step = state.count + 1
+    lr = opt.learning_rate_at(step) if hasattr(opt, "learning_rate_at") else opt.learning_rate
+    ids = jnp.where(touched.owned, touched.local, table.shape[0])
+    with phase("rule"):
+        table, accum, last, norm, valid, written = kernels.rowwise_adagrad(
+            table, state.rows.accum, state.rows.last_step, ids, touched.grads, lr, step, pending, gate, eps=opt.eps,
+            decay=opt.decay, lazy=opt.lazy_decay, weight_decay=opt.weight_decay if decay_mode(opt) else 0.0)
+    rows = type(state.rows)(accum, last)
+    return table, EmbOptState(rows, jnp.where(valid, step, state.count), None), norm, valid, written
+
+
+def xla_write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Array, state: EmbOptState,
+                   gate: jax.Array, pending: jax.Array, chunk: int | None = None, lost: jax.Array | None = None,
+                   live: tuple[int, jax.Array] | None = None):
     """Norm, gather, rule, gate, scatter for ``touched``'s unique rows (global ``ids``; ``local`` in this
     shard, valid where ``owned``) with their summed gradients; returns ``(table, state, norm, valid,
     rows_updated [1])``. Runs per shard inside ``jax.shard_map`` on a sharded table (the sums it needs across

@@ -119,6 +119,7 @@ def test_wheel_ships_every_config_group_and_no_benchmarks(wheel):
     expected = {p.relative_to(CONF).as_posix() for p in CONF.rglob("*.yaml")}
     assert "config.yaml" in expected and shipped == expected
     assert "runner/__main__.py" in names and "optimizers/__init__.py" in names
+    assert "optimizers/kernels/cpu.cc" in names  # the native kernels' source, built where they run
 
 
 def test_installed_console_script_help_and_cfg(venv, outside):
@@ -149,7 +150,8 @@ def test_installed_module_trains_and_reports(venv, outside):
     python = venv / "bin" / "python"
     run_dir = outside / "run"
     # debug=tiny as it is (6 steps): the programs the checkout's CLI tests compile, found in the persistent cache
-    _run([python, "-m", "runner", "debug=tiny", f"hydra.run.dir={run_dir}"], cwd=outside)
+    proc = _run([python, "-m", "runner", "debug=tiny", f"hydra.run.dir={run_dir}"], cwd=outside)
+    assert "kernels are off" not in proc.stderr  # the shipped kernel source builds and loads
     assert (run_dir / "metrics.jsonl").is_file() and (run_dir / "summary.json").is_file()
     assert '"status": "ok"' in (run_dir / "summary.json").read_text()
     out = _run([python, "-m", "runner.report", run_dir], cwd=outside).stdout

@@ -44,7 +44,7 @@ def draw(kind: str, tokens: int, vocab: int, rng) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["random", "zipf", "all_padding", "all_distinct"])
 @pytest.mark.parametrize("tokens,vocab", [(24, 1000), (40, 16), (16, 17)])
 @pytest.mark.parametrize("pad_id", [0, None])
-@pytest.mark.parametrize("method", ["packed", "search"])
+@pytest.mark.parametrize("method", ["native", "packed", "search"])
 def test_dedupe_matches_np_unique(kind, tokens, vocab, pad_id, method):
     rng = np.random.default_rng(tokens * vocab)
     ids = draw(kind, tokens, vocab, rng).reshape(4, -1).astype(np.int32)
@@ -100,7 +100,7 @@ def test_packed_keys_never_overflow(vocab):
     vocabulary, out of range and padding still come out exactly as np.unique says, on either side of the line."""
     tokens = 1024
     fits = (vocab + 1) * tokens - 1 <= 2**31 - 1
-    assert optimizers.record.dedupe_method(tokens, vocab) == ("packed" if fits else "search")
+    assert optimizers.kernels.xla_dedupe_method(tokens, vocab) == ("packed" if fits else "search")
     rng = np.random.default_rng(vocab)
     ids = np.concatenate([rng.integers(vocab - 40, vocab + 3, size=tokens - 24), [0] * 8, [-1] * 8,
                           rng.integers(1, 50, size=8)]).astype(np.int32)
