@@ -19,7 +19,8 @@ import dataclasses
 from typing import NamedTuple
 
 from ._lazy import jax, jnp
-from .fields import BiasCorrection, bias_correction_field, bias_counts, schedule_field, weight_decay_mode_field
+from .fields import (BiasCorrection, as_bias_correction, bias_correction_field, bias_counts, schedule_field,
+                     weight_decay_mode_field)
 from .fused import FusedEmbOptimizer, RowContext
 from .row_update import WeightDecayMode
 from .hparams import hparam
@@ -49,6 +50,14 @@ class AsyncAdam(FusedEmbOptimizer):
     bias_correction: BiasCorrection = bias_correction_field("the table's (TF LazyAdam, SparseAdam, FBGEMM)")
     weight_decay_mode: WeightDecayMode = weight_decay_mode_field()
     schedule: Schedule = schedule_field()
+
+    native_rule = "adam"
+
+    def native_attrs(self) -> dict:
+        """b1, b2, 1 - b1 and 1 - b2 (in float64, as ``update_rows`` takes them), eps and the bias correction's
+        count (the native kernel's)."""
+        return dict(b1=self.b1, b2=self.b2, one_minus_b1=1.0 - self.b1, one_minus_b2=1.0 - self.b2, eps=self.eps,
+                    per_row=as_bias_correction(self.bias_correction) is BiasCorrection["per_row"])
 
     def init_rows(self, num_rows: int, width: int) -> AdamRows:
         """Zero moments and update counts."""

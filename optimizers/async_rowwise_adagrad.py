@@ -47,6 +47,12 @@ class AsyncRowwiseAdagrad(FusedEmbOptimizer):
     weight_decay_mode: WeightDecayMode = weight_decay_mode_field()
     schedule: Schedule = schedule_field()
 
+    native_rule = "rowwise_adagrad"
+
+    def native_attrs(self) -> dict:
+        """eps, decay, lazy (the native kernel's; weight decay comes from the caller, by its mode)."""
+        return dict(eps=self.eps, decay=self.decay, lazy=self.lazy_decay)
+
     @property
     def decay(self) -> float:
         """The accumulator's decay per update, from ``half_life_steps`` (1: none)."""

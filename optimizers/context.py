@@ -192,6 +192,13 @@ class AsyncEmbContext:
         return self.table_shards > 1
 
     @property
+    def one_device(self) -> bool:
+        """Whether programs on this context run on one device (no mesh, or a mesh of one). Only such programs
+        take the native CPU kernels (``optimizers.kernels``): XLA:CPU runs a multi-device program's devices on
+        one thread pool, where a collective beside a custom call was seen to wait forever for its peers."""
+        return self.mesh is None or self.mesh.size == 1
+
+    @property
     def shard_width(self) -> int:
         """Columns one shard holds."""
         return self.layout.shard_width(self)

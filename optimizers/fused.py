@@ -10,7 +10,7 @@ fused backward-plus-optimizer kernels of FBGEMM's table-batched embeddings, as T
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._lazy import jnp, lax
 from .checks import check_update
@@ -37,6 +37,14 @@ class FusedEmbOptimizer(AsyncEmbOptimizer):
     def update_rows(self, rows: jax.Array, state: Any, grad: jax.Array, rc: RowContext) -> tuple[jax.Array, Any]:
         """The rule: new float32 rows and state of the gathered touched rows, from their summed gradient."""
         raise NotImplementedError  # pragma: no cover - abstract
+
+    # The optimizers.kernels rule that computes this class's own update_rows natively on a CPU (a subclass that
+    # overrides update_rows does not inherit it), and the rule's attributes from this instance's settings.
+    native_rule: ClassVar[str | None] = None
+
+    def native_attrs(self) -> dict[str, Any]:
+        """The native rule's attributes (``native_rule``): its hyperparameters besides the learning rate."""
+        return {}
 
     def learning_rate_at(self, count: jax.Array):
         """The learning rate of update ``count`` (1-based): ``learning_rate`` times ``schedule(count)``

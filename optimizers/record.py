@@ -48,9 +48,9 @@ def dedupe(ids: jax.Array, vocab: int, num_unique: int, pad_id: int | None = 0,
 
     Returns ``(unique_tokens [num_unique], segment_ids [n])``: sorted distinct ids padded with ``vocab``
     (out of range, so scatters drop it), and each token's index into them, -1 for padding tokens
-    (``pad_id``) and ids outside ``[0, vocab)``. On CPU a native radix-sort kernel computes it when it could be
-    built (``optimizers.kernels``), elsewhere XLA's sort; ``method`` ("packed", "search") forces one of the XLA
-    methods (``kernels.xla_dedupe_keys``). Every method gives the same result.
+    (``pad_id``) and ids outside ``[0, vocab)``. ``method``: "native" (the radix-sort CPU kernel of
+    ``optimizers.kernels`` where usable, for one-device programs), or XLA's "packed" or "search" (None: the
+    faster that fits; ``kernels.xla_dedupe_keys``). Every method gives the same result.
     """
     check_ids(ids)
     check_pad_id(pad_id)
@@ -88,7 +88,7 @@ def make_update(ctx: AsyncEmbContext, ids: jax.Array, grads: jax.Array, pending:
                               in_specs=P(axes), out_specs=(P(axes), P(axes)), check_vma=False)
         unique, seg = local(ids.reshape(-1))
     else:
-        unique, seg = dedupe(ids, ctx.stored_rows, ctx.num_unique, pad_id)
+        unique, seg = dedupe(ids, ctx.stored_rows, ctx.num_unique, pad_id, "native" if ctx.one_device else None)
     return AsyncEmbGradientUpdate(unique, grads, seg, jnp.asarray(pending, bool), rows)
 
 

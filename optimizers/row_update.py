@@ -91,36 +91,41 @@ class Touched(NamedTuple):
 def write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Array, state: EmbOptState,
                gate: jax.Array, pending: jax.Array, chunk: int | None = None, lost: jax.Array | None = None,
                live: tuple[int, jax.Array] | None = None):
-    """``xla_write_rows``'s result. Where the native CPU kernel applies (``native_applies``: row-wise Adagrad on
-    one device) a CPU program runs it instead: the same values up to float32 rounding, in one pass."""
+    """``xla_write_rows``'s result. Where a native CPU kernel applies (``native_applies``: row-wise Adagrad or Adam
+    on one device) a CPU program runs it instead: the same values up to float32 rounding, in one pass."""
     if lost is None and live is None and native_applies(opt, ctx, touched, table, state):
         return _native_write(opt, ctx, touched, table, state, gate, pending)
     return xla_write_rows(opt, ctx, touched, table, state, gate, pending, chunk, lost, live)
 
 
 def native_applies(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Array, state: EmbOptState) -> bool:
-    """Whether ``optimizers.kernels.rowwise_adagrad`` computes this update: ``AsyncRowwiseAdagrad``'s own rule
-    (not a subclass's), one device, a float32 table stored at its width, no weight decay or the decoupled kind,
-    no delay compensation, and the kernels usable (``optimizers.kernels.usable()``: on CPU and built)."""
-    from .async_rowwise_adagrad import AsyncRowwiseAdagrad  # noqa: PLC0415 - it imports this module
-
-    return (isinstance(opt, AsyncRowwiseAdagrad) and type(opt).update_rows is AsyncRowwiseAdagrad.update_rows
-            and not ctx.sharded and not ctx.compensates and touched.then is None and state.decay is None
+    """Whether ``optimizers.kernels.fused_rows`` computes this update: an optimizer with a native rule
+    (``native_rule``: ``AsyncRowwiseAdagrad``, ``AsyncAdam``; not a subclass that overrides ``update_rows``), one
+    device, a float32 table stored at its width with float32 and int32 state, no weight decay or the decoupled
+    kind, no delay compensation, and the kernels usable (``optimizers.kernels.usable()``: on CPU and built)."""
+    owner = next((c for c in type(opt).__mro__ if vars(c).get("native_rule")), None)
+    if owner is None or type(opt).update_rows is not owner.update_rows:
+        return False
+    leaves = jax.tree.leaves(state.rows)
+    return (ctx.one_device and not ctx.compensates and touched.then is None and state.decay is None
             and decay_mode(opt) in (None, WeightDecayMode.decoupled) and table.dtype == jnp.float32
-            and table.ndim == 2 and table.shape[1] == ctx.emb_width and not kernels.usable())
+            and table.ndim == 2 and table.shape[1] == ctx.emb_width
+            and all(a.dtype in (jnp.float32, jnp.int32) and a.shape[0] == table.shape[0] for a in leaves)
+            and not kernels.usable())
 
 
 def _native_write(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.Array, state: EmbOptState,
                   gate: jax.Array, pending: jax.Array):
-    """``write_rows`` by the native row-wise Adagrad kernel (its time shows in the "rule" phase)."""
+    """``write_rows`` by the optimizer's native kernel (its time shows in the "rule" phase)."""
     step = state.count + 1
     lr = opt.learning_rate_at(step) if hasattr(opt, "learning_rate_at") else opt.learning_rate
     ids = jnp.where(touched.owned, touched.local, table.shape[0])
+    leaves, tree = jax.tree.flatten(state.rows)
     with phase("rule"):
-        table, accum, last, norm, valid, written = kernels.rowwise_adagrad(
-            table, state.rows.accum, state.rows.last_step, ids, touched.grads, lr, step, pending, gate, eps=opt.eps,
-            decay=opt.decay, lazy=opt.lazy_decay, weight_decay=opt.weight_decay if decay_mode(opt) else 0.0)
-    rows = type(state.rows)(accum, last)
+        table, leaves, norm, valid, written = kernels.fused_rows(
+            opt.native_rule, table, leaves, ids, touched.grads, lr, step, pending, gate,
+            weight_decay=opt.weight_decay if decay_mode(opt) else 0.0, **opt.native_attrs())
+    rows = jax.tree.unflatten(tree, leaves)
     return table, EmbOptState(rows, jnp.where(valid, step, state.count), None), norm, valid, written
 
 

@@ -1,15 +1,16 @@
 """Native XLA:CPU kernels for the fused update (``cpu.cc``), with the XLA ops they replace as the fallback and
-on every other platform. They are traced in when JAX's default backend is the CPU and they could be built
-(``usable()``); with a TPU or GPU the XLA ops are. (Not ``lax.platform_dependent``: on CPU it leaves a
+on every other platform. They are traced into one-device programs (``AsyncEmbContext.one_device``) when JAX's
+default backend is the CPU and they could be built (``usable()``); elsewhere the XLA ops are. (Not ``lax.platform_dependent``: on CPU it leaves a
 conditional in the program, and XLA:CPU runs a conditional's ops one by one, where a collective inside it can
 wait forever for devices the pool's threads cannot reach.)
 
 - ``dedupe_keys``: exactly what ``xla_dedupe_keys`` computes (``tests/optimizers/test_kernels.py`` checks them
   equal, bit for bit), by a stable radix sort instead of XLA:CPU's sort, which calls a comparator for every
   comparison: on a 16K-id batch 0.16 ms instead of 0.67 ms.
-- ``rowwise_adagrad``: row-wise Adagrad's gather, rule, gate and in-place scatter in one pass with the touched
-  rows prefetched (``optimizers.row_update.write_rows`` takes it for an ``AsyncRowwiseAdagrad`` on one device);
-  the same values as the XLA ops up to float32 rounding (sums taken in another order), checked in the tests.
+- ``fused_rows``: an optimizer's gather, rule, gate and in-place scatter in one pass with the touched rows
+  prefetched, for ``AsyncRowwiseAdagrad`` and ``AsyncAdam`` on one device (``optimizers.row_update.write_rows``
+  takes it; an optimizer names its rule in ``native_rule``); the same values as the XLA ops up to float32
+  rounding (sums taken in another order), checked in the tests.
 
 A native segment-sum was tried and left out: alone it was about twice as fast as XLA's scatter-add, but the whole
 fused update with it took 0.8-1.2 ms longer at 16K ids (interleaved in one process; the cause was not found).
@@ -75,29 +76,34 @@ def _ffi_dedupe(keys, *, fill: int, num_unique: int):
 
 def dedupe_keys(keys: jax.Array, fill: int, num_unique: int, method: str | None = None
                 ) -> tuple[jax.Array, jax.Array]:
-    """``xla_dedupe_keys``'s result; on CPU by the native radix-sort kernel when it is built, unless ``method``
-    names one of the XLA methods ("packed", "search"; "native": the kernel where it can run)."""
+    """``xla_dedupe_keys``'s result; by the native radix-sort kernel when ``method`` is "native" and it is
+    usable (``usable()``), else by the XLA ``method`` ("packed", "search", None: the faster that fits). Ask for
+    "native" only in a one-device program (``AsyncEmbContext.one_device``)."""
     keys = jnp.asarray(keys, jnp.int32).reshape(-1)
-    if method not in (None, "native") or usable():
+    if method != "native" or usable():
         return xla_dedupe_keys(keys, fill, num_unique, None if method == "native" else method)
     return _ffi_dedupe(keys, fill=fill, num_unique=num_unique)
 
 
-def rowwise_adagrad(table: jax.Array, accum: jax.Array, last_step: jax.Array, ids: jax.Array, grads: jax.Array,
-                    learning_rate: jax.Array, step: jax.Array, pending: jax.Array, gate: jax.Array, *, eps: float,
-                    decay: float, lazy: bool, weight_decay: float) -> tuple:
-    """The native row-wise Adagrad update (CPU only: callers keep the XLA ops for when ``usable()`` is not ""): gather, rule, gate and in-place scatter of ``ids``' rows (outside
-    ``[0, rows)``: skipped) with their summed float32 ``grads``, in one pass. Returns ``(table, accum,
-    last_step, norm, valid, rows_written [1])``; the first three alias the inputs, so donate them."""
+def fused_rows(rule: str, table: jax.Array, state: list, ids: jax.Array, grads: jax.Array, learning_rate: jax.Array,
+               step: jax.Array, pending: jax.Array, gate: jax.Array, **attrs) -> tuple:
+    """An optimizer's native update (``rule``: "rowwise_adagrad" or "adam"; CPU only, for when ``usable()`` is
+    ""): gather, rule, gate and in-place scatter of ``ids``' rows (outside ``[0, rows)``: skipped) with their
+    summed float32 ``grads``, in one pass. ``state``: the rule's per-row state leaves, in its order; ``attrs``:
+    its hyperparameters. Returns ``(table, state, norm, valid, rows_written [1])``; the table and state alias the
+    inputs, so donate them."""
     f32 = jnp.float32
-    out = (jax.ShapeDtypeStruct(table.shape, f32), jax.ShapeDtypeStruct(accum.shape, f32),
-           jax.ShapeDtypeStruct(last_step.shape, jnp.int32), jax.ShapeDtypeStruct((), f32),
+    buffers = [table, *state]
+    out = (*(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in buffers), jax.ShapeDtypeStruct((), f32),
            jax.ShapeDtypeStruct((), bool), jax.ShapeDtypeStruct((1,), jnp.int32))
-    call = jax.ffi.ffi_call("rr_rowwise_adagrad", out, input_output_aliases={0: 0, 1: 1, 2: 2},
+    call = jax.ffi.ffi_call(f"rr_{rule}", out, input_output_aliases={i: i for i in range(len(buffers))},
                             vmap_method="sequential")
-    return call(table, accum, last_step, ids.astype(jnp.int32), grads.astype(f32), jnp.asarray(learning_rate, f32),
-                jnp.asarray(step, jnp.int32), jnp.asarray(pending, bool), jnp.ravel(jnp.asarray(gate))[0].astype(f32),
-                eps=np.float32(eps), decay=np.float32(decay), lazy=bool(lazy), weight_decay=np.float32(weight_decay))
+    attrs = {k: (bool(v) if isinstance(v, bool) else np.float32(v)) for k, v in attrs.items()}
+    results = call(*buffers, ids.astype(jnp.int32), grads.astype(f32), jnp.asarray(learning_rate, f32),
+                   jnp.asarray(step, jnp.int32), jnp.asarray(pending, bool),
+                   jnp.ravel(jnp.asarray(gate))[0].astype(f32), **attrs)
+    n = len(buffers)
+    return results[0], list(results[1:n]), *results[n:]
 
 
-__all__ = ["dedupe_keys", "xla_dedupe_keys", "xla_dedupe_method", "rowwise_adagrad", "usable", "build"]
+__all__ = ["dedupe_keys", "xla_dedupe_keys", "xla_dedupe_method", "fused_rows", "usable", "build"]

@@ -261,7 +261,8 @@ class TrainProgram:
         # dedupes its own tokens in its lookup, which is also its update record): for them one global dedupe
         # feeds the diagnostics (distinct ids, stale rows), on logged steps only.
         routed = {n for n in ids if ctxs[n].per_device_record}  # per-device records (routed row, column)
-        dedup = {n: dedupe(ids[n], ctxs[n].stored_rows, ctxs[n].num_unique) for n in ids if n not in routed}
+        dedup = {n: dedupe(ids[n], ctxs[n].stored_rows, ctxs[n].num_unique,
+                           method="native" if ctxs[n].one_device else None) for n in ids if n not in routed}
         head, stale_dropped = hash_step.drop_moved(self, state.pending, moved)
         # every record still pending, as (its ids, whether pending): the rows a read misses. Only those two
         # leaves go into the diagnostics' cond (a whole record there would be copied every step).

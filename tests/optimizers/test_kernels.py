@@ -28,7 +28,7 @@ def test_the_kernels_are_built_here():
 
 def native_and_xla_dedupe(keys: np.ndarray, fill: int, size: int):
     keys = jnp.asarray(keys, jnp.int32)
-    native = jax.jit(lambda k: kernels.dedupe_keys(k, fill, size))(keys)
+    native = jax.jit(lambda k: kernels.dedupe_keys(k, fill, size, "native"))(keys)
     xla = jax.jit(lambda k: kernels.xla_dedupe_keys(k, fill, size))(keys)
     return [np.asarray(a) for a in native], [np.asarray(a) for a in xla]
 
@@ -60,10 +60,10 @@ def test_dedupe_kernel_when_every_key_is_the_same():
 def test_with_another_default_backend_the_xla_ops_are_traced(monkeypatch):
     """With a TPU or GPU as JAX's default backend, programs hold no call to a CPU kernel."""
     keys = jnp.zeros((64,), jnp.int32)
-    assert "rr_dedupe" in jax.jit(lambda k: kernels.dedupe_keys(k, 100, 65)).lower(keys).as_text()
+    assert "rr_dedupe" in jax.jit(lambda k: kernels.dedupe_keys(k, 100, 65, "native")).lower(keys).as_text()
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert kernels.usable() == "JAX's default backend is tpu, not the CPU"
-    assert "rr_dedupe" not in jax.jit(lambda k: kernels.dedupe_keys(k, 100, 65)).lower(keys).as_text()
+    assert "rr_dedupe" not in jax.jit(lambda k: kernels.dedupe_keys(k, 100, 65, "native")).lower(keys).as_text()
 
 
 CHILD = """
@@ -72,7 +72,7 @@ warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as caught:
     import jax, jax.numpy as jnp
     from optimizers import kernels, record
-    unique, seg = record.dedupe(jnp.array([5, 3, 3, 0, 9, 12], jnp.int32), 10, 7)
+    unique, seg = record.dedupe(jnp.array([5, 3, 3, 0, 9, 12], jnp.int32), 10, 7, method="native")
 print(json.dumps({"status": kernels.build.status(), "unique": unique.tolist(), "seg": seg.tolist(),
                   "warnings": [str(w.message) for w in caught]}))
 """
@@ -120,6 +120,7 @@ def test_processes_starting_together_build_once_and_all_use_it(tmp_path):
 
 
 def rowwise_inputs(width: int, rows: int = 300, unique: int = 90, seed: int = 0):
+    """A table, sorted distinct ids then padding, and their summed gradients (zeros for the padding)."""
     rng = np.random.default_rng(seed)
     table = jnp.asarray(rng.standard_normal((rows, width)), jnp.float32)
     ids = np.full(unique + 20, rows, np.int32)  # sorted distinct ids, then padding (out of range)
@@ -147,36 +148,48 @@ def both_paths(opt, table, ids, grads, steps: int = 3, pending: bool = True):
 
 
 
+CASES = [
+    ("async_rowwise_adagrad", {}),
+    ("async_rowwise_adagrad", dict(learning_rate=0.05, eps=1e-8, initial_accumulator_value=0.5, half_life_steps=3.0)),
+    ("async_rowwise_adagrad", dict(learning_rate=0.05, half_life_steps=2.0, lazy_decay=False, weight_decay=0.1)),
+    ("async_rowwise_adagrad", dict(learning_rate=0.3, schedule=optimizers.Schedule(kind="warmup_cosine", warmup_steps=2,
+                                                                                  decay_steps=10))),
+    ("async_adam", {}),
+    ("async_adam", dict(learning_rate=0.01, b1=0.5, b2=0.9, eps=1e-6, weight_decay=0.2, bias_correction="per_row")),
+    ("async_adam", dict(learning_rate=0.02, schedule=optimizers.Schedule(kind="warmup", warmup_steps=3))),
+]
+
+
 @pytest.mark.parametrize("width", [64, 13, 1])
-@pytest.mark.parametrize("settings", [
-    {},
-    dict(learning_rate=0.05, eps=1e-8, initial_accumulator_value=0.5, half_life_steps=3.0),
-    dict(learning_rate=0.05, half_life_steps=2.0, lazy_decay=False, weight_decay=0.1),
-    dict(learning_rate=0.3, schedule=optimizers.Schedule(kind="warmup_cosine", warmup_steps=2, decay_steps=10)),
-], ids=["defaults", "lazy_decay", "decay_and_weight_decay", "schedule"])
-def test_rowwise_adagrad_kernel_matches_the_xla_ops(width, settings):
-    """The native kernel's rows, accumulators, last steps, norm and row count equal the XLA ops' (float32 rounding
-    apart) over three updates, whatever the width (a row's tail past the last 8 columns included)."""
-    opt = optimizers.create("async_rowwise_adagrad", **settings)
+@pytest.mark.parametrize("name,settings", CASES, ids=["rowwise_adagrad", "rowwise_lazy_decay", "rowwise_decay_wd",
+                                                      "rowwise_schedule", "adam", "adam_per_row_wd", "adam_schedule"])
+def test_native_kernel_matches_the_xla_ops(name, settings, width):
+    """The native kernel's rows, state, norm and row count equal the XLA ops' (float32 rounding apart) over three
+    updates of overlapping rows, whatever the width (a row's tail past the last 8 columns included)."""
+    opt = optimizers.create(name, **settings)
     native, xla = both_paths(opt, *rowwise_inputs(width))
     for got, want in zip(jax.tree.leaves(native), jax.tree.leaves(xla)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=1e-7)
     assert bool(native[3]) and int(native[4][0]) == 90 and int(native[1].count) == 3
 
 
-@pytest.mark.parametrize("spoil", ["inf_gradient", "nan_gradient", "overflowing_rule", "not_pending"])
-def test_rowwise_adagrad_kernel_refuses_a_bad_update_whole(spoil):
-    """A non-finite gradient, a rule whose new rows would overflow float32, or an update not pending: nothing is
-    written (table and state bit for bit), valid is false, and the XLA ops agree."""
+@pytest.mark.parametrize("name", ["async_rowwise_adagrad", "async_adam"])
+@pytest.mark.parametrize("spoil", ["inf_gradient", "nan_gradient", "overflowing_rule", "overflowing_state",
+                                   "not_pending"])
+def test_native_kernel_refuses_a_bad_update_whole(name, spoil):
+    """A non-finite gradient, a rule whose new rows (or Adam's second moment) would overflow float32, or an update
+    not pending: nothing is written (table and state bit for bit), valid is false, and the XLA ops agree."""
     table, ids, grads = rowwise_inputs(16)
-    opt = optimizers.create("async_rowwise_adagrad")
+    opt = optimizers.create(name)
     if spoil == "inf_gradient":
         grads = grads.at[5, 3].set(jnp.inf)
     elif spoil == "nan_gradient":
         grads = grads.at[40, 0].set(jnp.nan)
     elif spoil == "overflowing_rule":
-        opt = optimizers.create("async_rowwise_adagrad", learning_rate=3e38)
+        opt = optimizers.create(name, learning_rate=3e38)
         table = table.at[int(ids[7])].set(3e38)
+    elif spoil == "overflowing_state":  # g**2 overflows: Adam's nu, row-wise Adagrad's accumulator
+        grads = grads.at[11, 2].set(1e30)
     native, xla = both_paths(opt, table, ids, grads, steps=1, pending=spoil != "not_pending")
     for t, s, _, valid, written in (native, xla):
         assert not bool(valid) and int(written[0]) == 0 and int(s.count) == 0
@@ -195,15 +208,32 @@ def compiled_text(opt, ctx, table, dtype=jnp.float32):
     return jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile().as_text()
 
 
-def test_the_kernel_runs_where_it_applies_and_nowhere_else():
-    """One device, float32, row-wise Adagrad: the kernel, and no copy of the table. A bfloat16 table, l2 weight
-    decay, another optimizer: the XLA ops."""
+@pytest.mark.parametrize("name,rule", [("async_rowwise_adagrad", "rr_rowwise_adagrad"), ("async_adam", "rr_adam")])
+def test_the_kernel_runs_where_it_applies_and_nowhere_else(name, rule):
+    """One device, float32: the kernel, and no copy of the table or its state. A bfloat16 table, l2 or global weight
+    decay, a subclass with its own rule: the XLA ops."""
     ctx = optimizers.AsyncEmbContext(500, 8, 32)
-    rowwise = optimizers.create("async_rowwise_adagrad")
-    text = compiled_text(rowwise, ctx, (500, 8))
-    assert "rr_rowwise_adagrad" in text
-    assert not [line for line in text.splitlines() if " copy(" in line and "f32[500,8]" in line.split("copy(")[0]]
-    assert "rr_rowwise_adagrad" not in compiled_text(rowwise, ctx, (500, 8), jnp.bfloat16)
-    l2 = optimizers.create("async_rowwise_adagrad", weight_decay=0.1, weight_decay_mode="l2")
-    assert "rr_rowwise_adagrad" not in compiled_text(l2, ctx, (500, 8))
-    assert "rr_rowwise_adagrad" not in compiled_text(optimizers.create("async_adam"), ctx, (500, 8))
+    text = compiled_text(optimizers.create(name), ctx, (500, 8))
+    assert rule in text
+    assert not [line for line in text.splitlines() if " copy(" in line and "[500" in line.split("copy(")[0]]
+    assert rule not in compiled_text(optimizers.create(name), ctx, (500, 8), jnp.bfloat16)
+    for mode in ("l2", "decoupled_global"):
+        assert rule not in compiled_text(optimizers.create(name, weight_decay=0.1, weight_decay_mode=mode), ctx, (500, 8))
+    cls = type(optimizers.create(name))
+    own = type("OwnRule", (cls,), {"update_rows": lambda self, rows, state, grad, rc: cls.update_rows(
+        self, rows, state, grad, rc)})
+    assert rule not in compiled_text(own(), ctx, (500, 8))
+    assert "rr_" not in compiled_text(optimizers.create("async_sgd"), ctx, (500, 8)).replace("rr_dedupe", "")
+
+
+def test_a_multi_device_program_takes_no_native_kernel():
+    """On a mesh of 8 devices (the table replicated, or split by rows) the XLA ops run: only one-device programs
+    call the kernels (``AsyncEmbContext.one_device``)."""
+    mesh = jax.make_mesh((2, 4), ("data", "table"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    for axis in (None, "table"):
+        ctx = optimizers.AsyncEmbContext(512, 8, 32, mesh=mesh, table_axis=axis)
+        assert not ctx.one_device
+        for name in ("async_rowwise_adagrad", "async_adam"):
+            assert "rr_" not in compiled_text(optimizers.create(name), ctx, (512, 8)), (axis, name)
+    one = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:1])
+    assert optimizers.AsyncEmbContext(512, 8, 32, mesh=one).one_device
