@@ -177,7 +177,9 @@ def report(out: Path, data: dict) -> None:
     c = data["config"]
     body = (f"V = {c['vocab']:,}, D = {c['width']}, B = {c['batch']:,} Zipf(1.1) ids per step; {c['steps']} profiled "
             f"steps after {c['warmup']} warm-up steps; phase times are op self times per step and device (ops "
-            f"overlap on the thread pool, so they add up to more than the wall time). {common.machine_line()}."
+            f"overlap on the thread pool, so they add up to more than the wall time). On one device the native CPU "
+            f"kernel of row-wise Adagrad and Adam (optimizers.kernels) gathers, updates, gates and scatters the "
+            f"touched rows in one op, counted as the rule. {common.machine_line()}."
             "\n\n" + common.md_table(head, rows) + "\n")
     common.write_result(out, "phases", "Fused update: time per phase", body, data)
 

@@ -121,6 +121,7 @@ def run(cfg: DictConfig, output_dir: str | os.PathLike, *, tags: list[str] | Non
                         + notices.staleness_warnings(program.staleness, run_budget.steps, run_budget.source)
                         + notices.passes_warnings(run_budget, task)
                         + notices.mesh_warnings(cfg.mesh, plan, jax.device_count())
+                        + notices.kernel_warnings(jax.default_backend(), jax.device_count())
                         + notices.unused_settings(cfg, run_budget.steps, _typed())):
             say(warning)
         for note in getattr(task, "warnings", list)():  # e.g. duplicate rows dropped from the data file

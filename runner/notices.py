@@ -114,6 +114,28 @@ def passes_warnings(budget: Any, task: Any) -> list[str]:
             f"trainer.epochs=1"]
 
 
+def kernel_warnings(backend: str, devices: int) -> list[str]:
+    """A line (starting with ``warning:``) when a one-device CPU run cannot use the fused update's native CPU
+    kernels (``optimizers.kernels``: no C++ compiler, no FFI headers in jaxlib, a cache folder it cannot write),
+    naming why and the fix; nothing when they were switched off on purpose (``OPTIMIZERS_CPU_KERNELS=0``) or the
+    run would not use them (another backend, several devices). Builds them if they are not built yet (~5 s once
+    per machine)."""
+    import warnings  # noqa: PLC0415
+
+    from optimizers.kernels import build  # noqa: PLC0415
+
+    if backend != "cpu" or devices != 1:
+        return []
+    with warnings.catch_warnings():  # the library's own warning says the same: this line replaces it
+        warnings.simplefilter("ignore", RuntimeWarning)
+        why = build.status()
+    if not why or why.startswith(build.ENV_SWITCH):
+        return []
+    return [f"warning: the fused update's native CPU kernels are off ({why}): the XLA ops that compute the same "
+            f"values run instead, a row-wise Adagrad or Adam update about 1.3-1.5x slower. Install a C++ compiler "
+            f"(g++) or name one in CXX; {build.ENV_SWITCH}=0 turns them off without this warning"]
+
+
 def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:
     """Lines (each starting with ``warning:``) for mesh settings the run was given and does not use: the routing
     settings when no table is split (one table shard), ``mesh.routing`` on the column layout (which exchanges ids

@@ -91,15 +91,20 @@ struct Batch {
 
 template <class Rule>
 void FusedWrite(const Batch& b, Rule& rule, float* norm_out, bool* valid_out, int32_t* written_out) {
-  static thread_local std::vector<float> new_rows;  // reused: no allocation or page faults per step
-  if (static_cast<int64_t>(new_rows.size()) < b.n * b.d) new_rows.resize(b.n * b.d);
-  rule.reserve(b.n, b.d);
+  auto owned = [&](int64_t i) { return b.ids[i] >= 0 && b.ids[i] < b.rows; };
+  int64_t rows_owned = 0;
+  for (int64_t i = 0; i < b.n; ++i) rows_owned += owned(i);
+  // Scratch for the owned rows' new values, kept by the thread between calls (no allocation or page faults per
+  // step); it grows to the largest batch of distinct rows the thread has updated.
+  static thread_local std::vector<float> new_rows;
+  if (static_cast<int64_t>(new_rows.size()) < rows_owned * b.d) new_rows.resize(rows_owned * b.d);
+  rule.reserve(rows_owned, b.d);
   constexpr int64_t kAhead = 12;
   constexpr int kLanes = 8;
   const int64_t d = b.d, body = d - d % kLanes;
-  auto owned = [&](int64_t i) { return b.ids[i] >= 0 && b.ids[i] < b.rows; };
   float sq = 0.0f;
   bool bad = false;
+  int64_t p = 0;  // owned rows so far
   for (int64_t i = 0; i < b.n; ++i) {
     if (i + kAhead < b.n && owned(i + kAhead)) {
       const int64_t k = b.ids[i + kAhead];
@@ -116,9 +121,11 @@ void FusedWrite(const Batch& b, Rule& rule, float* norm_out, bool* valid_out, in
     for (int64_t j = body; j < d; ++j) row_sq += g[j] * g[j];
     sq += row_sq;
     if (!owned(i)) continue;
-    // w * 0 is NaN exactly when w is NaN or infinite: the rule adds its new values' products to probe.
-    const float probe = rule.compute(i, b.ids[i], b.table + b.ids[i] * d, g, row_sq, new_rows.data() + i * d, b);
+    // w * 0 is NaN exactly when w is NaN or infinite: the rule adds its new values' products to probe. New
+    // values are kept at the owned row's position p (padding takes no scratch).
+    const float probe = rule.compute(p, b.ids[i], b.table + b.ids[i] * d, g, row_sq, new_rows.data() + p * d, b);
     bad |= probe != probe;
+    ++p;
   }
   const float norm = std::sqrt(sq);
   const bool valid = std::isfinite(norm) && b.pending && !bad;
@@ -128,8 +135,8 @@ void FusedWrite(const Batch& b, Rule& rule, float* norm_out, bool* valid_out, in
       if (!owned(i)) continue;
       if (i + kAhead < b.n && owned(i + kAhead)) __builtin_prefetch(b.table + b.ids[i + kAhead] * d, 1);
       const int64_t k = b.ids[i];
-      std::memcpy(b.table + k * d, new_rows.data() + i * d, sizeof(float) * d);
-      rule.write(i, k, d);
+      std::memcpy(b.table + k * d, new_rows.data() + written * d, sizeof(float) * d);
+      rule.write(written, k, d);
       ++written;
     }
   }
@@ -169,18 +176,18 @@ struct RowwiseAdagradRule {
     __builtin_prefetch(accum + k);
     __builtin_prefetch(last + k);
   }
-  float compute(int64_t i, int64_t k, const float* row, const float* g, float row_sq, float* out, const Batch& b) {
+  float compute(int64_t at, int64_t k, const float* row, const float* g, float row_sq, float* out, const Batch& b) {
     float factor = 1.0f;
     if (decay != 1.0f) factor = lazy ? std::pow(decay, static_cast<float>(b.step - last[k])) : decay;
     const float a = accum[k] * factor + row_sq / static_cast<float>(b.d);
     const float scale = 1.0f / (std::sqrt(a) + eps);
-    (*new_accum)[i] = a;
+    (*new_accum)[at] = a;
     return a * 0.0f + Each(b.d, [&](int64_t j) {
       return out[j] = row[j] - b.lr * (g[j] * scale + weight_decay * row[j]);
     });
   }
-  void write(int64_t i, int64_t k, int64_t) {
-    accum[k] = (*new_accum)[i];
+  void write(int64_t at, int64_t k, int64_t) {
+    accum[k] = (*new_accum)[at];
     last[k] = step_;
   }
   int32_t step_ = 0;
@@ -209,14 +216,14 @@ struct AdamRule {
     }
     __builtin_prefetch(count + k);
   }
-  float compute(int64_t i, int64_t k, const float* row, const float* g, float, float* out, const Batch& b) {
+  float compute(int64_t at, int64_t k, const float* row, const float* g, float, float* out, const Batch& b) {
     const int64_t d = b.d;
     const float t = per_row ? static_cast<float>(count[k] + 1) : static_cast<float>(b.step);
     const float c1 = 1.0f - std::pow(b1, t), c2 = 1.0f - std::pow(b2, t);
     const float* m0 = mu + k * d;
     const float* v0 = nu + k * d;
-    float* m = new_mu->data() + i * d;
-    float* v = new_nu->data() + i * d;
+    float* m = new_mu->data() + at * d;
+    float* v = new_nu->data() + at * d;
     return Each(d, [&](int64_t j) {
       m[j] = b1 * m0[j] + one_minus_b1 * g[j];
       v[j] = b2 * v0[j] + one_minus_b2 * g[j] * g[j];
@@ -224,9 +231,9 @@ struct AdamRule {
       return out[j] * 0.0f + m[j] * 0.0f + v[j] * 0.0f;  // no sum that could overflow a finite value
     });
   }
-  void write(int64_t i, int64_t k, int64_t d) {
-    std::memcpy(mu + k * d, new_mu->data() + i * d, sizeof(float) * d);
-    std::memcpy(nu + k * d, new_nu->data() + i * d, sizeof(float) * d);
+  void write(int64_t at, int64_t k, int64_t d) {
+    std::memcpy(mu + k * d, new_mu->data() + at * d, sizeof(float) * d);
+    std::memcpy(nu + k * d, new_nu->data() + at * d, sizeof(float) * d);
     count[k] += 1;
   }
 };

@@ -13,8 +13,8 @@ from tests.runner.support import TINY
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_cli(tmp_path, *overrides):
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+def run_cli(tmp_path, *overrides, env=None):
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
     args = [*TINY, "logger=wandb"]  # the tiny run, with the default logger
     proc = subprocess.run([sys.executable, "-m", "runner", *args, f"hydra.run.dir={tmp_path}", *overrides],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -46,6 +46,21 @@ def test_default_run_writes_wandb_and_metrics(tmp_path):
     assert "[jax." not in proc.stderr + log  # JAX's INFO lines stay out of the run's log (conf/config.yaml)
     assert "done: 60 steps" in log and "Bayes-optimal" in log
     assert f"outputs: {tmp_path} (metrics.jsonl, summary.json, wandb/)" in log
+
+
+@pytest.mark.slow
+def test_a_run_whose_cpu_kernels_cannot_be_built_says_why_once_and_trains(tmp_path):
+    """No C++ compiler: one ``warning:`` line naming why and the fix (not Python's RuntimeWarning with its source
+    line), and the run trains on the XLA ops; switched off on purpose, no line."""
+    env = {"CXX": str(tmp_path / "no-such-compiler"), "OPTIMIZERS_KERNEL_CACHE": str(tmp_path / "kernels")}
+    proc = run_cli(tmp_path / "run", "logger=none", env=env)
+    log = (tmp_path / "run" / "runner.log").read_text()
+    lines = [line for line in log.splitlines() if "native CPU kernels are off" in line]
+    assert len(lines) == 1 and "warning: the fused update's native CPU kernels are off (building cpu.cc into" in lines[0]
+    assert "no-such-compiler" in lines[0] and "OPTIMIZERS_CPU_KERNELS=0 turns them off" in lines[0]
+    assert "RuntimeWarning" not in proc.stderr + log and '"status": "ok"' in (tmp_path / "run" / "summary.json").read_text()
+    off = run_cli(tmp_path / "off", "logger=none", env={**env, "OPTIMIZERS_CPU_KERNELS": "0"})
+    assert "kernels are off" not in off.stderr + (tmp_path / "off" / "runner.log").read_text()
 
 
 def test_the_outputs_line_names_what_the_run_wrote():
