@@ -132,8 +132,8 @@ def kernel_warnings(backend: str, devices: int) -> list[str]:
     if not why or why.startswith(build.ENV_SWITCH):
         return []
     return [f"warning: the fused update's native CPU kernels are off ({why}): the XLA ops that compute the same "
-            f"values run instead, a row-wise Adagrad update about 1.4-1.8x slower, Adam up to 1.3x. Install a C++ compiler "
-            f"(g++) or name one in CXX; {build.ENV_SWITCH}=0 turns them off without this warning"]
+            f"values run instead, a row-wise Adagrad update about 1.4-1.8x slower, Adam up to 1.3x. Install a C++ "
+            f"compiler (g++) or name one in CXX; {build.ENV_SWITCH}=0 turns them off without this warning"]
 
 
 def mesh_warnings(mesh: Any, plan: Any, devices: int) -> list[str]:

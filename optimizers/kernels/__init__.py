@@ -1,8 +1,8 @@
 """Native XLA:CPU kernels for the fused update (``cpu.cc``), with the XLA ops they replace as the fallback and
 on every other platform. They are traced into one-device programs (``AsyncEmbContext.one_device``) when JAX's
-default backend is the CPU and they could be built (``usable()``); elsewhere the XLA ops are. (Not ``lax.platform_dependent``: on CPU it leaves a
-conditional in the program, and XLA:CPU runs a conditional's ops one by one, where a collective inside it can
-wait forever for devices the pool's threads cannot reach.)
+default backend is the CPU and they could be built (``usable()``); elsewhere the XLA ops are. The choice is made
+while tracing, not by ``lax.platform_dependent``, which on CPU left a conditional in the program; and not in
+multi-device programs, where a mesh's collectives beside a custom call were seen to deadlock XLA:CPU's pool.
 
 - ``dedupe_keys``: exactly what ``xla_dedupe_keys`` computes (``tests/optimizers/test_kernels.py`` checks them
   equal, bit for bit), by a stable radix sort instead of XLA:CPU's sort, which calls a comparator for every

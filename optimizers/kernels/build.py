@@ -30,7 +30,8 @@ SOURCE = Path(__file__).with_name("cpu.cc")
 ENV_SWITCH = "OPTIMIZERS_CPU_KERNELS"
 ENV_CACHE = "OPTIMIZERS_KERNEL_CACHE"
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-w")
-TARGETS = {"rr_dedupe": "RrDedupe", "rr_rowwise_adagrad": "RrRowwiseAdagrad", "rr_adam": "RrAdam"}  # XLA custom-call name -> C symbol
+# XLA custom-call name -> C symbol
+TARGETS = {"rr_dedupe": "RrDedupe", "rr_rowwise_adagrad": "RrRowwiseAdagrad", "rr_adam": "RrAdam"}
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}

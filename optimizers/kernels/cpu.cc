@@ -29,7 +29,8 @@ ffi::Error Dedupe(ffi::Buffer<ffi::S32> keys, ffi::ResultBuffer<ffi::S32> unique
                   int64_t fill) {
   const int64_t n = keys.element_count();
   const int64_t u = unique->element_count();
-  if (static_cast<int64_t>(seg->element_count()) != n) return ffi::Error::InvalidArgument("rr_dedupe: seg must hold one id per key");
+  if (static_cast<int64_t>(seg->element_count()) != n)
+    return ffi::Error::InvalidArgument("rr_dedupe: seg must hold one id per key");
   if (fill < 0 || fill > INT32_MAX) return ffi::Error::InvalidArgument("rr_dedupe: fill must be in [0, 2**31)");
   const int32_t* k = keys.typed_data();
   int32_t* out_u = unique->typed_data();
