@@ -129,7 +129,7 @@ def kernel_warnings(backend: str, devices: int) -> list[str]:
     with warnings.catch_warnings():  # the library's own warning says the same: this line replaces it
         warnings.simplefilter("ignore", RuntimeWarning)
         why = build.status()
-    if not why or why.startswith(build.ENV_SWITCH):
+    if not why or why.startswith(build.ENV_SWITCH):  # off by choice (a bad value of it is refused at start)
         return []
     return [f"warning: the fused update's native CPU kernels are off ({why}): the XLA ops that compute the same "
             f"values run instead, a row-wise Adagrad update about 1.4-1.8x slower, Adam up to 1.3x. Install a C++ "

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from optimizers import Range, no_fused_update_message, problems, ranges, supports_async_emb
+from optimizers.kernels.build import switch_problem
 from optimizers.hparams import float32_problem
 
 from . import config as schemas
@@ -210,6 +211,7 @@ def check_config(cfg: DictConfig) -> None:
                           f"e.g. data.actions=[click,like,share]")
     errors += section_problems(cfg.logger, schemas.LoggerConfig, "logger.")
     errors += _logger_problems(cfg.logger)
+    errors += [p for p in [switch_problem()] if p]  # the native CPU kernels' switch, in the environment
     _raise(errors)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu.cc")
 ENV_SWITCH = "OPTIMIZERS_CPU_KERNELS"
+SWITCH_ON, SWITCH_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 ENV_CACHE = "OPTIMIZERS_KERNEL_CACHE"
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-w")
 # XLA custom-call name -> C symbol
@@ -43,6 +44,16 @@ def cache_dir() -> Path:
         return Path(os.environ[ENV_CACHE])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "recsys-runner" / "kernels"
+
+
+def switch_problem() -> str:
+    """"" when ``$OPTIMIZERS_CPU_KERNELS`` is unset or one of 0/1 (false/true, no/yes, off/on), else a message
+    naming its value and the fix (the kernels are then off, and the runner refuses to start)."""
+    value = os.environ.get(ENV_SWITCH)
+    if value is None or value.strip().lower() in SWITCH_ON + SWITCH_OFF:
+        return ""
+    return (f"{ENV_SWITCH}={value!r} is not 0 or 1 (false/true, no/yes, off/on also do): set it to 0 to run the XLA "
+            f"ops instead of the native CPU kernels, or to 1 (or unset it) to use them")
 
 
 def compiler() -> str | None:
@@ -71,7 +82,9 @@ def _build(cxx: str, include: str, out: Path) -> None:
 
 def _load() -> str:
     """Build (or find) and register the kernels; returns "" when they are usable, else why not."""
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if switch_problem():
+        return switch_problem()
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in SWITCH_OFF:
         return f"{ENV_SWITCH}={os.environ[ENV_SWITCH]} is set"
     import jax  # noqa: PLC0415
     import jaxlib  # noqa: PLC0415
@@ -107,7 +120,7 @@ def status() -> str:
     with _lock:
         if "why" not in _state:
             why = _state["why"] = _load()
-            if why and not why.startswith(ENV_SWITCH):  # off by choice: nothing to warn of
+            if why and not why.endswith(" is set"):  # off by choice: nothing to warn of
                 warnings.warn(f"the fused update's CPU kernels are off ({why}); the XLA ops that compute the same "
                               f"values run instead, a little slower. Set {ENV_SWITCH}=0 to choose that and silence "
                               "this warning.", RuntimeWarning, stacklevel=3)

@@ -99,6 +99,25 @@ def test_without_a_compiler_the_xla_ops_run_and_a_warning_says_why(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_cache_folder_that_cannot_be_made_leaves_the_kernels_off_with_a_warning(tmp_path):
+    """``OPTIMIZERS_KERNEL_CACHE`` naming a regular file: the XLA ops run, the warning names the path, and the file
+    is left as it was."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("keep me")
+    out = run_child(tmp_path, OPTIMIZERS_KERNEL_CACHE=str(blocker))
+    assert out["status"].startswith(f"building cpu.cc into {blocker}/cpu-") and {k: out[k] for k in WANT} == WANT
+    assert len(out["warnings"]) == 1 and str(blocker) in out["warnings"][0]
+    assert blocker.read_text() == "keep me"
+
+
+@pytest.mark.slow
+def test_a_bad_switch_value_leaves_the_kernels_off_and_says_so(tmp_path):
+    out = run_child(tmp_path, OPTIMIZERS_CPU_KERNELS="maybe")
+    assert out["status"].startswith("OPTIMIZERS_CPU_KERNELS='maybe' is not 0 or 1") and {k: out[k] for k in WANT} == WANT
+    assert len(out["warnings"]) == 1 and "OPTIMIZERS_CPU_KERNELS='maybe' is not 0 or 1" in out["warnings"][0]
+
+
+@pytest.mark.slow
 def test_switched_off_the_xla_ops_run_without_a_warning(tmp_path):
     out = run_child(tmp_path, OPTIMIZERS_CPU_KERNELS="0")
     assert out["status"] == "OPTIMIZERS_CPU_KERNELS=0 is set" and out["warnings"] == []

@@ -330,3 +330,19 @@ def test_a_budget_in_steps_of_several_passes_over_click_logs_is_warned_about():
     assert passes_warnings(Budget(880, 1024, 900_000), logs) == []  # one pass
     assert passes_warnings(Budget(880, 1024, 180_000, "trainer.epochs=5"), logs) == []  # passes the user chose
     assert passes_warnings(Budget(880, 1024, 180_000), SimpleNamespace()) == []  # a task without the limit
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", ""])
+def test_a_bad_native_kernel_switch_is_refused_at_start(monkeypatch, value):
+    """``OPTIMIZERS_CPU_KERNELS`` takes 0/1 (false/true, no/yes, off/on): another value stops the run before
+    anything compiles, naming the value and both ways out."""
+    from runner.preflight import check_config
+
+    monkeypatch.setenv("OPTIMIZERS_CPU_KERNELS", value)
+    with pytest.raises(PreflightError) as e:
+        check_config(compose_config([]))
+    assert (f"OPTIMIZERS_CPU_KERNELS={value!r} is not 0 or 1 (false/true, no/yes, off/on also do): set it to 0 to "
+            f"run the XLA ops instead of the native CPU kernels, or to 1 (or unset it) to use them") in str(e.value)
+    for good in ("0", "1", "Off", " true "):
+        monkeypatch.setenv("OPTIMIZERS_CPU_KERNELS", good)
+        check_config(compose_config([]))
