@@ -118,7 +118,7 @@ def _native_write(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.A
                   gate: jax.Array, pending: jax.Array):
     """``write_rows`` by the optimizer's native kernel (its time shows in the "rule" phase)."""
     step = state.count + 1
-    lr = opt.learning_rate_at(step) if hasattr(opt, "learning_rate_at") else opt.learning_rate
+    lr = _learning_rate(opt, step)
     ids = jnp.where(touched.owned, touched.local, table.shape[0])
     leaves, tree = jax.tree.flatten(state.rows)
     with phase("rule"):
@@ -179,7 +179,7 @@ def xla_write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.
         return across_width(jnp.sum(x, axis=-1))
 
     step = state.count + 1
-    lr = opt.learning_rate_at(step) if hasattr(opt, "learning_rate_at") else getattr(opt, "learning_rate", None)
+    lr = _learning_rate(opt, step)
     mode = decay_mode(opt)
     rule_opt = dataclasses.replace(opt, weight_decay=0.0) if mode is WeightDecayMode.l2 else opt
     if mode is WeightDecayMode.decoupled_global:
@@ -268,6 +268,11 @@ def xla_write_rows(opt: Any, ctx: AsyncEmbContext, touched: Touched, table: jax.
         rows_updated = jnp.sum(valid & owned).astype(jnp.int32).reshape(1)
     out = (table, new_state, norm, valid, rows_updated)
     return out if lost is None else (*out, refused)
+
+
+def _learning_rate(opt: Any, step: jax.Array) -> Any:
+    """``opt``'s learning rate for its ``step``-th update: with its schedule where it has one."""
+    return opt.learning_rate_at(step) if hasattr(opt, "learning_rate_at") else getattr(opt, "learning_rate", None)
 
 
 def _gate_bit(gate: jax.Array) -> jax.Array:

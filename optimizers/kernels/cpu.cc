@@ -137,7 +137,7 @@ void FusedWrite(const Batch& b, Rule& rule, float* norm_out, bool* valid_out, in
       if (i + kAhead < b.n && owned(i + kAhead)) __builtin_prefetch(b.table + b.ids[i + kAhead] * d, 1);
       const int64_t k = b.ids[i];
       std::memcpy(b.table + k * d, new_rows.data() + written * d, sizeof(float) * d);
-      rule.write(written, k, d);
+      rule.write(written, k, b);
       ++written;
     }
   }
@@ -187,11 +187,10 @@ struct RowwiseAdagradRule {
       return out[j] = row[j] - b.lr * (g[j] * scale + weight_decay * row[j]);
     });
   }
-  void write(int64_t at, int64_t k, int64_t) {
+  void write(int64_t at, int64_t k, const Batch& b) {
     accum[k] = (*new_accum)[at];
-    last[k] = step_;
+    last[k] = b.step;
   }
-  int32_t step_ = 0;
 };
 
 // Adam (lazy, per touched row): mu = b1 mu + (1 - b1) g, nu = b2 nu + (1 - b2) g**2, t = the row's own update
@@ -232,7 +231,8 @@ struct AdamRule {
       return out[j] * 0.0f + m[j] * 0.0f + v[j] * 0.0f;  // no sum that could overflow a finite value
     });
   }
-  void write(int64_t at, int64_t k, int64_t d) {
+  void write(int64_t at, int64_t k, const Batch& b) {
+    const int64_t d = b.d;
     std::memcpy(mu + k * d, new_mu->data() + at * d, sizeof(float) * d);
     std::memcpy(nu + k * d, new_nu->data() + at * d, sizeof(float) * d);
     count[k] += 1;
@@ -271,7 +271,6 @@ ffi::Error RowwiseAdagrad(ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::F32> acc
     return ffi::Error::InvalidArgument("rr_rowwise_adagrad: accum and last_step [rows], aliased, expected");
   Batch b = MakeBatch(table_out, ids, grads, lr, step, pending);
   RowwiseAdagradRule rule{accum_out->typed_data(), last_out->typed_data(), eps, decay, weight_decay, lazy, nullptr};
-  rule.step_ = b.step;
   FusedWrite(b, rule, norm->typed_data(), valid->typed_data(), written->typed_data());
   return ffi::Error::Success();
 }
